@@ -1,0 +1,23 @@
+"""minisbert: Sentence-BERT written out by hand, checked number by number against the reference.
+
+    import minisbert
+    model = minisbert.load("all-MiniLM-L6-v2")        # fetched into weights/ on first use
+    embeddings = model.encode(["A man is eating food.", "A man is eating a piece of bread."])
+
+Files, one concept each: config (model shape), encoder (the transformer), weights (checkpoint names),
+tokenizer, pooling, model (encode/save/load), hub (fetching weights), losses, optim, data,
+retrieval, metrics, lexical (BM25, Jaccard).
+"""
+
+from .model import SentenceModel
+
+
+def load(name_or_path, device=None, fused: bool = True) -> SentenceModel:
+    """A known model name (fetched on first use), a sentence-transformers directory, or a plain
+    Hugging Face model directory. device: None picks cuda, then mps, then cpu."""
+    from .hub import resolve
+
+    return SentenceModel.from_dir(resolve(name_or_path), device=device, fused=fused)
+
+
+__all__ = ["load", "SentenceModel"]

@@ -1,0 +1,202 @@
+"""The transformer encoder of BERT, DistilBERT and RoBERTa, written out by hand.
+
+Devlin et al. (2019), "BERT", section 3, on Vaswani et al. (2017), "Attention Is All You Need",
+section 3. One token sequence goes in; one vector per token comes out:
+
+    x = LayerNorm(word[id] + position[pos] + token_type[type])        embeddings
+    for each block:                                                    post-LN blocks
+        x = LayerNorm(x + Attention(x))
+        x = LayerNorm(x + W2 GELU(W1 x + b1) + b2)
+
+    Attention(x) = concat_h softmax(Q_h K_h^T / sqrt(d_head) + mask) V_h   then W_O
+
+The three families share this arithmetic; they differ in names of weights (weights.py), in how positions
+are numbered (RoBERTa) and in whether a token-type table exists (DistilBERT has none), all read from
+`EncoderConfig`.
+
+Checked against Hugging Face `transformers` (BertModel, DistilBertModel, RobertaModel) to 1e-5 in
+tests/test_encoder.py, on reference tensors made by tests/fixtures/make_fixtures.py.
+
+`fused=True` swaps the written-out LayerNorm, GELU and attention for PyTorch's fused kernels
+(`F.layer_norm`, `F.gelu`, `F.scaled_dot_product_attention`): the same functions computed in fewer
+passes over memory, which is what makes encoding fast. Tests check both paths agree.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import EncoderConfig
+
+
+def layer_norm(x, weight, bias, eps):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias, over the last dimension, var biased (/H)."""
+    mean = x.mean(dim=-1, keepdim=True)
+    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(variance + eps) * weight + bias
+
+
+def gelu(x):
+    """Exact GELU: x * Phi(x), Phi the standard normal CDF written with erf (Hendrycks and Gimpel)."""
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def gelu_tanh(x):
+    """The tanh approximation of GELU that Hugging Face calls `gelu_new`."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, size: int, eps: float, fused: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.bias = nn.Parameter(torch.zeros(size))
+        self.eps = eps
+        self.fused = fused
+
+    def forward(self, x):
+        if self.fused:
+            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+
+def additive_attention_mask(attention_mask, dtype):
+    """(B, T) of 1 = token, 0 = padding  ->  (B, 1, 1, T) of 0 = attend, dtype minimum = ignore.
+
+    The most negative finite number rather than -inf: a row whose keys are all masked then gets a
+    uniform softmax instead of NaN (REFERENCE.md section 4).
+    """
+    blocked = (attention_mask == 0)[:, None, None, :]  # (B, 1, 1, T)
+    return torch.zeros(blocked.shape, dtype=dtype, device=attention_mask.device).masked_fill(
+        blocked, torch.finfo(dtype).min
+    )
+
+
+class Embeddings(nn.Module):
+    """Token + position (+ token type) embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: EncoderConfig, fused: bool = False):
+        super().__init__()
+        self.config = config
+        H = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, H)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, H)
+        # DistilBERT has no token-type table; RoBERTa has one row that is still added.
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, H) if config.type_vocab_size > 0 else None
+        )
+        self.layer_norm = LayerNorm(H, config.layer_norm_eps, fused)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def position_ids(self, input_ids):
+        """0, 1, 2, ... for BERT and DistilBERT. RoBERTa counts real tokens from pad_token_id + 1
+        and gives every padding token the padding row, as fairseq did."""
+        if self.config.family != "roberta":
+            T = input_ids.shape[1]
+            return torch.arange(T, device=input_ids.device).expand_as(input_ids)  # (B, T)
+        is_token = (input_ids != self.config.pad_token_id).long()  # (B, T)
+        return torch.cumsum(is_token, dim=1) * is_token + self.config.pad_token_id  # (B, T)
+
+    def forward(self, input_ids, token_type_ids=None):
+        x = self.word_embeddings(input_ids)  # (B, T, H)
+        x = x + self.position_embeddings(self.position_ids(input_ids))
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.layer_norm(x))  # (B, T, H)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention with its output projection."""
+
+    def __init__(self, config: EncoderConfig, fused: bool = False):
+        super().__init__()
+        H = config.hidden_size
+        self.num_heads = config.num_heads
+        self.head_size = config.head_size
+        self.query = nn.Linear(H, H)
+        self.key = nn.Linear(H, H)
+        self.value = nn.Linear(H, H)
+        self.output = nn.Linear(H, H)
+        self.attention_dropout = config.attention_dropout
+        self.fused = fused
+
+    def forward(self, x, additive_mask):
+        B, T, H = x.shape
+        nh, hs = self.num_heads, self.head_size
+        q = self.query(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.key(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.value(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        dropout = self.attention_dropout if self.training else 0.0
+        if self.fused:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask,
+                                                     dropout_p=dropout)  # (B, nh, T, hs)
+        else:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T, T)
+            scores = scores + additive_mask  # padding keys get the dtype minimum
+            probs = torch.softmax(scores, dim=-1)  # (B, nh, T, T), each row sums to 1
+            probs = F.dropout(probs, p=dropout)
+            context = probs @ v  # (B, nh, T, hs)
+        context = context.transpose(1, 2).reshape(B, T, H)  # heads side by side again
+        return self.output(context)  # (B, T, H)
+
+
+class FeedForward(nn.Module):
+    """Position-wise W2 act(W1 x + b1) + b2, widening H to intermediate_size and back."""
+
+    def __init__(self, config: EncoderConfig, fused: bool = False):
+        super().__init__()
+        self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.output = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.activation = config.activation
+        self.fused = fused
+
+    def forward(self, x):
+        h = self.intermediate(x)  # (B, T, I)
+        if self.activation == "gelu":
+            h = F.gelu(h) if self.fused else gelu(h)
+        else:
+            h = F.gelu(h, approximate="tanh") if self.fused else gelu_tanh(h)
+        return self.output(h)  # (B, T, H)
+
+
+class Block(nn.Module):
+    """One post-LN transformer block: the residual sum is normalised after each sublayer."""
+
+    def __init__(self, config: EncoderConfig, fused: bool = False):
+        super().__init__()
+        self.attention = SelfAttention(config, fused)
+        self.attention_norm = LayerNorm(config.hidden_size, config.layer_norm_eps, fused)
+        self.ffn = FeedForward(config, fused)
+        self.output_norm = LayerNorm(config.hidden_size, config.layer_norm_eps, fused)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x, additive_mask):
+        x = self.attention_norm(x + self.dropout(self.attention(x, additive_mask)))  # (B, T, H)
+        return self.output_norm(x + self.dropout(self.ffn(x)))  # (B, T, H)
+
+
+class Encoder(nn.Module):
+    """Token ids in, one contextual vector per token out (Hugging Face's `last_hidden_state`)."""
+
+    def __init__(self, config: EncoderConfig, fused: bool = False):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config, fused)
+        self.layers = nn.ModuleList(Block(config, fused) for _ in range(config.num_layers))
+
+    def set_fused(self, fused: bool):
+        """Switch every LayerNorm, GELU and attention between written-out and fused kernels."""
+        for module in self.modules():
+            if hasattr(module, "fused"):
+                module.fused = fused
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        additive_mask = additive_attention_mask(attention_mask, x.dtype)  # (B, 1, 1, T)
+        for block in self.layers:
+            x = block(x, additive_mask)
+        return x  # (B, T, H)

@@ -1,0 +1,198 @@
+"""Loading and saving encoder weights in Hugging Face's safetensors layout.
+
+The three families store the same tensors under different names. `NAME_TABLE` below maps each of
+minisbert's parameter names to the checkpoint name in BERT, DistilBERT and RoBERTa, side by side; it
+is the only place those names appear. Loading follows three rules:
+
+1. Keys are normalised first: a task head's prefix (`bert.`, `distilbert.`, `roberta.`) is stripped,
+   old TensorFlow-era `gamma`/`beta` become `weight`/`bias`, and tensors sentence embeddings do not use
+   (`pooler.*`, `cls.*`, `lm_head.*`, `vocab_*`, buffers such as `*.position_ids`) are set aside.
+2. Every parameter is filled with NaN before loading and must be written exactly once; a missing
+   tensor, an unexpected tensor, a shape mismatch or an unusable dtype raises an error that names the
+   tensor (the MLAB loader's discipline).
+3. Nothing is unpickled: `.bin`/`.pt` checkpoints are refused (a pickle can run arbitrary code).
+
+Linear weights are stored (out_features, in_features) by both Hugging Face and torch, so they copy
+as they are. Square matrices would load silently transposed if that were wrong, which is why the
+parity tests compare outputs and not only shapes.
+
+Command line: `python -m minisbert.weights fetch NAME [--dir weights/]` (see hub.py).
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import EncoderConfig
+from .encoder import Encoder
+
+# minisbert name                  BERT (and RoBERTa)                     DistilBERT
+EMBEDDING_NAMES = [
+    ("embeddings.word_embeddings", "embeddings.word_embeddings", "embeddings.word_embeddings"),
+    ("embeddings.position_embeddings", "embeddings.position_embeddings", "embeddings.position_embeddings"),
+    ("embeddings.token_type_embeddings", "embeddings.token_type_embeddings", None),
+    ("embeddings.layer_norm", "embeddings.LayerNorm", "embeddings.LayerNorm"),
+]
+LAYER_NAMES = [  # {i} is the block number
+    ("layers.{i}.attention.query", "encoder.layer.{i}.attention.self.query", "transformer.layer.{i}.attention.q_lin"),
+    ("layers.{i}.attention.key", "encoder.layer.{i}.attention.self.key", "transformer.layer.{i}.attention.k_lin"),
+    ("layers.{i}.attention.value", "encoder.layer.{i}.attention.self.value", "transformer.layer.{i}.attention.v_lin"),
+    ("layers.{i}.attention.output", "encoder.layer.{i}.attention.output.dense", "transformer.layer.{i}.attention.out_lin"),
+    ("layers.{i}.attention_norm", "encoder.layer.{i}.attention.output.LayerNorm", "transformer.layer.{i}.sa_layer_norm"),
+    ("layers.{i}.ffn.intermediate", "encoder.layer.{i}.intermediate.dense", "transformer.layer.{i}.ffn.lin1"),
+    ("layers.{i}.ffn.output", "encoder.layer.{i}.output.dense", "transformer.layer.{i}.ffn.lin2"),
+    ("layers.{i}.output_norm", "encoder.layer.{i}.output.LayerNorm", "transformer.layer.{i}.output_layer_norm"),
+]
+COLUMN = {"bert": 1, "roberta": 1, "distilbert": 2}
+
+FAMILY_PREFIXES = ("bert.", "distilbert.", "roberta.")
+IGNORED_PREFIXES = ("pooler.", "cls.", "lm_head.", "vocab_", "qa_outputs.", "classifier.", "pre_classifier.")
+IGNORED_BUFFERS = (".position_ids", ".token_type_ids")  # index buffers some versions saved
+LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def name_table(config: EncoderConfig) -> dict:
+    """{checkpoint tensor name: minisbert parameter name} for this config's family and depth."""
+    column = COLUMN[config.family]
+    modules = [(row[0], row[column]) for row in EMBEDDING_NAMES if row[column] is not None]
+    for i in range(config.num_layers):
+        modules += [(row[0].format(i=i), row[column].format(i=i)) for row in LAYER_NAMES]
+    table = {}
+    for ours, theirs in modules:
+        suffixes = ("weight",) if "embeddings" in ours and "norm" not in ours else ("weight", "bias")
+        for suffix in suffixes:
+            table[f"{theirs}.{suffix}"] = f"{ours}.{suffix}"
+    return table
+
+
+def normalise_key(key: str):
+    """The checkpoint key as the name table spells it, or None for a tensor we do not use."""
+    for prefix in FAMILY_PREFIXES:
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+            break
+    if key.startswith(IGNORED_PREFIXES) or key.endswith(IGNORED_BUFFERS):
+        return None
+    if key.endswith(".gamma"):
+        key = key[: -len("gamma")] + "weight"
+    elif key.endswith(".beta"):
+        key = key[: -len("beta")] + "bias"
+    return key
+
+
+def refuse_pickle(path: Path):
+    raise ValueError(
+        f"{path} is a pickled PyTorch checkpoint; minisbert loads only safetensors because unpickling "
+        "can run arbitrary code. Convert it once where you trust the file, e.g. "
+        "`safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors')`."
+    )
+
+
+def find_checkpoint(model_dir: Path) -> Path:
+    path = model_dir / "model.safetensors"
+    if path.is_file():
+        return path
+    for pickled in ("pytorch_model.bin", "model.pt", "model.bin"):
+        if (model_dir / pickled).is_file():
+            refuse_pickle(model_dir / pickled)
+    raise FileNotFoundError(f"no model.safetensors in {model_dir}")
+
+
+def load_encoder_weights(encoder: Encoder, path) -> None:
+    """Copy a safetensors checkpoint into `encoder`, checking every name, shape and dtype."""
+    path = Path(path)
+    if path.suffix in (".bin", ".pt", ".pth"):
+        refuse_pickle(path)
+    table = name_table(encoder.config)
+    parameters = dict(encoder.named_parameters())
+    assert set(table.values()) == set(parameters), "name table and Encoder disagree"
+    written = set()
+    with torch.no_grad():
+        for parameter in parameters.values():
+            parameter.fill_(float("nan"))
+        with safe_open(str(path), framework="pt") as checkpoint:
+            for key in checkpoint.keys():
+                name = normalise_key(key)
+                if name is None:
+                    continue
+                if name not in table:
+                    raise ValueError(
+                        f"unexpected tensor {key!r} in {path} for a {encoder.config.family} model "
+                        f"with {encoder.config.num_layers} layers"
+                    )
+                ours = table[name]
+                if ours in written:
+                    raise ValueError(f"tensor for {ours!r} appears twice in {path} (last: {key!r})")
+                tensor = checkpoint.get_tensor(key)
+                target = parameters[ours]
+                if tensor.dtype not in LOADABLE_DTYPES:
+                    raise ValueError(f"tensor {key!r} in {path} has dtype {tensor.dtype}; "
+                                     f"expected one of {LOADABLE_DTYPES}")
+                if tensor.shape != target.shape:
+                    raise ValueError(f"tensor {key!r} in {path} has shape {tuple(tensor.shape)}; "
+                                     f"the config asks for {tuple(target.shape)}")
+                target.copy_(tensor.to(target.dtype))
+                written.add(ours)
+    missing = [theirs for theirs, ours in table.items() if ours not in written]
+    if missing:
+        raise ValueError(f"{path} lacks {len(missing)} tensor(s) the model needs: {missing[:5]}")
+    never_written = [name for name, p in parameters.items() if torch.isnan(p).any()]
+    if never_written:  # a NaN that survived came from the checkpoint itself
+        raise ValueError(f"parameters {never_written[:5]} hold NaN after loading {path}")
+
+
+def save_encoder_weights(encoder: Encoder, path) -> None:
+    """Write `encoder` as a Hugging Face base-model checkpoint (no prefix), atomically."""
+    table = name_table(encoder.config)
+    parameters = dict(encoder.named_parameters())
+    tensors = {theirs: parameters[ours].detach().float().cpu().contiguous()
+               for theirs, ours in table.items()}
+    atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+
+
+def load_encoder(model_dir, fused: bool = False) -> Encoder:
+    """Build an Encoder from a Hugging Face model directory (config.json + model.safetensors)."""
+    model_dir = Path(model_dir)
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no config.json in {model_dir}")
+    config = EncoderConfig.from_hf(json.loads(config_path.read_text()))
+    encoder = Encoder(config, fused=fused)
+    load_encoder_weights(encoder, find_checkpoint(model_dir))
+    return encoder
+
+
+def save_encoder(encoder: Encoder, model_dir) -> None:
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    write_json(model_dir / "config.json", encoder.config.to_hf())
+    save_encoder_weights(encoder, model_dir / "model.safetensors")
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call write(temporary_path) in path's folder, then rename over path: a crash or a full disk
+    leaves the old file untouched and no half-written file under the real name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2) + "\n"))
+
+
+if __name__ == "__main__":
+    from .hub import main
+
+    main()

