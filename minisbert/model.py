@@ -198,7 +198,9 @@ class SentenceModel(nn.Module):
 
 def read_modules(model_dir: Path, modules: list):
     """modules.json -> (transformer folder, pooling mode, Dense or None, normalize flag)."""
-    kinds = [entry.get("type", "").removeprefix(ST_MODULE) for entry in modules]
+    # "sentence_transformers.models.Pooling" (the classic name) or, since sentence-transformers 6,
+    # "sentence_transformers.sentence_transformer.modules.pooling.Pooling": the class name is the last part.
+    kinds = [entry.get("type", "").rsplit(".", 1)[-1] for entry in modules]
     if not kinds or kinds[0] != "Transformer":
         raise ValueError(f"{model_dir}/modules.json must start with a Transformer module, got {kinds}")
     transformer_dir, pooling, dense, normalize_embeddings = model_dir / modules[0].get("path", ""), "mean", None, False
@@ -217,15 +219,20 @@ def read_modules(model_dir: Path, modules: list):
 
 
 def read_pooling(config_path: Path) -> str:
+    """The pooling mode from 1_Pooling/config.json, in either of sentence-transformers' formats:
+    true/false flags `pooling_mode_{mean_tokens, max_tokens, cls_token, ...}` (classic), or one
+    string `pooling_mode` (sentence-transformers 6)."""
     config = read_json(config_path)
-    chosen = [mode for mode, key in (("mean", "pooling_mode_mean_tokens"), ("max", "pooling_mode_max_tokens"),
-                                     ("cls", "pooling_mode_cls_token")) if config.get(key)]
-    others = [key for key, value in config.items()
-              if key.startswith("pooling_mode_") and value is True
-              and key not in ("pooling_mode_mean_tokens", "pooling_mode_max_tokens", "pooling_mode_cls_token")]
-    if len(chosen) != 1 or others:
-        raise ValueError(f"{config_path}: minisbert pools with exactly one of mean, max or cls; "
-                         f"this config enables {chosen + others}")
+    if "pooling_mode" in config:
+        chosen = [config["pooling_mode"]]
+    else:
+        flag_names = {"pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
+                      "pooling_mode_cls_token": "cls"}
+        chosen = [flag_names.get(key, key) for key, value in config.items()
+                  if key.startswith("pooling_mode_") and value is True]
+    if len(chosen) != 1 or chosen[0] not in POOLING_MODES:
+        raise ValueError(f"{config_path}: minisbert pools with exactly one of {POOLING_MODES}; "
+                         f"this config asks for {chosen}")
     return chosen[0]
 
 

@@ -1,0 +1,160 @@
+"""The pieces train.py is made of: training examples, hard-negative mining, batches, checkpoints.
+
+Training data comes in three shapes, one per family of objectives (losses.py):
+- scored pairs (sentence1, sentence2, score in [0, 1]) for the Siamese regression losses;
+- triplets (anchor, positive, negative) for the triplet losses and MNRL with hard negatives;
+- labelled pairs (sentence1, sentence2, class id) for SBERT's classification objective.
+`training_examples` builds them from a dataset name or folder; retrieval datasets (BEIR layout) give
+triplets whose negatives are mined with minisbert's own retriever (`mine_hard_negatives`).
+
+A checkpoint holds everything the next step depends on (model and classifier weights, optimizer
+moments, schedule position, the torch random state that drives dropout, and where in which epoch the
+data stood), so that `--resume` continues with the very losses an uninterrupted run would have had.
+It is written to a temporary file and renamed, so an interruption or a full disk never leaves a
+half-written checkpoint in place of the last good one.
+"""
+
+import random
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import data as datasets
+from .retrieval import search
+from .weights import atomic_write
+
+SCORED, TRIPLETS, LABELLED = "scored pairs", "triplets", "labelled pairs"
+
+
+@dataclass(frozen=True)
+class Example:
+    texts: tuple  # 2 texts (a pair) or 3 (anchor, positive, negative)
+    label: float = None  # score in [0, 1], class id, or None
+
+
+def mine_hard_negatives(model, retrieval: datasets.RetrievalData, top_k: int = 10, batch_size: int = 32,
+                        seed: int = 0) -> list:
+    """One triplet per judged (query, relevant document): the negative is drawn from the query's top_k
+    retrieved documents that are not judged relevant (seed 000 mines negatives from a retriever's
+    top results the same way). Uses cosine similarity with the model being trained."""
+    doc_ids = list(retrieval.corpus)
+    query_ids = [q for q in retrieval.queries if any(r > 0 for r in retrieval.qrels.get(q, {}).values())]
+    corpus = model.encode([retrieval.corpus[d] for d in doc_ids], batch_size=batch_size)
+    queries = model.encode([retrieval.queries[q] for q in query_ids], batch_size=batch_size)
+    k = min(top_k + max(len(retrieval.qrels[q]) for q in query_ids), len(doc_ids))
+    _, indices = search(queries, corpus, k, score="cosine")  # (Q, k)
+    rng = random.Random(seed)
+    examples = []
+    for row, query_id in enumerate(query_ids):
+        judged = retrieval.qrels[query_id]
+        negatives = [doc_ids[i] for i in indices[row] if doc_ids[i] not in judged][:top_k]
+        for doc_id, relevance in judged.items():
+            if relevance > 0 and negatives and doc_id in retrieval.corpus:
+                negative = rng.choice(negatives)
+                examples.append(Example((retrieval.queries[query_id], retrieval.corpus[doc_id],
+                                         retrieval.corpus[negative])))
+    return examples
+
+
+def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
+    """Examples of `shape` from a dataset: `stsb`, `sick`, `scifact`, `example`, or a folder.
+
+    Folders may hold pairs.tsv (scored pairs), triplets.tsv, or a BEIR layout (triplets mined from
+    qrels/train.tsv with `model`). STS-B and SICK give scored pairs scaled to [0, 1]; SICK also gives
+    labelled pairs from its entailment judgments.
+    """
+    if data in ("stsb", "sick"):
+        pairs = datasets.load_stsb("train") if data == "stsb" else datasets.load_sick("train")
+        if shape == SCORED:
+            return [Example((p.sentence1, p.sentence2), datasets.to_unit_score(data, p.score)) for p in pairs]
+        if shape == LABELLED and data == "sick":
+            return [Example((p.sentence1, p.sentence2), datasets.ENTAILMENT_LABELS.index(p.label))
+                    for p in pairs]
+        raise ValueError(f"dataset {data!r} has no {shape}; it has scored pairs"
+                         + (" and labelled pairs (--loss softmax)" if data == "sick" else ""))
+    folder = dataset_folder(data)
+    if shape == SCORED and (folder / "pairs.tsv").is_file():
+        return [Example((p.sentence1, p.sentence2), p.score) for p in datasets.read_pairs_tsv(folder / "pairs.tsv")]
+    if shape == TRIPLETS and (folder / "triplets.tsv").is_file():
+        return [Example((t.anchor, t.positive, t.negative)) for t in datasets.read_triplets_tsv(folder / "triplets.tsv")]
+    if shape in (TRIPLETS, SCORED) and (folder / "qrels" / "train.tsv").is_file():
+        triplets = mine_hard_negatives(model, datasets.load_beir(folder, "train"), seed=seed)
+        if shape == TRIPLETS:
+            return triplets
+        return [Example((e.texts[0], e.texts[1]), 1.0) for e in triplets] + \
+               [Example((e.texts[0], e.texts[2]), 0.0) for e in triplets]
+    raise ValueError(f"no {shape} in {folder}: expected "
+                     + {SCORED: "pairs.tsv or a BEIR layout with qrels/train.tsv",
+                        TRIPLETS: "triplets.tsv or a BEIR layout with qrels/train.tsv",
+                        LABELLED: "SICK (--data sick)"}[shape])
+
+
+def dataset_folder(data: str) -> Path:
+    """A folder given by path, or a named dataset (data/<name>/, the mirror, or a download)."""
+    if Path(data).is_dir():
+        return Path(data)
+    return datasets.resolve_dataset(data)
+
+
+def batches_for_epoch(num_examples: int, batch_size: int, seed: int, epoch: int) -> list:
+    """The epoch's shuffled batches of example indices. Seeded by (seed, epoch) alone, so a resumed
+    run rebuilds the same order without saving it."""
+    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(num_examples, generator=generator).tolist()
+    return [order[start:start + batch_size] for start in range(0, num_examples, batch_size)]
+
+
+def embed_examples(model, examples: list) -> list:
+    """Embed every text of a batch in one forward pass; return one (B, D) tensor per column."""
+    columns = len(examples[0].texts)
+    texts = [e.texts[c] for c in range(columns) for e in examples]
+    embeddings = model(model.tokenize(texts))  # (columns * B, D)
+    return list(embeddings.split(len(examples)))
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Atomically write a checkpoint (tensors and plain Python values only)."""
+    try:
+        atomic_write(Path(path), lambda tmp: torch.save(state, tmp))
+    except OSError as error:
+        raise OSError(f"could not write the checkpoint {path}: {error.strerror or error}. "
+                      "The previous checkpoint, if any, is intact.") from error
+
+
+def load_checkpoint(path: Path) -> dict:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no checkpoint at {path} to resume from")
+    return torch.load(path, weights_only=True)  # plain data only: nothing in it can run code
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class StopRequest:
+    """Turns Ctrl-C (SIGINT) into a flag the loop reads between steps, so a checkpoint is written
+    at a step boundary instead of the process dying halfway through an update."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum, frame):
+        if self.requested:  # a second Ctrl-C: stop at once
+            signal.signal(signal.SIGINT, self.previous)
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self):
+        signal.signal(signal.SIGINT, self.previous)
