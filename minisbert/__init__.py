@@ -9,15 +9,24 @@ tokenizer, pooling, model (encode/save/load), hub (fetching weights), losses, op
 retrieval, metrics, lexical (BM25, Jaccard).
 """
 
-from .model import SentenceModel
 
 
-def load(name_or_path, device=None, fused: bool = True) -> SentenceModel:
+def load(name_or_path, device=None, fused: bool = True):
     """A known model name (fetched on first use), a sentence-transformers directory, or a plain
-    Hugging Face model directory. device: None picks cuda, then mps, then cpu."""
+    Hugging Face model directory -> SentenceModel. device: None picks cuda, then mps, then cpu."""
     from .hub import resolve
+    from .model import SentenceModel
 
     return SentenceModel.from_dir(resolve(name_or_path), device=device, fused=fused)
+
+
+def __getattr__(name):
+    # Imported on first use, so `python -m minisbert.weights` does not find weights already loaded.
+    if name == "SentenceModel":
+        from .model import SentenceModel
+
+        return SentenceModel
+    raise AttributeError(f"module 'minisbert' has no attribute {name!r}")
 
 
 __all__ = ["load", "SentenceModel"]

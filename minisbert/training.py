@@ -14,6 +14,7 @@ It is written to a temporary file and renamed, so an interruption or a full disk
 half-written checkpoint in place of the last good one.
 """
 
+import json
 import random
 import signal
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from pathlib import Path
 import torch
 
 from . import data as datasets
+from .evaluation import dataset_folder
 from .retrieval import search
-from .weights import atomic_write
+from .weights import atomic_write, write_json
 
 SCORED, TRIPLETS, LABELLED = "scored pairs", "triplets", "labelled pairs"
 
@@ -91,13 +93,6 @@ def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
                         LABELLED: "SICK (--data sick)"}[shape])
 
 
-def dataset_folder(data: str) -> Path:
-    """A folder given by path, or a named dataset (data/<name>/, the mirror, or a download)."""
-    if Path(data).is_dir():
-        return Path(data)
-    return datasets.resolve_dataset(data)
-
-
 def batches_for_epoch(num_examples: int, batch_size: int, seed: int, epoch: int) -> list:
     """The epoch's shuffled batches of example indices. Seeded by (seed, epoch) alone, so a resumed
     run rebuilds the same order without saving it."""
@@ -129,6 +124,20 @@ def load_checkpoint(path: Path) -> dict:
     return torch.load(path, weights_only=True)  # plain data only: nothing in it can run code
 
 
+def append_log(path: Path, entry: dict) -> None:
+    """One JSON line per optimizer step, appended as it happens so the log can be watched live."""
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(json.dumps(entry) + "\n")
+
+
+def truncate_log(path: Path, last_step: int) -> None:
+    """Keep the log lines up to `last_step`: a resumed run writes the later steps again."""
+    if Path(path).is_file():
+        kept = [line for line in Path(path).read_text(encoding="utf-8").splitlines()
+                if json.loads(line)["step"] <= last_step]
+        atomic_write(Path(path), lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))
+
+
 def rng_state() -> dict:
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -140,6 +149,46 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class LossScaler:
+    """Dynamic loss scaling for float16 training (Micikevicius et al. 2018, "Mixed Precision
+    Training", section 3.2): small gradients underflow in fp16, so the loss is multiplied by a large
+    scale before backward and the gradients divided by it afterwards. A step whose gradients
+    overflowed is skipped and the scale halved; after `growth_interval` good steps it doubles.
+    Disabled (scale 1, never skips) for float32 and bfloat16, whose exponent range needs no help."""
+
+    def __init__(self, enabled: bool, scale: float = 2.0**16, growth_interval: int = 2000):
+        self.enabled = enabled
+        self.scale = scale if enabled else 1.0
+        self.growth_interval = growth_interval
+        self.good_steps = 0
+
+    def scaled(self, loss):
+        return loss * self.scale
+
+    @torch.no_grad()
+    def unscale(self, parameters) -> bool:
+        """Divide gradients by the scale; False (and the scale halved) if any is inf or NaN."""
+        if not self.enabled:
+            return True
+        grads = [p.grad for p in parameters if p.grad is not None]
+        for grad in grads:
+            grad.div_(self.scale)
+        if all(torch.isfinite(grad).all() for grad in grads):
+            self.good_steps += 1
+            if self.good_steps % self.growth_interval == 0:
+                self.scale *= 2.0
+            return True
+        self.scale /= 2.0
+        self.good_steps = 0
+        return False
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self.good_steps = state["scale"], state["good_steps"]
 
 
 class StopRequest:

@@ -195,4 +195,4 @@ def write_json(path: Path, obj) -> None:
 if __name__ == "__main__":
     from .hub import main
 
-    main()
+    raise SystemExit(main())

@@ -21,6 +21,7 @@ torch.backends.cudnn.allow_tf32 = False
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: real weights or real data; minutes, not seconds")
+    config.addinivalue_line("markers", "network: needs internet; set MINISBERT_TEST_NETWORK=1")
 
 
 @pytest.fixture(scope="session")

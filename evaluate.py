@@ -1,0 +1,120 @@
+"""Evaluate sentence encoders (and lexical baselines) on retrieval or STS, side by side.
+
+    python evaluate.py --k 1 5 10                                  # all-MiniLM-L6-v2 on data/example
+    python evaluate.py --data scifact --split test                 # NDCG@10 0.6451 published by MTEB
+    python evaluate.py --model all-MiniLM-L6-v2 bm25 runs/x/final --data scifact
+    python evaluate.py --task sts --data stsb                      # Spearman 0.8203
+    python evaluate.py --run run.trec --qrels qrels.txt --k 10     # score a TREC run, as trec_eval does
+
+Prints Precision, Accuracy, Recall, MRR, NDCG and MAP at each k for every model; writes the numbers to
+a JSON file (--output) and each model's ranking to a TREC run file. Metric definitions: --definitions
+st (sentence-transformers, binary relevance; the default) or trec (trec_eval, graded), see
+minisbert/metrics.py.
+"""
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import minisbert
+from minisbert import data as datasets
+from minisbert import metrics
+from minisbert.evaluation import CACHE_DIR, LEXICAL, dataset_folder, rank, sts_correlations
+from minisbert.weights import write_json
+
+METRIC_ROWS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("Recall", "recall"),
+               ("MRR", "mrr"), ("NDCG", "ndcg"), ("MAP", "map")]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", nargs="+", default=["all-MiniLM-L6-v2"],
+                   help="model names or directories (a train.py output such as runs/x/final), or bm25 / jaccard")
+    p.add_argument("--data", default="example", help="example, scifact, stsb, sick, or a folder")
+    p.add_argument("--split", default=None, help="default: test (SICK: all 9,927 pairs)")
+    p.add_argument("--k", nargs="+", type=int, default=[1, 5, 10])
+    p.add_argument("--score", choices=["cosine", "dot", "euclidean"], default="cosine")
+    p.add_argument("--definitions", choices=["st", "trec"], default="st")
+    p.add_argument("--task", choices=["retrieval", "sts"], default=None,
+                   help="default: sts for stsb and sick, else retrieval")
+    p.add_argument("--exclude-self", action="store_true", help="drop hits whose document id equals the query id")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default=None)
+    p.add_argument("--output", type=Path, default=None, help="JSON results (default: runs/eval/<data>-<split>.json)")
+    p.add_argument("--run-file", type=Path, default=None,
+                   help="TREC run file of the first model (default: next to the JSON, one per model)")
+    p.add_argument("--run", type=Path, default=None, help="score this TREC run file instead of a model")
+    p.add_argument("--qrels", type=Path, default=None, help="qrels for --run (TREC format)")
+    p.add_argument("--no-cache", action="store_true", help="encode the corpus even if cached")
+    args = p.parse_args(argv)
+    if any(k <= 0 for k in args.k):
+        p.error(f"--k values must be positive, got {args.k}")
+    if (args.run is None) != (args.qrels is None):
+        p.error("--run and --qrels go together")
+    if args.task is None:
+        args.task = "sts" if args.data in ("stsb", "sick") else "retrieval"
+    if args.split is None:
+        args.split = "all" if args.data == "sick" else "test"
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    results = {}
+    label = re.sub(r"[^\w.-]+", "_", Path(args.data).name if args.run is None else args.run.stem)
+    output = args.output or Path("runs") / "eval" / f"{label}-{args.split}.json"
+
+    if args.run is not None:  # score an existing run, no model involved
+        run = metrics.read_trec_run(args.run)
+        qrels = datasets.read_trec_qrels(args.qrels)
+        results[str(args.run)] = metrics.evaluate_run(run, qrels, args.k, definitions=args.definitions)
+        print_table(str(args.run), results[str(args.run)], args.k)
+    elif args.task == "sts":
+        pairs = sts_pairs(args.data, args.split)
+        print(f"{args.data} ({args.split}): {len(pairs):,} pairs; Spearman and Pearson of cosine similarity")
+        for name in args.model:
+            model = minisbert.load(name, device=args.device)
+            results[name] = sts_correlations(model, pairs)
+            print(f"{name:40s} spearman {results[name]['spearman']:.4f}  pearson {results[name]['pearson']:.4f}")
+    else:
+        retrieval = datasets.load_beir(dataset_folder(args.data), args.split)
+        print(f"{args.data} ({args.split}): {len(retrieval.queries):,} queries, {len(retrieval.corpus):,} documents; "
+              f"score {args.score}, {args.definitions} definitions")
+        for position, name in enumerate(args.model):
+            model = name if name in LEXICAL else minisbert.load(name, device=args.device)
+            run = rank(model, retrieval, max(args.k), score=args.score, batch_size=args.batch_size,
+                       cache_dir=None if args.no_cache else CACHE_DIR / "embeddings",
+                       exclude_self=args.exclude_self)
+            results[name] = metrics.evaluate_run(run, retrieval.qrels, args.k, definitions=args.definitions)
+            print_table(name, results[name], args.k)
+            run_file = args.run_file if args.run_file and position == 0 else \
+                output.with_name(f"{output.stem}-{re.sub(r'[^\w.-]+', '_', name)}.trec")
+            metrics.write_trec_run(run_file, run, tag=Path(name).name)
+            print(f"TREC run: {run_file}")
+
+    write_json(output, results)
+    print(f"results: {output}")
+
+
+def sts_pairs(data: str, split: str) -> list:
+    """STS-B or SICK gold pairs by name, or pairs.tsv (scores in [0, 1]) from a folder."""
+    if data == "stsb":
+        return datasets.load_stsb(split)
+    if data == "sick":
+        return datasets.load_sick(split)
+    folder = dataset_folder(data)
+    if not (folder / "pairs.tsv").is_file():
+        sys.exit(f"--task sts needs stsb, sick, or a folder with pairs.tsv; {folder} has none")
+    return datasets.read_pairs_tsv(folder / "pairs.tsv")
+
+
+def print_table(name: str, scores: dict, ks: list):
+    print(f"\n{name}")
+    print(f"{'':10s}" + "".join(f"{'@' + str(k):>9s}" for k in ks))
+    for title, key in METRIC_ROWS:
+        print(f"{title:10s}" + "".join(f"{scores[f'{key}@{k}']:9.4f}" for k in ks))
+
+
+if __name__ == "__main__":
+    main()

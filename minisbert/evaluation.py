@@ -1,0 +1,121 @@
+"""Evaluating a model: retrieval (rank a corpus for each query, score the ranking) and STS.
+
+Retrieval follows BEIR / MTEB: embed documents (title + " " + text) and queries, rank documents by
+the score function with the exact retriever (retrieval.py), keep the top `max(ks)`, and compute the
+metrics (metrics.py) against the split's qrels. STS follows SBERT section 4.1 and MTEB: the Spearman
+(and Pearson) correlation between the cosine similarity of each pair's embeddings and the gold score.
+
+Corpus embeddings are cached on disk under a key made of the model's weights, its pooling and length
+settings and the corpus texts, so a second evaluation of the same model on the same data does not
+encode the corpus again.
+"""
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import data as datasets
+from . import metrics
+from .lexical import BM25, Jaccard
+from .retrieval import search
+from .weights import atomic_write
+
+CACHE_DIR = Path(os.environ.get("MINISBERT_CACHE") or Path(__file__).resolve().parent.parent / ".cache")
+LEXICAL = {"bm25": BM25, "jaccard": Jaccard}
+
+
+def model_fingerprint(model) -> str:
+    """A digest of everything that decides a model's embeddings: weights and settings."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    digest.update(f"{model.pooling}|{model.normalize_embeddings}|{model.tokenizer.max_seq_length}".encode())
+    return digest.hexdigest()[:16]
+
+
+def texts_fingerprint(texts) -> str:
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def encode_cached(model, texts, batch_size: int = 32, cache_dir: Path = None) -> np.ndarray:
+    """model.encode(texts), read from / written to the cache when cache_dir is not None."""
+    if cache_dir is None:
+        return model.encode(texts, batch_size=batch_size)
+    path = Path(cache_dir) / f"{model_fingerprint(model)}-{texts_fingerprint(texts)}.npy"
+    if path.is_file():
+        return np.load(path)
+    embeddings = model.encode(texts, batch_size=batch_size)
+    atomic_write(path, lambda tmp: np.save(open(tmp, "wb"), embeddings))
+    return embeddings
+
+
+def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine", batch_size: int = 32,
+         cache_dir: Path = None, exclude_self: bool = False) -> dict:
+    """The top-k documents of every query: {query id: [(document id, score), ...] best first}.
+
+    `model` is a SentenceModel or the name of a lexical baseline ("bm25", "jaccard").
+    exclude_self drops a document whose id equals the query id (BEIR's convention).
+    """
+    doc_ids = list(retrieval.corpus)
+    query_ids = list(retrieval.queries)
+    doc_texts = [retrieval.corpus[d] for d in doc_ids]
+    query_texts = [retrieval.queries[q] for q in query_ids]
+    if isinstance(model, str):
+        if model not in LEXICAL:
+            raise ValueError(f"unknown baseline {model!r}; choose one of {list(LEXICAL)}")
+        scores, indices = LEXICAL[model](doc_texts).search(query_texts, k + int(exclude_self))
+    else:
+        corpus = encode_cached(model, doc_texts, batch_size, cache_dir)
+        queries = model.encode(query_texts, batch_size=batch_size)
+        scores, indices = search(queries, corpus, k, score=score,
+                                 query_ids=query_ids if exclude_self else None,
+                                 corpus_ids=doc_ids if exclude_self else None)
+    run = {}
+    for row, query_id in enumerate(query_ids):
+        hits = [(doc_ids[i], float(s)) for s, i in zip(scores[row], indices[row]) if i >= 0
+                and not (exclude_self and doc_ids[i] == query_id)]
+        run[query_id] = hits[:k]
+    return run
+
+
+def sts_correlations(model, pairs: list) -> dict:
+    """Spearman and Pearson correlation of cosine similarity with the gold scores."""
+    if not pairs:
+        raise ValueError("no sentence pairs to evaluate")
+    first = model.encode([p.sentence1 for p in pairs])
+    second = model.encode([p.sentence2 for p in pairs])
+    cosine = torch.nn.functional.cosine_similarity(torch.from_numpy(first), torch.from_numpy(second)).numpy()
+    gold = np.array([p.score for p in pairs], dtype=np.float64)
+    return {"spearman": metrics.spearman(cosine, gold), "pearson": metrics.pearson(cosine, gold)}
+
+
+def dataset_folder(data: str) -> Path:
+    """A folder given by path; a folder under data/ ("example"); or a named dataset (scifact ...)
+    found in data/, the mirror folder, or downloaded (data.resolve_dataset)."""
+    if Path(data).is_dir():
+        return Path(data)
+    if (datasets.REPO_DATA / data).is_dir():
+        return datasets.REPO_DATA / data
+    return datasets.resolve_dataset(data)
+
+
+def evaluate_dev(model, data: str):
+    """The score train.py maximises on the dev split: {"spearman": ...} for STS-B and SICK,
+    {"ndcg@10": ..., ...} for a retrieval folder with qrels/dev.tsv; None when there is no dev split."""
+    if data in ("stsb", "sick"):
+        pairs = datasets.load_stsb("dev") if data == "stsb" else datasets.load_sick("trial")
+        return sts_correlations(model, pairs)
+    folder = dataset_folder(data)
+    if not (folder / "qrels" / "dev.tsv").is_file():
+        return None
+    retrieval = datasets.load_beir(folder, "dev")
+    results = metrics.evaluate_run(rank(model, retrieval, 10), retrieval.qrels, [10])
+    return {"ndcg@10": results["ndcg@10"], "mrr@10": results["mrr@10"]}
