@@ -54,6 +54,8 @@ def parse_args(argv=None):
         p.error("--run and --qrels go together")
     if args.task is None:
         args.task = "sts" if args.data in ("stsb", "sick") else "retrieval"
+    if args.task == "sts" and args.run is None and any(name in LEXICAL for name in args.model):
+        p.error(f"{', '.join(LEXICAL)} are retrieval baselines; --task sts needs sentence-embedding models")
     if args.split is None:
         args.split = "all" if args.data == "sick" else "test"
     return args
@@ -62,11 +64,15 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     results = {}
-    label = re.sub(r"[^\w.-]+", "_", Path(args.data).name if args.run is None else args.run.stem)
+    label = file_label(Path(args.data).name if args.run is None else args.run.stem)
     output = args.output or Path("runs") / "eval" / f"{label}-{args.split}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
 
     if args.run is not None:  # score an existing run, no model involved
         run = metrics.read_trec_run(args.run)
+        if args.exclude_self:
+            run = {query_id: {doc_id: s for doc_id, s in hits.items() if doc_id != query_id}
+                   for query_id, hits in run.items()}
         qrels = datasets.read_trec_qrels(args.qrels)
         results[str(args.run)] = metrics.evaluate_run(run, qrels, args.k, definitions=args.definitions)
         print_table(str(args.run), results[str(args.run)], args.k)
@@ -78,7 +84,11 @@ def main(argv=None):
             results[name] = sts_correlations(model, pairs)
             print(f"{name:40s} spearman {results[name]['spearman']:.4f}  pearson {results[name]['pearson']:.4f}")
     else:
-        retrieval = datasets.load_beir(dataset_folder(args.data), args.split)
+        folder = dataset_folder(args.data)
+        retrieval = datasets.load_beir(folder, args.split)
+        if not retrieval.corpus or not retrieval.queries:
+            raise ValueError(f"{folder}: nothing to evaluate: {len(retrieval.corpus)} documents in corpus.jsonl and "
+                             f"{len(retrieval.queries)} queries judged against them in qrels/{args.split}.tsv")
         print(f"{args.data} ({args.split}): {len(retrieval.queries):,} queries, {len(retrieval.corpus):,} documents; "
               f"score {args.score}, {args.definitions} definitions")
         for position, name in enumerate(args.model):
@@ -89,12 +99,18 @@ def main(argv=None):
             results[name] = metrics.evaluate_run(run, retrieval.qrels, args.k, definitions=args.definitions)
             print_table(name, results[name], args.k)
             run_file = args.run_file if args.run_file and position == 0 else \
-                output.with_name(f"{output.stem}-{re.sub(r'[^\w.-]+', '_', name)}.trec")
+                output.with_name(f"{output.stem}-{file_label(name)}.trec")
+            run_file.parent.mkdir(parents=True, exist_ok=True)
             metrics.write_trec_run(run_file, run, tag=Path(name).name)
             print(f"TREC run: {run_file}")
 
     write_json(output, results)
     print(f"results: {output}")
+
+
+def file_label(text: str) -> str:
+    """`text` made safe to use in a file name."""
+    return re.sub(r"[^\w.-]+", "_", text).strip("_")
 
 
 def sts_pairs(data: str, split: str) -> list:
@@ -117,4 +133,7 @@ def print_table(name: str, scores: dict, ks: list):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, FileNotFoundError, ConnectionError) as error:  # bad input: the message says what
+        sys.exit(f"error: {error}")

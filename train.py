@@ -81,8 +81,11 @@ def main(argv=None):
     if args.pooling:
         model.pooling = args.pooling
     if args.dim:
+        if model.dense is not None:
+            sys.exit(f"{args.model} already ends in a Dense layer to {model.dimension} dimensions and a model "
+                     "has at most one; leave out --dim, or start from a model without one")
         model.dense = Dense(model.dimension, args.dim, activation="tanh").to(model.device)
-    # The losses compare raw embeddings; normalising (if the model does) is for encode() afterwards.
+    # The losses see what the model outputs, unit length if it normalises (as in sentence-transformers).
     model.train()
 
     # The data: examples of the shape the loss needs, and a dev split to choose the best model.
@@ -109,16 +112,19 @@ def main(argv=None):
     optimizer = AdamW(weight_decay_groups(parameters, args.weight_decay), lr=args.lr)
     scheduler = LinearWarmupDecay(optimizer, int(args.warmup * total_steps), total_steps)
     scaler = training.LossScaler(enabled=args.amp == "fp16")
+    # What the checkpoint's weights and data position mean depends on all of these.
     identity = {"model": str(args.model), "encoder": model.encoder.config.to_hf(), "dim": args.dim,
-                "pooling": model.pooling, "loss": spec.name, "examples": len(examples)}
+                "pooling": model.pooling, "loss": spec.name, "data": args.data, "examples": len(examples),
+                "seed": args.seed, "batch_size": args.batch_size, "steps": total_steps}
 
     step, epoch, next_batch, best = 0, 0, 0, None
     if args.resume:
         state = training.load_checkpoint(checkpoint_path)
         if state["identity"] != identity:
             differences = [k for k in identity if state["identity"].get(k) != identity[k]]
-            sys.exit(f"{checkpoint_path} is from another run: it differs in {differences}; "
-                     "resume with the same --model, --data, --arch, --metric, --loss, --dim and --pooling")
+            sys.exit(f"{checkpoint_path} is from another run: it differs in {differences}; resume with the same "
+                     "--model, --data, --arch, --metric, --loss, --dim, --pooling, --seed, --batch-size, "
+                     "--epochs and --max-steps")
         model.load_state_dict(state["model"])
         if classifier is not None:
             classifier.load_state_dict(state["classifier"])
@@ -129,6 +135,8 @@ def main(argv=None):
         step, epoch, next_batch, best = state["step"], state["epoch"], state["next_batch"], state["best"]
         training.truncate_log(output / "log.jsonl", step)  # steps after the checkpoint run again
         print(f"resuming {output} at step {step} (epoch {epoch}, batch {next_batch})")
+    else:  # a run that stopped before its first checkpoint (a NaN loss) may have left a log
+        (output / "log.jsonl").unlink(missing_ok=True)
     output.mkdir(parents=True, exist_ok=True)
 
     def save_state():
@@ -174,7 +182,7 @@ def main(argv=None):
                              f"checkpoint is {checkpoint_path} (step {read_step(checkpoint_path)}); "
                              "try a lower --lr, or --amp bf16 instead of fp16")
                 scaler.scaled(loss).backward()
-                grad_norm = torch.tensor(float("inf"))
+                grad_norm, lr = torch.tensor(float("inf")), scheduler.current_lrs()[0]  # lr: this step's
                 if scaler.unscale(p for _, p in parameters):  # False: fp16 overflow, skip this update
                     grad_norm = clip_grad_norm_([p for _, p in parameters], args.max_grad_norm)
                     optimizer.step()
@@ -182,8 +190,7 @@ def main(argv=None):
                 optimizer.zero_grad()
                 step, next_batch, examples_seen = step + 1, next_batch + 1, examples_seen + len(batch)
 
-                entry = {"step": step, "epoch": epoch, "loss": loss.item(), "lr": scheduler.current_lrs()[0],
-                         "grad_norm": grad_norm.item()}
+                entry = {"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm.item()}
                 if eval_steps and step % eval_steps == 0 or step == total_steps:
                     entry["eval"] = evaluate_and_keep_best()
                 training.append_log(output / "log.jsonl", entry)
@@ -236,4 +243,7 @@ def read_step(checkpoint_path):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, FileNotFoundError, ConnectionError) as error:  # bad input: the message says what
+        sys.exit(f"error: {error}")

@@ -5,8 +5,8 @@ the score function with the exact retriever (retrieval.py), keep the top `max(ks
 metrics (metrics.py) against the split's qrels. STS follows SBERT section 4.1 and MTEB: the Spearman
 (and Pearson) correlation between the cosine similarity of each pair's embeddings and the gold score.
 
-Corpus embeddings are cached on disk under a key made of the model's weights, its pooling and length
-settings and the corpus texts, so a second evaluation of the same model on the same data does not
+Corpus embeddings are cached on disk under a key made of the model's tokenizer, weights, pooling and
+length settings and the corpus texts, so a second evaluation of the same model on the same data does not
 encode the corpus again.
 """
 
@@ -28,8 +28,9 @@ LEXICAL = {"bm25": BM25, "jaccard": Jaccard}
 
 
 def model_fingerprint(model) -> str:
-    """A digest of everything that decides a model's embeddings: weights and settings."""
+    """A digest of everything that decides a model's embeddings: tokenizer, weights and settings."""
     digest = hashlib.sha256()
+    digest.update(model.tokenizer.rust.to_str().encode())  # vocabulary, lowercasing, truncation
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
@@ -53,16 +54,22 @@ def encode_cached(model, texts, batch_size: int = 32, cache_dir: Path = None) ->
     if path.is_file():
         return np.load(path)
     embeddings = model.encode(texts, batch_size=batch_size)
-    atomic_write(path, lambda tmp: np.save(open(tmp, "wb"), embeddings))
+
+    def save(tmp: Path):
+        with open(tmp, "wb") as file:  # a file, not a name: np.save would append ".npy" to the name
+            np.save(file, embeddings)
+
+    atomic_write(path, save)
     return embeddings
 
 
 def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine", batch_size: int = 32,
          cache_dir: Path = None, exclude_self: bool = False) -> dict:
-    """The top-k documents of every query: {query id: [(document id, score), ...] best first}.
+    """The top-k documents of every query: {query id: {document id: score}}, best first.
 
-    `model` is a SentenceModel or the name of a lexical baseline ("bm25", "jaccard").
-    exclude_self drops a document whose id equals the query id (BEIR's convention).
+    `model` is a SentenceModel or the name of a lexical baseline ("bm25", "jaccard"). Scores are
+    larger-is-better: euclidean distances are negated. exclude_self drops a document whose id
+    equals the query id (BEIR's convention).
     """
     doc_ids = list(retrieval.corpus)
     query_ids = list(retrieval.queries)
@@ -72,18 +79,19 @@ def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine"
         if model not in LEXICAL:
             raise ValueError(f"unknown baseline {model!r}; choose one of {list(LEXICAL)}")
         scores, indices = LEXICAL[model](doc_texts).search(query_texts, k + int(exclude_self))
+        if exclude_self:
+            self_hits = np.array([[doc_ids[i] == q for i in row] for q, row in zip(query_ids, indices)])
+            indices = np.where(self_hits, -1, indices)
     else:
         corpus = encode_cached(model, doc_texts, batch_size, cache_dir)
         queries = model.encode(query_texts, batch_size=batch_size)
         scores, indices = search(queries, corpus, k, score=score,
                                  query_ids=query_ids if exclude_self else None,
                                  corpus_ids=doc_ids if exclude_self else None)
-    run = {}
-    for row, query_id in enumerate(query_ids):
-        hits = [(doc_ids[i], float(s)) for s, i in zip(scores[row], indices[row]) if i >= 0
-                and not (exclude_self and doc_ids[i] == query_id)]
-        run[query_id] = hits[:k]
-    return run
+        if score == "euclidean":
+            scores = -scores
+    run = metrics.run_from_search(scores, indices, query_ids, doc_ids)
+    return {query_id: dict(list(hits.items())[:k]) for query_id, hits in run.items()}
 
 
 def sts_correlations(model, pairs: list) -> dict:

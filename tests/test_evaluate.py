@@ -1,0 +1,501 @@
+"""Tests for evaluate.py (the command line) and minisbert/evaluation.py (ranking, cache, STS).
+
+What "correct" means for evaluation:
+- the JSON maps every model to {metric@k: value} for every metric and every k asked for;
+- scoring a hand-written TREC run gives hand-computed numbers, and a model whose embeddings rank
+  the documents the same way gives the same numbers;
+- a run written with --run-file, scored back with --run/--qrels, gives the model's numbers exactly;
+- a second evaluation of the same model on the same corpus reads the corpus embeddings from the
+  cache instead of encoding them, and gives identical numbers;
+- bad input stops with a message naming the file, line or value at fault.
+
+evaluate.main runs in-process on the tiny random model in tests/fixtures/tiny_st_legacy (its
+embeddings are unit length), BM25 / Jaccard (no model), data/example, and small BEIR folders and
+pairs.tsv files written in tmp_path.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate
+import minisbert
+from minisbert import data as datasets
+from minisbert import evaluation, metrics
+from minisbert.model import SentenceModel
+
+from .conftest import FIXTURES, REPO
+
+TINY = str(FIXTURES / "tiny_st_legacy")
+EXAMPLE = REPO / "data" / "example"
+METRICS = ("accuracy", "precision", "recall", "mrr", "ndcg", "map")
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    """Each test gets an empty embedding cache of its own (never the repository's .cache)."""
+    monkeypatch.setattr(evaluate, "CACHE_DIR", tmp_path / "cache")
+    return tmp_path / "cache" / "embeddings"
+
+
+def evaluate_to_json(output, *args) -> dict:
+    """Run `python evaluate.py ARGS --output OUTPUT` in-process and return the JSON it wrote."""
+    evaluate.main([*args, "--output", str(output)])
+    return json.loads(output.read_text())
+
+
+def spy_on_encode(monkeypatch) -> list:
+    """Record the texts of every SentenceModel.encode call (the real encode still runs)."""
+    calls = []
+    encode = SentenceModel.encode
+
+    def recording_encode(self, texts, *args, **kwargs):
+        calls.append(list(texts))
+        return encode(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(SentenceModel, "encode", recording_encode)
+    return calls
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def write_trec_qrels(path, qrels):
+    return write_lines(path, [f"{q} 0 {d} {grade}" for q, judged in qrels.items() for d, grade in judged.items()])
+
+
+# ---- a problem small enough to score by hand -----------------------------------------------------
+# Qrels: q1 judges d1 and d3 relevant (grade 1) and d9 not relevant (grade 0); q2 judges d2 grade 2
+# and d5 grade 1. The hand-written run ranks q1: d2, d1, d4, d3 and q2: d2, d7, d5.
+
+HAND_QRELS = {"q1": {"d1": 1, "d3": 1, "d9": 0}, "q2": {"d2": 2, "d5": 1}}
+HAND_RUN_LINES = [
+    "q1 Q0 d2 1 0.9 hand",
+    "q1 Q0 d1 2 0.8 hand",
+    "q1 Q0 d4 3 0.7 hand",
+    "q1 Q0 d3 4 0.6 hand",
+    "q2 Q0 d2 1 0.5 hand",
+    "q2 Q0 d7 2 0.4 hand",
+    "q2 Q0 d5 3 0.3 hand",
+]
+LOG2_3 = math.log2(3)  # 1.5849625
+HAND_ST = {  # sentence-transformers definitions, the mean of q1 and q2
+    # relevant ranks: q1 {2, 4}, q2 {1, 3}
+    "accuracy@1": (0 + 1) / 2,
+    "accuracy@3": (1 + 1) / 2,
+    "precision@1": (0 + 1) / 2,
+    "precision@3": (1 / 3 + 2 / 3) / 2,  # = 0.5
+    "recall@1": (0 / 2 + 1 / 2) / 2,  # = 0.25
+    "recall@3": (1 / 2 + 2 / 2) / 2,  # = 0.75
+    "mrr@1": (0 + 1) / 2,
+    "mrr@3": (1 / 2 + 1) / 2,  # = 0.75
+    "ndcg@1": (0 + 1) / 2,
+    # q1: DCG = 1/log2(3) = 0.6309, ideal = 1 + 1/log2(3) = 1.6309 -> 0.3869
+    # q2: DCG = 1 + 1/log2(4) = 1.5, ideal = 1.6309 -> 0.9197
+    "ndcg@3": ((1 / LOG2_3) / (1 + 1 / LOG2_3) + 1.5 / (1 + 1 / LOG2_3)) / 2,  # = 0.6533
+    "map@1": (0 + 1 / 1) / 2,  # q2: precision 1 at rank 1, divided by min(1, 2) = 1
+    # q1: precision 1/2 at rank 2, / min(3, 2) = 0.25; q2: (1 + 2/3) / 2 = 0.8333
+    "map@3": (0.5 / 2 + (1 + 2 / 3) / 2) / 2,  # = 0.5417
+}
+HAND_TREC = dict(HAND_ST)  # trec_eval differs in graded NDCG and in MAP@1's denominator
+HAND_TREC["map@1"] = (0 + 1 / 2) / 2  # map_cut_1 divides by #relevant = 2, not min(1, 2)
+# q2 with graded gains: DCG = 2 + 1/log2(4) = 2.5, ideal = 2 + 1/log2(3) = 2.6309 -> 0.9502
+HAND_TREC["ndcg@1"] = (0 + 2 / 2) / 2
+HAND_TREC["ndcg@3"] = ((1 / LOG2_3) / (1 + 1 / LOG2_3) + 2.5 / (2 + 1 / LOG2_3)) / 2  # = 0.6685
+HAND_TREC["mrr"] = (1 / 2 + 1) / 2  # recip_rank, no cutoff
+
+# Unit vectors at these angles (degrees) make cosine rank the documents as the hand-written run
+# does. Angle away from q1 (0): d2 10, d1 20, d4 30, d3 40, d7 75, d5 78, d9 120. Away from q2
+# (-30): d2 40, d7 45, d5 48, d1 50, d4 60, d3 70, d9 150.
+ANGLES = {"query q1": 0, "query q2": -30, "doc d1": 20, "doc d2": 10, "doc d3": 40, "doc d4": 30,
+          "doc d5": -78, "doc d7": -75, "doc d9": 120}
+
+
+def unit_vector(degrees: float) -> np.ndarray:
+    return np.array([math.cos(math.radians(degrees)), math.sin(math.radians(degrees))])
+
+
+def fake_encode(self, texts, *args, **kwargs):
+    return np.stack([unit_vector(ANGLES[text]) for text in texts]).astype(np.float32)  # (n, 2)
+
+
+@pytest.fixture
+def hand_folder(tmp_path):
+    """The hand problem as a BEIR folder: documents "doc dX", queries "query qX"."""
+    folder = tmp_path / "hand"
+    corpus = {d: f"doc {d}" for d in ("d1", "d2", "d3", "d4", "d5", "d7", "d9")}
+    datasets.write_beir(folder, corpus, {"q1": "query q1", "q2": "query q2"}, HAND_QRELS)
+    return folder
+
+
+@pytest.mark.parametrize("definitions, expected", [("st", HAND_ST), ("trec", HAND_TREC)])
+def test_scoring_a_trec_run_gives_the_hand_computed_numbers(tmp_path, definitions, expected):
+    run = write_lines(tmp_path / "hand.trec", HAND_RUN_LINES)
+    qrels = write_trec_qrels(tmp_path / "qrels.txt", HAND_QRELS)
+    results = evaluate_to_json(tmp_path / "out.json", "--run", str(run), "--qrels", str(qrels),
+                               "--k", "1", "3", "--definitions", definitions)
+    assert list(results) == [str(run)]
+    assert results[str(run)] == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("definitions", ["st", "trec"])
+def test_a_model_ranking_like_the_run_scores_like_the_run(tmp_path, monkeypatch, hand_folder, definitions):
+    monkeypatch.setattr(SentenceModel, "encode", fake_encode)
+    run = write_lines(tmp_path / "hand.trec", HAND_RUN_LINES)
+    qrels = write_trec_qrels(tmp_path / "qrels.txt", HAND_QRELS)
+    from_run = evaluate_to_json(tmp_path / "run.json", "--run", str(run), "--qrels", str(qrels),
+                                "--k", "1", "3", "--definitions", definitions)
+    from_model = evaluate_to_json(tmp_path / "model.json", "--model", TINY, "--data", str(hand_folder),
+                                  "--k", "1", "3", "--definitions", definitions)
+    assert from_model[TINY] == pytest.approx(from_run[str(run)], abs=1e-12)
+
+
+def test_dot_and_euclidean_rank_unit_vectors_as_cosine_does(tmp_path, monkeypatch, hand_folder):
+    monkeypatch.setattr(SentenceModel, "encode", fake_encode)
+    results, runs = {}, {}
+    for score in ("cosine", "dot", "euclidean"):
+        run_file = tmp_path / f"{score}.trec"
+        results[score] = evaluate_to_json(tmp_path / f"{score}.json", "--model", TINY, "--data", str(hand_folder),
+                                          "--k", "1", "3", "--score", score, "--run-file", str(run_file))[TINY]
+        runs[score] = metrics.read_trec_run(run_file)
+    assert results["cosine"] == pytest.approx(HAND_ST, abs=1e-12)
+    assert results["dot"] == results["cosine"]
+    assert results["euclidean"] == results["cosine"]
+    # Run files hold larger-is-better scores: cosine = dot = cos(angle) for unit vectors, and
+    # euclidean the negated distance |q - d| = sqrt(2 - 2 cos(angle)). q1 -> d2 is 10 degrees:
+    # cos = 0.98481, distance = sqrt(2 - 1.96962) = 0.17431.
+    assert runs["cosine"]["q1"]["d2"] == pytest.approx(math.cos(math.radians(10)), abs=1e-6)
+    assert runs["dot"]["q1"]["d2"] == pytest.approx(math.cos(math.radians(10)), abs=1e-6)
+    assert runs["euclidean"]["q1"]["d2"] == pytest.approx(-0.17431, abs=1e-5)
+    for score in ("cosine", "dot", "euclidean"):
+        assert {q: list(hits) for q, hits in runs[score].items()} == {"q1": ["d2", "d1", "d4"],
+                                                                       "q2": ["d2", "d7", "d5"]}
+
+
+# ---- data/example end to end ------------------------------------------------------------------
+
+
+def test_models_side_by_side_on_the_example_data(tmp_path):
+    output = tmp_path / "example.json"
+    results = evaluate_to_json(output, "--model", TINY, "bm25", "jaccard", "--k", "1", "3", "10")
+    assert list(results) == [TINY, "bm25", "jaccard"]
+    for name, scores in results.items():
+        assert set(scores) == {f"{metric}@{k}" for metric in METRICS for k in (1, 3, 10)}, name
+        assert all(0.0 <= value <= 1.0 for value in scores.values()), name
+        # One document deep, a hit is the whole story: precision, MRR, NDCG and MAP all equal the hit rate.
+        for metric in ("precision", "mrr", "ndcg", "map"):
+            assert scores[f"{metric}@1"] == scores["accuracy@1"], (name, metric)
+        for metric in ("accuracy", "recall", "mrr"):  # these can only grow with k
+            assert scores[f"{metric}@1"] <= scores[f"{metric}@3"] <= scores[f"{metric}@10"], (name, metric)
+    # The example was written so that word overlap finds most answers; random weights do not.
+    assert results["bm25"]["ndcg@10"] > 0.5 > results[TINY]["ndcg@10"]
+    assert results["bm25"] != results["jaccard"]
+    # Each model's numbers are its own: BM25 evaluated alone gives the same.
+    alone = evaluate_to_json(tmp_path / "alone.json", "--model", "bm25", "--k", "1", "3", "10")
+    assert alone["bm25"] == results["bm25"]
+    # One TREC run per model, next to the JSON.
+    assert sorted(p.name for p in tmp_path.glob("example-*.trec")) == sorted(
+        f"example-{evaluate.file_label(name)}.trec" for name in results)
+
+
+def test_trec_definitions_add_mrr_without_cutoff(tmp_path):
+    results = evaluate_to_json(tmp_path / "trec.json", "--model", "bm25", "--k", "2", "4", "--definitions", "trec")
+    assert set(results["bm25"]) == {f"{metric}@{k}" for metric in METRICS for k in (2, 4)} | {"mrr"}
+    assert results["bm25"]["mrr@4"] <= results["bm25"]["mrr"]
+
+
+@pytest.mark.parametrize("definitions", ["st", "trec"])
+def test_run_file_scored_back_gives_the_model_numbers(tmp_path, definitions):
+    run_file = tmp_path / "runs" / "tiny.trec"  # a folder that does not exist yet
+    ks = ["--k", "1", "5", "10", "--definitions", definitions]
+    from_model = evaluate_to_json(tmp_path / "model.json", "--model", TINY, "--run-file", str(run_file), *ks)
+
+    example = datasets.load_beir(EXAMPLE, "test")
+    lines = [line.split() for line in run_file.read_text().splitlines()]
+    assert [q for q, *_ in lines] == [q for q in example.queries for _ in range(10)]  # 10 hits per query
+    for start in range(0, len(lines), 10):
+        hits = lines[start:start + 10]
+        assert [int(rank) for _, _, _, rank, _, _ in hits] == list(range(1, 11))
+        scores = [float(score) for _, _, _, _, score, _ in hits]
+        assert scores == sorted(scores, reverse=True)
+        assert {tag for *_, tag in hits} == {"tiny_st_legacy"}
+        assert {q0 for _, q0, *_ in hits} == {"Q0"}
+
+    # The scores are the model's cosine similarities: check the first query against numpy.
+    model = minisbert.load(TINY, device="cpu")
+    query_id = next(iter(example.queries))
+    doc_ids = list(example.corpus)
+    query = model.encode([example.queries[query_id]])[0].astype(np.float64)  # (D,)
+    corpus = model.encode([example.corpus[d] for d in doc_ids]).astype(np.float64)  # (N, D)
+    cosine = corpus @ query / (np.linalg.norm(corpus, axis=1) * np.linalg.norm(query))  # (N,)
+    _, _, best_doc, _, best_score, _ = lines[0]
+    assert best_doc == doc_ids[int(np.argmax(cosine))]
+    assert float(best_score) == pytest.approx(cosine.max(), abs=1e-6)
+
+    qrels = write_trec_qrels(tmp_path / "qrels.txt", example.qrels)
+    from_run = evaluate_to_json(tmp_path / "run.json", "--run", str(run_file), "--qrels", str(qrels), *ks)
+    assert from_run[str(run_file)] == from_model[TINY]
+
+
+# ---- the corpus embedding cache ---------------------------------------------------------------
+
+
+def test_second_run_reads_corpus_embeddings_from_the_cache(tmp_path, monkeypatch, cache_dir):
+    encoded = spy_on_encode(monkeypatch)
+    a_document = datasets.load_beir(EXAMPLE, "test").corpus["bread-01"]
+
+    first = evaluate_to_json(tmp_path / "first.json", "--model", TINY)
+    assert any(a_document in texts for texts in encoded)
+    assert len(list(cache_dir.glob("*.npy"))) == 1
+
+    encoded.clear()
+    second = evaluate_to_json(tmp_path / "second.json", "--model", TINY)
+    assert encoded, "queries are always encoded"
+    assert not any(a_document in texts for texts in encoded)
+    assert second == first
+
+    encoded.clear()
+    evaluate_to_json(tmp_path / "third.json", "--model", TINY, "--no-cache")
+    assert any(a_document in texts for texts in encoded)
+
+
+def test_a_changed_corpus_misses_the_cache(tmp_path, monkeypatch, cache_dir):
+    evaluate_to_json(tmp_path / "first.json", "--model", TINY)
+    example = datasets.load_beir(EXAMPLE, "test")
+    changed = dict(example.corpus, **{"bread-01": example.corpus["bread-01"] + " Rest it afterwards."})
+    datasets.write_beir(tmp_path / "changed", changed, example.queries, example.qrels)
+
+    encoded = spy_on_encode(monkeypatch)
+    evaluate_to_json(tmp_path / "second.json", "--model", TINY, "--data", str(tmp_path / "changed"))
+    assert any(changed["bread-01"] in texts for texts in encoded)
+    assert len(list(cache_dir.glob("*.npy"))) == 2
+
+
+def test_a_saved_model_loads_and_only_a_different_one_misses_the_cache(tmp_path, monkeypatch, cache_dir):
+    model = minisbert.load(TINY, device="cpu")
+    model.save(tmp_path / "same")
+    with torch.no_grad():
+        model.dense.linear.bias += 0.5
+    model.save(tmp_path / "changed")
+    first = evaluate_to_json(tmp_path / "first.json", "--model", TINY)
+
+    encoded = spy_on_encode(monkeypatch)
+    a_document = datasets.load_beir(EXAMPLE, "test").corpus["bread-01"]
+    same = evaluate_to_json(tmp_path / "same.json", "--model", str(tmp_path / "same"))
+    assert not any(a_document in texts for texts in encoded), "the same weights and settings hit the cache"
+    assert same[str(tmp_path / "same")] == first[TINY]
+
+    evaluate.main(["--model", str(tmp_path / "changed"), "--output", str(tmp_path / "changed.json")])
+    assert any(a_document in texts for texts in encoded), "changed weights miss the cache"
+    first_run, = tmp_path.glob("first-*.trec")
+    changed_run, = tmp_path.glob("changed-*.trec")
+    assert metrics.read_trec_run(changed_run) != metrics.read_trec_run(first_run)
+    assert len(list(cache_dir.glob("*.npy"))) == 2
+
+
+def test_the_cache_key_covers_everything_that_changes_embeddings():
+    key = evaluation.model_fingerprint(minisbert.load(TINY, device="cpu"))
+    assert evaluation.model_fingerprint(minisbert.load(TINY, device="cpu")) == key
+    changes = {
+        "tokenizer": lambda model: model.tokenizer.rust.add_tokens(["zebra"]),  # one token, not word pieces
+        "weights": lambda model: model.encoder.embeddings.word_embeddings.weight.data.mul_(2),
+        "pooling": lambda model: setattr(model, "pooling", "mean"),
+        "normalization": lambda model: setattr(model, "normalize_embeddings", False),
+        "length": lambda model: setattr(model.tokenizer, "max_seq_length", 8),
+    }
+    for what, change in changes.items():
+        model = minisbert.load(TINY, device="cpu")
+        change(model)
+        assert evaluation.model_fingerprint(model) != key, what
+
+
+# ---- self-matches -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def self_match_folder(tmp_path):
+    """Query q1 is also a document, with the same text, so it is its own best match."""
+    folder = tmp_path / "self"
+    corpus = {"q1": "apples and pears", "d1": "apples grow on trees", "d2": "pears are sweet",
+              "d3": "bikes have wheels"}
+    queries = {"q1": "apples and pears", "q2": "bikes with wheels"}
+    datasets.write_beir(folder, corpus, queries, {"q1": {"d1": 1}, "q2": {"d3": 1}})
+    return folder
+
+
+@pytest.mark.parametrize("model", [TINY, "bm25"])
+def test_exclude_self_drops_the_document_with_the_query_id(tmp_path, self_match_folder, model):
+    def run_of(name, *flags):
+        run_file = tmp_path / f"{name}.trec"
+        evaluate.main(["--model", model, "--data", str(self_match_folder), "--output", str(tmp_path / f"{name}.json"),
+                       "--run-file", str(run_file), *flags])
+        return metrics.read_trec_run(run_file)
+
+    assert list(run_of("kept", "--k", "1")["q1"]) == ["q1"]  # identical text scores best
+    top_1 = run_of("dropped", "--k", "1", "--exclude-self")["q1"]
+    assert len(top_1) == 1 and "q1" not in top_1  # the next best takes its place
+    everything = run_of("all", "--k", "4")
+    assert set(everything["q1"]) == {"q1", "d1", "d2", "d3"}
+    without_self = run_of("all-but-self", "--k", "4", "--exclude-self")
+    assert set(without_self["q1"]) == {"d1", "d2", "d3"}
+    assert len(without_self["q2"]) == 4  # no document is called q2
+
+    # --exclude-self applies to a scored run file as well.
+    qrels = write_trec_qrels(tmp_path / "qrels.txt", {"q1": {"d1": 1}, "q2": {"d3": 1}})
+    rescored = evaluate_to_json(tmp_path / "rescored.json", "--run", str(tmp_path / "all.trec"),
+                                "--qrels", str(qrels), "--k", "4", "--exclude-self")
+    model_run = json.loads((tmp_path / "all-but-self.json").read_text())
+    assert rescored[str(tmp_path / "all.trec")] == model_run[model]
+
+
+# ---- STS --------------------------------------------------------------------------------------
+
+
+def test_sts_on_a_pairs_folder_matches_numpy(tmp_path):
+    pairs = [
+        ("a man is playing a guitar", "a man plays the guitar", 0.95),
+        ("a dog runs in the park", "a cat sleeps on the sofa", 0.2),
+        ("the bread is fresh", "this loaf was baked today", 0.7),
+        ("a woman rides a bike", "a person is cycling", 0.8),
+        ("stocks fell sharply", "the moon is full tonight", 0.0),
+        ("kids play football", "children are playing soccer", 0.9),
+    ]
+    folder = tmp_path / "sts"
+    folder.mkdir()
+    write_lines(folder / "pairs.tsv", ["sentence1\tsentence2\tscore"] + [f"{a}\t{b}\t{s}" for a, b, s in pairs])
+    results = evaluate_to_json(tmp_path / "sts.json", "--task", "sts", "--model", TINY, "--data", str(folder))
+
+    model = minisbert.load(TINY, device="cpu")
+    first = model.encode([a for a, _, _ in pairs]).astype(np.float64)  # (6, D)
+    second = model.encode([b for _, b, _ in pairs]).astype(np.float64)  # (6, D)
+    cosine = (first * second).sum(1) / (np.linalg.norm(first, axis=1) * np.linalg.norm(second, axis=1))
+    gold = np.array([s for _, _, s in pairs])
+    assert len(set(cosine.round(6))) == len(pairs), "no ties, so ranks are argsort of argsort"
+    spearman = np.corrcoef(cosine.argsort().argsort(), gold.argsort().argsort())[0, 1]
+    pearson = np.corrcoef(cosine, gold)[0, 1]
+    assert results == {TINY: pytest.approx({"spearman": spearman, "pearson": pearson}, abs=1e-6)}
+
+
+def test_sts_needs_pairs_and_models(tmp_path, capsys, hand_folder):
+    with pytest.raises(SystemExit, match="pairs.tsv"):
+        evaluate.main(["--task", "sts", "--model", TINY, "--data", str(hand_folder),
+                       "--output", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit) as stopped:
+        evaluate.main(["--task", "sts", "--model", "bm25", "--data", str(hand_folder)])
+    assert stopped.value.code == 2
+    assert "--task sts needs sentence-embedding models" in capsys.readouterr().err
+
+
+# ---- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--k", "0"], "--k values must be positive, got [0]"),
+    (["--k", "5", "-3"], "--k values must be positive, got [5, -3]"),
+    (["--run", "run.trec"], "--run and --qrels go together"),
+    (["--qrels", "qrels.txt"], "--run and --qrels go together"),
+    (["--score", "manhattan"], "invalid choice: 'manhattan'"),
+])
+def test_bad_arguments_stop_with_a_usage_message(capsys, argv, message):
+    with pytest.raises(SystemExit) as stopped:
+        evaluate.main(argv)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_baseline_or_model_name(tmp_path):
+    with pytest.raises(ValueError, match="'bm26' is neither a model directory nor a known model name"):
+        evaluate.main(["--model", "bm26", "--output", str(tmp_path / "x.json")])
+
+
+def test_folder_without_qrels_for_the_split(tmp_path):
+    found = r"no qrels for split 'validation'.*splits found: \['dev', 'test', 'train'\]"
+    with pytest.raises(FileNotFoundError, match=found):
+        evaluate.main(["--model", "bm25", "--split", "validation", "--output", str(tmp_path / "x.json")])
+
+
+def test_malformed_qrels_line_names_file_and_line(tmp_path):
+    run = write_lines(tmp_path / "hand.trec", HAND_RUN_LINES)
+    qrels = write_lines(tmp_path / "qrels.txt", ["q1 0 d1 1", "q1 0 d3"])
+    with pytest.raises(ValueError, match=r"qrels\.txt, line 2: expected 4 fields"):
+        evaluate.main(["--run", str(run), "--qrels", str(qrels), "--output", str(tmp_path / "x.json")])
+    qrels = write_lines(tmp_path / "qrels.txt", ["q1 0 d1 1", "", "q1 0 d3 high"])
+    with pytest.raises(ValueError, match=r"qrels\.txt, line 3: relevance 'high' is not an integer"):
+        evaluate.main(["--run", str(run), "--qrels", str(qrels), "--output", str(tmp_path / "x.json")])
+
+
+def test_malformed_run_line_names_file_and_line(tmp_path):
+    qrels = write_trec_qrels(tmp_path / "qrels.txt", HAND_QRELS)
+    run = write_lines(tmp_path / "bad.trec", HAND_RUN_LINES[:2] + ["q1 Q0 d4 3 0.7"])
+    with pytest.raises(ValueError, match=r"bad\.trec:3: expected 6 fields"):
+        evaluate.main(["--run", str(run), "--qrels", str(qrels), "--output", str(tmp_path / "x.json")])
+    run = write_lines(tmp_path / "bad.trec", HAND_RUN_LINES[:1] + ["q1 Q0 d1 2 nan hand"])
+    with pytest.raises(ValueError, match=r"bad\.trec:2: score 'nan' is not finite"):
+        evaluate.main(["--run", str(run), "--qrels", str(qrels), "--output", str(tmp_path / "x.json")])
+    run = write_lines(tmp_path / "bad.trec", HAND_RUN_LINES[:2] + ["q1 Q0 d2 3 0.1 hand"])
+    with pytest.raises(ValueError, match=r"bad\.trec:3: document 'd2' appears twice"):
+        evaluate.main(["--run", str(run), "--qrels", str(qrels), "--output", str(tmp_path / "x.json")])
+
+
+def test_run_queries_without_qrels_are_named_in_a_warning(tmp_path):
+    run = write_lines(tmp_path / "hand.trec", HAND_RUN_LINES + ["q7 Q0 d1 1 0.2 hand"])
+    qrels = write_trec_qrels(tmp_path / "qrels.txt", HAND_QRELS)
+    with pytest.warns(UserWarning, match="1 run queries have no qrels and are ignored: 'q7'"):
+        results = evaluate_to_json(tmp_path / "x.json", "--run", str(run), "--qrels", str(qrels), "--k", "1", "3")
+    assert results[str(run)] == pytest.approx(HAND_ST, abs=1e-12)
+
+
+def test_malformed_beir_folder_names_file_and_line(tmp_path, hand_folder):
+    with open(hand_folder / "qrels" / "test.tsv", "a") as qrels:
+        qrels.write("q2\td7\n")
+    with pytest.raises(ValueError, match=r"test\.tsv, line 7: expected 3 tab-separated fields"):
+        evaluate.main(["--model", "bm25", "--data", str(hand_folder), "--output", str(tmp_path / "x.json")])
+
+
+def test_duplicate_document_id(tmp_path, hand_folder):
+    with open(hand_folder / "corpus.jsonl", "a") as corpus:
+        corpus.write('{"_id": "d1", "title": "", "text": "again"}\n')
+    with pytest.raises(ValueError, match=r"corpus\.jsonl, line 8: duplicate document id 'd1'"):
+        evaluate.main(["--model", "bm25", "--data", str(hand_folder), "--output", str(tmp_path / "x.json")])
+
+
+def test_qrels_naming_unknown_documents_are_dropped_with_a_warning(tmp_path, monkeypatch, hand_folder):
+    monkeypatch.setattr(SentenceModel, "encode", fake_encode)
+    with open(hand_folder / "qrels" / "test.tsv", "a") as qrels:
+        qrels.write("q1\tnowhere\t1\nq8\td1\t1\n")
+    with pytest.warns(UserWarning, match=r"dropped 2 judgments naming an unknown query or document"):
+        results = evaluate_to_json(tmp_path / "x.json", "--model", TINY, "--data", str(hand_folder), "--k", "1", "3")
+    assert results[TINY] == pytest.approx(HAND_ST, abs=1e-12)  # as if the two lines were not there
+
+
+def test_empty_corpus(tmp_path, hand_folder):
+    (hand_folder / "corpus.jsonl").write_text("")
+    with pytest.warns(UserWarning, match="dropped"), \
+            pytest.raises(ValueError, match=r"nothing to evaluate: 0 documents in corpus\.jsonl"):
+        evaluate.main(["--model", TINY, "--data", str(hand_folder), "--output", str(tmp_path / "x.json")])
+
+
+def test_nan_and_mismatched_embeddings(tmp_path, monkeypatch, hand_folder):
+    def nan_encode(self, texts, *args, **kwargs):
+        embeddings = fake_encode(self, texts)
+        if "doc d3" in texts:
+            embeddings[texts.index("doc d3")] = np.nan
+        return embeddings
+
+    monkeypatch.setattr(SentenceModel, "encode", nan_encode)
+    with pytest.raises(ValueError, match="corpus row 2 contains NaN"):  # d1, d2, d3: row 2
+        evaluate.main(["--model", TINY, "--data", str(hand_folder), "--output", str(tmp_path / "x.json")])
+
+    def wider_queries(self, texts, *args, **kwargs):
+        embeddings = fake_encode(self, texts)
+        return np.pad(embeddings, ((0, 0), (0, 1))) if texts[0].startswith("query") else embeddings
+
+    monkeypatch.setattr(SentenceModel, "encode", wider_queries)
+    with pytest.raises(ValueError, match="queries have dimension 3 but corpus has dimension 2"):
+        evaluate.main(["--model", TINY, "--data", str(hand_folder), "--output", str(tmp_path / "x.json"),
+                       "--no-cache"])
