@@ -58,8 +58,13 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.resume and args.output is None:
         p.error("--resume needs --output DIR: the folder of the run to continue")
-    if args.dim is not None and args.dim <= 0:
-        p.error(f"--dim must be positive, got {args.dim}")
+    for name in ("dim", "epochs", "max_steps", "batch_size", "max_seq_length", "checkpoint_steps"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.margin < 0:
+        p.error(f"--margin cannot be negative, got {args.margin}")
+    if args.eval_steps is not None and args.eval_steps < 0:
+        p.error(f"--eval-steps cannot be negative (0: only at the end), got {args.eval_steps}")
     if args.amp and not (args.device or "").startswith("cuda") and not torch.cuda.is_available():
         p.error("--amp needs a CUDA device")
     return args
@@ -103,7 +108,7 @@ def main(argv=None):
     total_steps = batches_per_epoch * args.epochs
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
-    eval_steps = args.eval_steps if args.eval_steps is not None else max(1, total_steps // 4)
+    eval_steps = args.eval_steps if args.eval_steps is not None else math.ceil(total_steps / 4)
 
     # The optimizer: AdamW without decay on biases and LayerNorm, warmup then linear decay.
     parameters = list(model.named_parameters())
@@ -245,5 +250,5 @@ def read_step(checkpoint_path):
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, FileNotFoundError, ConnectionError) as error:  # bad input: the message says what
+    except (ValueError, OSError) as error:  # bad input, a missing file, a full disk: the message says what
         sys.exit(f"error: {error}")

@@ -43,6 +43,8 @@ def mine_hard_negatives(model, retrieval: datasets.RetrievalData, top_k: int = 1
     top results the same way). Uses cosine similarity with the model being trained."""
     doc_ids = list(retrieval.corpus)
     query_ids = [q for q in retrieval.queries if any(r > 0 for r in retrieval.qrels.get(q, {}).values())]
+    if not query_ids:  # nothing judged relevant: no triplets (train.py then says there is no data)
+        return []
     corpus = model.encode([retrieval.corpus[d] for d in doc_ids], batch_size=batch_size)
     queries = model.encode([retrieval.queries[q] for q in query_ids], batch_size=batch_size)
     k = min(top_k + max(len(retrieval.qrels[q]) for q in query_ids), len(doc_ids))

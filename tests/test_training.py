@@ -1,0 +1,625 @@
+"""Tests for train.py and minisbert/training.py: fine-tuning end to end, on a tiny random model.
+
+What "correct" means for training:
+- every objective (Siamese and triplet, each with cosine and euclidean; SBERT's softmax classifier;
+  MNRL) lowers its own loss on a small training set: the mean loss of the last epoch is less than half
+  that of the first;
+- a run stopped by Ctrl-C (a real SIGINT) writes a checkpoint and exits with code 130, and `--resume`
+  then logs exactly the entries an uninterrupted run logs (same losses, learning rates, gradient
+  norms and dev scores, compared with ==) and saves bit-identical weights: the checkpoint holds the
+  weights, the optimizer moments, the schedule, the random state behind dropout and the data position;
+- a NaN loss stops the run with a message naming the step and the last good checkpoint, which is left
+  as it was; a full disk while writing a checkpoint leaves the previous one byte for byte;
+- bad input stops with a message naming what was wrong before anything is written: an unknown or
+  unsupported arch / metric / loss, a count that is not positive, a score outside [0, 1], no training
+  examples, data of the wrong shape, --dim on a model that has a Dense layer, a checkpoint of
+  another run (other model, dim, pooling, loss, batch size, seed or length), --resume without a
+  checkpoint, a new run into the folder of another;
+- DIR/final and DIR/best are sentence-transformers folders: minisbert.load and evaluate.py read them,
+  final holds the trained weights, best scores on the dev split what the run reported for it, and
+  sentence-transformers (when installed) computes the same embeddings to 1e-5.
+
+The model is a 2-layer BERT of width 32 with random weights, dropout 0.1 (so that a resumed run only
+matches if the random state is restored), mean pooling and normalisation like all-MiniLM-L6-v2. Its
+WordPiece vocabulary is made of the words of the test data, so no word is [UNK] and the encoder can
+tell the sentences apart. The data are 18 sentences about bread, bikes, the sky and gardens,
+written to tmp_path as pairs.tsv, triplets.tsv and a BEIR folder; SICK (labelled pairs for the
+softmax objective) is replaced by a few such pairs.
+"""
+
+import errno
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate
+import minisbert
+import train
+from minisbert import data as datasets
+from minisbert import training
+from minisbert.config import EncoderConfig
+from minisbert.encoder import Encoder
+from minisbert.evaluation import evaluate_dev
+from minisbert.model import SentenceModel
+from minisbert.tokenizer import Tokenizer
+
+from .conftest import FIXTURES
+
+# (anchor, positive, negative): six questions, each with an answer and an answer to another question.
+TRIPLETS = [
+    ("how long should bread dough rise", "let the dough rise until it has doubled in size",
+     "pump the tyres to the pressure printed on the side"),
+    ("why does my bike chain squeak", "a dry chain squeaks , so oil it after every wet ride",
+     "knead the dough for ten minutes until it is smooth"),
+    ("why is the sky blue", "air scatters blue light much more than red light",
+     "water tomato plants at the roots and not on the leaves"),
+    ("when should tomato plants be watered", "water tomatoes early in the morning before the sun is high",
+     "the moon has phases because we see more or less of its lit half"),
+    ("what makes a bread crust crisp", "steam in a hot oven keeps the crust thin and crisp",
+     "fix a flat tyre with a patch and some glue"),
+    ("why does the moon change shape", "we see a different part of the lit half of the moon each night",
+     "keep bread in a cloth bag at room temperature"),
+]
+# Scored pairs: each question with its answer (0.9) and with the other answer (0.1).
+PAIRS = [(a, p, 0.9) for a, p, _ in TRIPLETS] + [(a, n, 0.1) for a, _, n in TRIPLETS]
+# Labelled pairs standing in for SICK: answer = ENTAILMENT, other answer = NEUTRAL, the two answers
+# = CONTRADICTION; relatedness on SICK's 1..5 scale.
+SICK_PAIRS = ([datasets.ScoredPair(a, p, 4.5, "ENTAILMENT") for a, p, _ in TRIPLETS]
+              + [datasets.ScoredPair(a, n, 1.5, "NEUTRAL") for a, _, n in TRIPLETS]
+              + [datasets.ScoredPair(p, n, 1.0, "CONTRADICTION") for _, p, n in TRIPLETS])
+TEXTS = sorted({text for triplet in TRIPLETS for text in triplet})
+# The BEIR folder: documents are the answers, queries the questions; four are judged for training
+# (train.py mines a negative for each), two for choosing the best model.
+CORPUS = {f"d{i}": text for i, text in enumerate(sorted({t for _, p, n in TRIPLETS for t in (p, n)}))}
+QUERIES = {f"q{i}": anchor for i, (anchor, _, _) in enumerate(TRIPLETS)}
+DOC_ID = {text: doc_id for doc_id, text in CORPUS.items()}
+QRELS = {f"q{i}": {DOC_ID[positive]: 1} for i, (_, positive, _) in enumerate(TRIPLETS)}
+TRAIN_QUERIES, DEV_QUERIES = ["q0", "q1", "q2", "q3"], ["q4", "q5"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The model, the data and a way to run train.py
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tensors here are tiny: one thread is fastest, and on a busy 2-core machine two threads
+    spend their time waiting for each other (a 10-epoch run took 50 s instead of 0.3 s)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A random 2-layer BERT saved in the sentence-transformers layout, its vocabulary the data's words."""
+    words = sorted({word for text in TEXTS for word in re.findall(r"\w+|[^\w\s]", text.lower())})
+    vocab_dir = tmp_path_factory.mktemp("vocab")
+    (vocab_dir / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words) + "\n")
+    (vocab_dir / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    config = EncoderConfig(family="bert", vocab_size=5 + len(words), hidden_size=32, num_layers=2, num_heads=4,
+                           intermediate_size=64, max_position_embeddings=64, type_vocab_size=2,
+                           layer_norm_eps=1e-12, activation="gelu", pad_token_id=0, hidden_dropout=0.1,
+                           attention_dropout=0.1)
+    torch.manual_seed(0)
+    tokenizer = Tokenizer.from_dir(vocab_dir, max_seq_length=32)
+    assert "[UNK]" not in tokenizer.rust.encode(" ".join(TEXTS)).tokens
+    folder = tmp_path_factory.mktemp("models") / "tiny"
+    SentenceModel(Encoder(config), tokenizer, "mean", normalize_embeddings=True, tokenizer_dir=vocab_dir).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tsv_data(tmp_path_factory) -> Path:
+    """A folder with pairs.tsv and triplets.tsv (no qrels, so no dev evaluation)."""
+    folder = tmp_path_factory.mktemp("tsv_data")
+    datasets.write_pairs_tsv(folder / "pairs.tsv", [datasets.ScoredPair(*pair) for pair in PAIRS])
+    datasets.write_triplets_tsv(folder / "triplets.tsv", [datasets.Triplet(*triplet) for triplet in TRIPLETS])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def beir_data(tmp_path_factory) -> Path:
+    """A BEIR folder with qrels/train.tsv (triplets are mined from it) and qrels/dev.tsv."""
+    folder = tmp_path_factory.mktemp("beir")
+    for split, query_ids in (("train", TRAIN_QUERIES), ("dev", DEV_QUERIES)):
+        datasets.write_beir(folder, CORPUS, QUERIES, {q: QRELS[q] for q in query_ids}, split)
+    return folder
+
+
+@pytest.fixture
+def fake_sick(monkeypatch):
+    """--data sick reads SICK_PAIRS, for training (split train) and for the dev score (split trial)."""
+    splits = []
+
+    def load_sick(split="all", folder=None, download=True):
+        splits.append(split)
+        return list(SICK_PAIRS)
+
+    monkeypatch.setattr(datasets, "load_sick", load_sick)
+    return splits
+
+
+def run_train(output: Path, model: Path, *args) -> list:
+    """`python train.py ARGS --output OUTPUT`, in-process, on CPU; returns log.jsonl as a list."""
+    train.main(["--model", str(model), "--device", "cpu", "--seed", "7", "--batch-size", "4",
+                "--lr", "1e-2", *args, "--output", str(output)])
+    return read_log(output)
+
+
+def read_log(output: Path) -> list:
+    return [json.loads(line) for line in (output / "log.jsonl").read_text().splitlines()]
+
+
+def epoch_means(log: list) -> list:
+    epochs = sorted({entry["epoch"] for entry in log})
+    return [np.mean([entry["loss"] for entry in log if entry["epoch"] == epoch]) for epoch in epochs]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every objective learns
+
+
+@pytest.mark.parametrize("name, objective, examples", [
+    ("siamese-cosine", ["--arch", "siamese", "--metric", "cosine"], len(PAIRS)),
+    ("siamese-euclidean", ["--arch", "siamese", "--metric", "euclidean"], len(PAIRS)),
+    ("triplet-cosine", ["--arch", "triplet", "--metric", "cosine", "--margin", "0.5"], len(TRIPLETS)),
+    ("triplet-euclidean", ["--arch", "triplet", "--metric", "euclidean"], len(TRIPLETS)),
+    ("mnrl", ["--loss", "mnrl"], len(TRIPLETS)),  # (anchor, positive) from triplets.tsv
+    ("mnrl-hard-negatives", ["--arch", "triplet", "--loss", "mnrl"], len(TRIPLETS)),
+    ("softmax", ["--arch", "siamese", "--loss", "softmax", "--data", "sick"], len(SICK_PAIRS)),
+])
+def test_each_objective_lowers_its_loss(name, objective, examples, tiny_model, tsv_data, fake_sick, tmp_path):
+    output = tmp_path / "run"
+    log = run_train(output, tiny_model, "--data", str(tsv_data), *objective, "--epochs", "10")
+    steps = 10 * -(-examples // 4)  # 10 epochs of ceil(examples / 4) batches
+    assert [entry["step"] for entry in log] == list(range(1, steps + 1))
+    assert json.loads((output / "summary.json").read_text())["loss"] == name
+    assert set(fake_sick) == ({"train", "trial"} if "sick" in objective else set())  # SICK's dev split is trial
+    means = epoch_means(log)
+    assert len(means) == 10
+    assert means[-1] < 0.5 * means[0], f"{name}: mean loss per epoch {means}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: Ctrl-C and --resume
+
+
+def beir_args(beir_data) -> list:
+    """Triplets mined from the BEIR folder's train split, a Dense layer to 8 dimensions, 7 steps of
+    batches of 3 over 4 triplets (2 batches an epoch), a checkpoint every 3 steps, warmup over
+    int(0.3 * 7) = 2 steps. The dev score is left to train.py's default, about 4 times a run: every
+    ceil(7 / 4) = 2 steps and at the last."""
+    return ["--arch", "triplet", "--metric", "cosine", "--margin", "0.5", "--dim", "8", "--data", str(beir_data),
+            "--batch-size", "3", "--epochs", "10", "--max-steps", "7", "--checkpoint-steps", "3", "--warmup", "0.3"]
+
+
+@pytest.fixture(scope="module")
+def beir_run(tiny_model, beir_data, tmp_path_factory) -> Path:
+    """The output folder of one uninterrupted run with beir_args."""
+    output = tmp_path_factory.mktemp("beir_run") / "run"
+    run_train(output, tiny_model, *beir_args(beir_data))
+    return output
+
+
+@pytest.fixture
+def sigint_handler():
+    """A SIGINT handler of the test's own, for train.py to set aside and put back: a Ctrl-C that
+    train.py failed to catch then lands here and fails the test instead of stopping pytest."""
+    caught = []
+
+    def handler(signum, frame):
+        caught.append(signum)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    yield handler, caught
+    signal.signal(signal.SIGINT, previous)
+
+
+def press_ctrl_c_after_step(monkeypatch, step: int) -> None:
+    """Send this process a real SIGINT, once, right after train.py logs `step`, in the middle of the loop."""
+    append_log, pressed = training.append_log, []
+
+    def append_log_then_interrupt(path, entry):
+        append_log(path, entry)
+        if entry["step"] == step and not pressed:
+            pressed.append(step)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(training, "append_log", append_log_then_interrupt)
+
+
+def interrupt_and_resume(output, tiny_model, args, monkeypatch, sigint_handler, step) -> dict:
+    """Run train.py with Ctrl-C after `step`, check what it left, resume; return the checkpoint it left."""
+    handler, caught = sigint_handler
+    press_ctrl_c_after_step(monkeypatch, step)
+    with pytest.raises(SystemExit) as stopped:
+        run_train(output, tiny_model, *args)
+    assert stopped.value.code == 130
+    assert caught == [] and signal.getsignal(signal.SIGINT) is handler  # train.py caught it, then put ours back
+    assert [entry["step"] for entry in read_log(output)] == list(range(1, step + 1))
+    assert not (output / "final").exists()
+    checkpoint = training.load_checkpoint(output / "checkpoint.pt")
+    assert checkpoint["step"] == step
+    run_train(output, tiny_model, *args, "--resume")
+    return checkpoint
+
+
+def test_ctrl_c_then_resume_logs_exactly_what_an_uninterrupted_run_logs(
+        beir_run, tiny_model, beir_data, tmp_path, monkeypatch, sigint_handler):
+    output = tmp_path / "interrupted"
+    # Step 5 is not a checkpoint step (3, 6, 7): the checkpoint there is Ctrl-C's. It falls in the
+    # middle of epoch 2 (steps 5 and 6), after its first batch.
+    checkpoint = interrupt_and_resume(output, tiny_model, beir_args(beir_data), monkeypatch, sigint_handler, 5)
+    assert (checkpoint["epoch"], checkpoint["next_batch"]) == (2, 1)
+    expected = read_log(beir_run)
+    assert [entry["step"] for entry in expected] == list(range(1, 8))
+    assert [entry["step"] for entry in expected if "eval" in entry] == [2, 4, 6, 7]
+    assert all(sorted(entry["eval"]) == ["mrr@10", "ndcg@10"] for entry in expected if "eval" in entry)
+    assert read_log(output) == expected  # every loss, lr, gradient norm and dev score, exactly
+    for folder in ("final", "best"):
+        for name in ("model.safetensors", "2_Dense/model.safetensors"):
+            assert (output / folder / name).read_bytes() == (beir_run / folder / name).read_bytes()
+    summary, expected_summary = (json.loads((out / "summary.json").read_text()) for out in (output, beir_run))
+    assert summary["best"] == expected_summary["best"]
+
+
+def test_ctrl_c_at_the_end_of_an_epoch_then_resume_with_the_softmax_classifier(
+        tiny_model, fake_sick, tmp_path, monkeypatch, sigint_handler):
+    # 18 labelled pairs in batches of 6: 3 batches an epoch; Ctrl-C after step 3 stops between epochs.
+    # The classifier W is trained too, so it must come back from the checkpoint as well.
+    args = ["--arch", "siamese", "--loss", "softmax", "--data", "sick", "--batch-size", "6", "--max-steps", "7",
+            "--epochs", "3", "--checkpoint-steps", "2", "--eval-steps", "3"]
+    expected = run_train(tmp_path / "uninterrupted", tiny_model, *args)
+    output = tmp_path / "interrupted"
+    checkpoint = interrupt_and_resume(output, tiny_model, args, monkeypatch, sigint_handler, 3)
+    assert (checkpoint["epoch"], checkpoint["next_batch"]) == (0, 3)
+    assert set(checkpoint["classifier"]) == {"linear.weight", "linear.bias"}
+    assert [entry["epoch"] for entry in expected] == [0, 0, 0, 1, 1, 1, 2]
+    assert read_log(output) == expected
+    assert (output / "final" / "model.safetensors").read_bytes() == \
+        (tmp_path / "uninterrupted" / "final" / "model.safetensors").read_bytes()
+
+
+def test_the_log_has_one_line_per_step_with_the_learning_rate_that_step_used(beir_run):
+    # 7 steps, warmup 2, lr 1e-2: the factor is s / 2 while s < 2, then (7 - s) / (7 - 2), s = 0 .. 6.
+    factors = [0, 0.5, 1, 4 / 5, 3 / 5, 2 / 5, 1 / 5]
+    log = read_log(beir_run)
+    assert [entry["lr"] for entry in log] == [1e-2 * f for f in factors]
+    assert all(entry["loss"] >= 0 and entry["grad_norm"] >= 0 for entry in log)
+    assert [entry["epoch"] for entry in log] == [0, 0, 1, 1, 2, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------------
+# A NaN loss, a full disk
+
+
+def record_checkpoints(monkeypatch) -> list:
+    """The bytes of checkpoint.pt after each time train.py saves it."""
+    saved = []
+    save_checkpoint = training.save_checkpoint
+
+    def save_and_record(path, state):
+        save_checkpoint(path, state)
+        saved.append(Path(path).read_bytes())
+
+    monkeypatch.setattr(training, "save_checkpoint", save_and_record)
+    return saved
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_model, tsv_data, tmp_path, monkeypatch):
+    saved = record_checkpoints(monkeypatch)
+    compute_loss, calls = train.compute_loss, []
+
+    def nan_at_step_5(*args):
+        calls.append(None)
+        loss = compute_loss(*args)
+        return loss * float("nan") if len(calls) == 5 else loss
+
+    monkeypatch.setattr(train, "compute_loss", nan_at_step_5)
+    args = ["--data", str(tsv_data), "--epochs", "10", "--max-steps", "8", "--checkpoint-steps", "3"]
+    output = tmp_path / "run"
+    with pytest.raises(SystemExit) as stopped:
+        run_train(output, tiny_model, *args)
+    message = str(stopped.value.code)
+    assert "loss became nan at step 5" in message
+    assert f"last good checkpoint is {output / 'checkpoint.pt'} (step 3)" in message
+    assert len(saved) == 1 and (output / "checkpoint.pt").read_bytes() == saved[0]
+    assert training.load_checkpoint(output / "checkpoint.pt")["step"] == 3
+    assert [entry["step"] for entry in read_log(output)] == [1, 2, 3, 4]
+    assert not (output / "final").exists()
+
+    # Resumed from step 3, the run logs step 4 again, once, as if it had never stopped.
+    monkeypatch.setattr(train, "compute_loss", compute_loss)
+    assert run_train(output, tiny_model, *args, "--resume") == run_train(tmp_path / "uninterrupted", tiny_model, *args)
+
+
+def test_a_fresh_run_does_not_append_to_the_log_of_a_run_that_never_saved_a_checkpoint(
+        tiny_model, tsv_data, tmp_path, monkeypatch):
+    compute_loss, calls = train.compute_loss, []
+
+    def nan_at_step_3(*args):
+        calls.append(None)
+        return compute_loss(*args) * (float("nan") if len(calls) == 3 else 1)
+
+    monkeypatch.setattr(train, "compute_loss", nan_at_step_3)
+    output, args = tmp_path / "run", ["--data", str(tsv_data), "--max-steps", "3"]
+    with pytest.raises(SystemExit, match=r"loss became nan at step 3; .* \(step none written yet\)"):
+        run_train(output, tiny_model, *args)
+    assert [entry["step"] for entry in read_log(output)] == [1, 2]
+    monkeypatch.setattr(train, "compute_loss", compute_loss)
+    assert [entry["step"] for entry in run_train(output, tiny_model, *args)] == [1, 2, 3]
+
+
+def test_a_full_disk_while_saving_a_checkpoint_leaves_the_previous_one_intact(
+        tiny_model, tsv_data, tmp_path, monkeypatch):
+    atomic_write, saved = training.atomic_write, []
+
+    def disk_full_from_the_second_checkpoint(path, write):
+        if path.name != "checkpoint.pt":
+            return atomic_write(path, write)
+        if not saved:
+            atomic_write(path, write)
+            saved.append(path.read_bytes())
+            return None
+
+        def write_half_then_fail(tmp):
+            tmp.write_bytes(saved[0][: len(saved[0]) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        return atomic_write(path, write_half_then_fail)
+
+    monkeypatch.setattr(training, "atomic_write", disk_full_from_the_second_checkpoint)
+    output = tmp_path / "run"
+    with pytest.raises(OSError) as failed:
+        run_train(output, tiny_model, "--data", str(tsv_data), "--epochs", "10", "--max-steps", "8",
+                  "--checkpoint-steps", "3")
+    assert str(failed.value) == (f"could not write the checkpoint {output / 'checkpoint.pt'}: No space left on "
+                                 "device. The previous checkpoint, if any, is intact.")
+    assert (output / "checkpoint.pt").read_bytes() == saved[0]
+    assert training.load_checkpoint(output / "checkpoint.pt")["step"] == 3
+    assert sorted(p.name for p in output.iterdir()) == ["checkpoint.pt", "log.jsonl"]  # no half-written file
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: a clear message, nothing written
+
+
+@pytest.mark.parametrize("flag, value", [("--arch", "quadruplet"), ("--metric", "manhattan"),
+                                         ("--loss", "contrastive")])
+def test_an_unknown_arch_metric_or_loss_is_refused(flag, value, tiny_model, tsv_data, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_train(tmp_path / "run", tiny_model, "--data", str(tsv_data), flag, value)
+    assert stopped.value.code == 2
+    assert f"argument {flag}: invalid choice: '{value}'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--batch-size", "0", "--batch-size must be positive, got 0"),
+    ("--epochs", "0", "--epochs must be positive, got 0"),
+    ("--max-steps", "-1", "--max-steps must be positive, got -1"),
+    ("--checkpoint-steps", "0", "--checkpoint-steps must be positive, got 0"),
+    ("--dim", "0", "--dim must be positive, got 0"),
+    ("--margin", "-1", "--margin cannot be negative, got -1.0"),
+    ("--eval-steps", "-2", "--eval-steps cannot be negative (0: only at the end), got -2"),
+])
+def test_a_count_or_margin_out_of_range_is_refused(flag, value, message, tiny_model, tsv_data, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_train(tmp_path / "run", tiny_model, "--data", str(tsv_data), flag, value)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--arch", "triplet", "--loss", "softmax"], "no loss for arch='triplet' metric='cosine' loss='softmax'"),
+    (["--metric", "euclidean", "--loss", "mnrl"], "no loss for arch='siamese' metric='euclidean' loss='mnrl'"),
+])
+def test_an_unsupported_combination_is_refused(args, message, tiny_model, tsv_data, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run_train(tmp_path / "run", tiny_model, "--data", str(tsv_data), *args)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("score", ["1.5", "-0.2", "nan"])
+def test_a_score_outside_0_1_is_refused_with_its_line(score, tiny_model, tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "pairs.tsv").write_text("sentence1\tsentence2\tscore\n"
+                                      "why is the sky blue\tair scatters blue light\t0.9\n"
+                                      f"why is the sky blue\tknead the dough\t{score}\n")
+    with pytest.raises(ValueError, match=re.escape(f"pairs.tsv, line 3: score {float(score)} is outside [0, 1]")):
+        run_train(tmp_path / "run", tiny_model, "--data", str(folder), "--arch", "siamese")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("layout, args", [
+    ("pairs.tsv", ["--arch", "siamese"]),
+    ("triplets.tsv", ["--arch", "triplet"]),
+    ("triplets.tsv", ["--loss", "mnrl"]),
+    ("beir", ["--arch", "triplet"]),
+])
+def test_no_training_examples_is_refused(layout, args, tiny_model, tmp_path):
+    folder = tmp_path / "data"
+    if layout == "beir":  # documents and queries, but no judgments in qrels/train.tsv
+        datasets.write_beir(folder, CORPUS, QUERIES, {}, "train")
+    else:
+        folder.mkdir()
+        (folder / layout).write_text({"pairs.tsv": "sentence1\tsentence2\tscore\n",
+                                      "triplets.tsv": "anchor\tpositive\tnegative\n"}[layout])
+    with pytest.raises(SystemExit, match=f"no training examples in {re.escape(str(folder))}"):
+        run_train(tmp_path / "run", tiny_model, "--data", str(folder), *args)
+    assert not (tmp_path / "run").exists()
+
+
+def test_data_without_the_shape_the_loss_needs_is_refused(tiny_model, tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    datasets.write_triplets_tsv(folder / "triplets.tsv", [datasets.Triplet(*TRIPLETS[0])])
+    with pytest.raises(ValueError, match=f"no scored pairs in {re.escape(str(folder))}: expected pairs.tsv"):
+        run_train(tmp_path / "run", tiny_model, "--data", str(folder), "--arch", "siamese")
+    with pytest.raises(ValueError, match=f"no labelled pairs in {re.escape(str(folder))}: expected SICK"):
+        run_train(tmp_path / "run", tiny_model, "--data", str(folder), "--loss", "softmax")
+    assert not (tmp_path / "run").exists()
+
+
+def test_dim_on_a_model_that_already_has_a_dense_layer_is_refused(tsv_data, tmp_path):
+    with pytest.raises(SystemExit, match="already ends in a Dense layer to 16 dimensions"):
+        run_train(tmp_path / "run", FIXTURES / "tiny_st_legacy", "--data", str(tsv_data), "--dim", "8")
+    assert not (tmp_path / "run").exists()
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def short_run(tiny_model, tsv_data, tmp_path) -> tuple:
+    """A finished 2-step run and the arguments it was started with."""
+    args = ["--data", str(tsv_data), "--arch", "siamese", "--max-steps", "2"]
+    run_train(tmp_path / "run", tiny_model, *args)
+    return tmp_path / "run", args
+
+
+@pytest.mark.parametrize("change, differs", [
+    (["--model", str(FIXTURES / "tiny_st_legacy")], ["model", "encoder", "pooling"]),
+    (["--dim", "8"], ["dim"]),
+    (["--pooling", "max"], ["pooling"]),
+    (["--metric", "euclidean"], ["loss"]),
+    (["--batch-size", "3"], ["batch_size"]),
+    (["--max-steps", "3"], ["steps"]),
+    (["--seed", "8"], ["seed"]),
+])
+def test_resuming_from_a_checkpoint_of_another_run_is_refused(change, differs, short_run, tiny_model):
+    output, args = short_run
+    before = snapshot(output)
+    with pytest.raises(SystemExit) as stopped:
+        run_train(output, tiny_model, *args, *change, "--resume")  # a flag given twice: the last one counts
+    message = str(stopped.value.code)
+    assert message.startswith(f"{output / 'checkpoint.pt'} is from another run: it differs in {differs}")
+    assert snapshot(output) == before
+
+
+def test_a_new_run_into_a_finished_one_and_resume_without_a_checkpoint_are_refused(short_run, tiny_model, tmp_path):
+    output, args = short_run
+    before = snapshot(output)
+    with pytest.raises(SystemExit, match=f"{re.escape(str(output))} already holds a run; pass --resume"):
+        run_train(output, tiny_model, *args)
+    assert snapshot(output) == before
+    with pytest.raises(FileNotFoundError, match=f"no checkpoint at {re.escape(str(tmp_path / 'new'))}"):
+        run_train(tmp_path / "new", tiny_model, *args, "--resume")
+    assert not (tmp_path / "new").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The saved models
+
+
+def test_final_holds_the_trained_weights_and_evaluate_py_reads_it(beir_run, beir_data, tmp_path):
+    model = minisbert.load(beir_run / "final", device="cpu")
+    assert (model.pooling, model.dimension, model.normalize_embeddings) == ("mean", 8, True)
+    trained = training.load_checkpoint(beir_run / "checkpoint.pt")  # written at the last step, 7
+    assert trained["step"] == 7
+    state = model.state_dict()
+    assert sorted(state) == sorted(trained["model"])
+    assert all(torch.equal(state[name], trained["model"][name]) for name in state)
+    evaluate.main(["--model", str(beir_run / "final"), "--data", str(beir_data), "--split", "dev", "--k", "10",
+                   "--no-cache", "--output", str(tmp_path / "eval.json")])
+    scores = json.loads((tmp_path / "eval.json").read_text())[str(beir_run / "final")]
+    assert scores["ndcg@10"] == read_log(beir_run)[-1]["eval"]["ndcg@10"]  # what train.py measured at step 7
+
+
+def test_best_scores_on_the_dev_split_what_the_run_reported_for_it(beir_run, beir_data):
+    best = json.loads((beir_run / "summary.json").read_text())["best"]
+    evaluated = {entry["step"]: entry["eval"]["ndcg@10"] for entry in read_log(beir_run) if entry.get("eval")}
+    assert best["metric"] == "ndcg@10" and best["step"] in [0, *evaluated]
+    assert all(value <= best["value"] for value in evaluated.values())
+    if best["step"] > 0:
+        assert evaluated[best["step"]] == best["value"]
+    model = minisbert.load(beir_run / "best", device="cpu")
+    assert evaluate_dev(model, str(beir_data))["ndcg@10"] == best["value"]
+
+
+@pytest.mark.parametrize("folder", ["final", "best"])
+def test_sentence_transformers_reads_the_saved_models_the_same_way(folder, beir_run):
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    ours = minisbert.load(beir_run / folder, device="cpu").encode(TEXTS)
+    theirs = sentence_transformers.SentenceTransformer(str(beir_run / folder), device="cpu").encode(TEXTS)
+    assert ours.shape == theirs.shape == (len(TEXTS), 8)
+    assert np.abs(ours - theirs).max() <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces: batches, Ctrl-C, loss scaling
+
+
+def test_batches_for_epoch_depend_on_seed_and_epoch_only():
+    torch.manual_seed(0)
+    batches = training.batches_for_epoch(10, 4, seed=3, epoch=1)
+    torch.manual_seed(1)  # the global random state (dropout's) plays no part ...
+    before = torch.get_rng_state()
+    assert training.batches_for_epoch(10, 4, seed=3, epoch=1) == batches
+    assert torch.equal(torch.get_rng_state(), before)  # ... and is not used up
+    assert [len(batch) for batch in batches] == [4, 4, 2]
+    assert sorted(i for batch in batches for i in batch) == list(range(10))  # each example once
+    assert batches != [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # shuffled
+    assert training.batches_for_epoch(10, 4, seed=3, epoch=2) != batches  # a new order every epoch
+    assert training.batches_for_epoch(10, 4, seed=4, epoch=1) != batches
+
+
+def test_stop_request_turns_the_first_ctrl_c_into_a_flag_and_the_second_into_keyboard_interrupt(sigint_handler):
+    handler, caught = sigint_handler
+    stop = training.StopRequest()
+    assert not stop.requested
+    os.kill(os.getpid(), signal.SIGINT)
+    assert stop.requested and caught == []
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is handler  # a third Ctrl-C goes to whoever had it before
+    stop.restore()
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def gradients(*values) -> list:
+    parameters = []
+    for value in values:
+        parameter = torch.nn.Parameter(torch.zeros(len(value)))
+        parameter.grad = torch.tensor(value)
+        parameters.append(parameter)
+    return parameters
+
+
+def test_loss_scaler_skips_overflowing_steps_halves_and_grows_the_scale():
+    scaler = training.LossScaler(enabled=True, scale=8.0, growth_interval=2)
+    assert scaler.scaled(torch.tensor(0.25)).item() == 2.0  # 0.25 * 8
+    parameters = gradients([8.0, -16.0], [4.0])
+    assert scaler.unscale(parameters)  # finite: the gradients are divided by 8
+    assert [p.grad.tolist() for p in parameters] == [[1.0, -2.0], [0.5]]
+    assert (scaler.scale, scaler.good_steps) == (8.0, 1)
+    assert scaler.unscale(gradients([8.0]))  # the 2nd good step in a row doubles the scale
+    assert (scaler.scale, scaler.good_steps) == (16.0, 2)
+    assert not scaler.unscale(gradients([1.0], [float("inf")]))  # overflow: skip the step, halve
+    assert (scaler.scale, scaler.good_steps) == (8.0, 0)
+    assert not scaler.unscale(gradients([float("nan")]))
+    assert (scaler.scale, scaler.good_steps) == (4.0, 0)
+    assert scaler.unscale(gradients([1.0]))
+    assert (scaler.scale, scaler.good_steps) == (4.0, 1)  # one good step: no growth yet
+    restored = training.LossScaler(enabled=True)
+    restored.load_state_dict(scaler.state_dict())
+    assert (restored.scale, restored.good_steps) == (4.0, 1)
+
+
+def test_a_disabled_loss_scaler_changes_nothing_and_never_skips():
+    scaler = training.LossScaler(enabled=False, scale=8.0)
+    assert scaler.scale == 1.0 and scaler.scaled(torch.tensor(0.25)).item() == 0.25
+    parameters = gradients([3.0, float("inf")])
+    assert scaler.unscale(parameters)
+    assert parameters[0].grad.tolist() == [3.0, float("inf")]
