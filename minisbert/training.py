@@ -65,8 +65,8 @@ def mine_hard_negatives(model, retrieval: datasets.RetrievalData, top_k: int = 1
 def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
     """Examples of `shape` from a dataset: `stsb`, `sick`, `scifact`, `example`, or a folder.
 
-    Folders may hold pairs.tsv (scored pairs), triplets.tsv, or a BEIR layout (triplets mined from
-    qrels/train.tsv with `model`). STS-B and SICK give scored pairs scaled to [0, 1]; SICK also gives
+    Folders may hold pairs.tsv (scored pairs), triplets.tsv, MS MARCO files (`msmarco_examples`), or
+    a BEIR layout (triplets mined from qrels/train.tsv with `model`). STS-B and SICK give scored pairs scaled to [0, 1]; SICK also gives
     labelled pairs from its entailment judgments.
     """
     if data in ("stsb", "sick"):
@@ -79,6 +79,8 @@ def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
         raise ValueError(f"dataset {data!r} has no {shape}; it has scored pairs"
                          + (" and labelled pairs (--loss softmax)" if data == "sick" else ""))
     folder = dataset_folder(data)
+    if shape in (TRIPLETS, SCORED) and (folder / "collection.tsv").is_file():
+        return msmarco_examples(folder, shape, seed=seed)
     if shape == SCORED and (folder / "pairs.tsv").is_file():
         return [Example((p.sentence1, p.sentence2), p.score) for p in datasets.read_pairs_tsv(folder / "pairs.tsv")]
     if shape == TRIPLETS and (folder / "triplets.tsv").is_file():
@@ -93,6 +95,45 @@ def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
                      + {SCORED: "pairs.tsv or a BEIR layout with qrels/train.tsv",
                         TRIPLETS: "triplets.tsv or a BEIR layout with qrels/train.tsv",
                         LABELLED: "SICK (--data sick)"}[shape])
+
+
+MSMARCO_HARD_NEGATIVES = "msmarco-hard-negatives.jsonl*"
+MSMARCO_CE_SCORES = "cross-encoder-ms-marco-*-scores.*"
+
+
+def msmarco_examples(folder: Path, shape: str, ce_margin: float = 3.0, seed: int = 0) -> list:
+    """Seed 000's training data from an MS MARCO folder: collection.tsv, queries.train.tsv, the
+    hard-negatives file (msmarco-hard-negatives.jsonl[.gz]) and cross-encoder scores
+    (cross-encoder-ms-marco-*-scores.{pkl.gz,json,tsv}).
+
+    Negatives are kept only when the cross-encoder scores them at least `ce_margin` logits below the
+    query's positives (data.filter_hard_negatives). Each query gives its first positive and one
+    kept negative drawn with `seed`: as a triplet, or as two scored pairs whose labels are the
+    cross-encoder logits squashed into [0, 1] by a sigmoid (the Siamese regression targets).
+    """
+    hard_negatives = sorted(folder.glob(MSMARCO_HARD_NEGATIVES))
+    ce_scores = sorted(folder.glob(MSMARCO_CE_SCORES))
+    if not hard_negatives or not ce_scores or not (folder / "queries.train.tsv").is_file():
+        raise ValueError(f"{folder} holds collection.tsv but not all of queries.train.tsv, "
+                         f"{MSMARCO_HARD_NEGATIVES} and {MSMARCO_CE_SCORES}: the MS MARCO training files")
+    passages = datasets.read_id_text_tsv(folder / "collection.tsv")
+    queries = datasets.read_id_text_tsv(folder / "queries.train.tsv")
+    scores = datasets.read_cross_encoder_scores(ce_scores[0])
+    entries = datasets.filter_hard_negatives(datasets.read_hard_negatives(hard_negatives[0]), scores, ce_margin)
+    rng = random.Random(seed)
+    examples = []
+    for entry in entries:
+        negatives = sorted({pid for pids in entry.negatives.values() for pid in pids})
+        if entry.qid not in queries or not negatives:
+            continue
+        query, positive, negative = entry.qid, entry.positives[0], rng.choice(negatives)
+        if shape == TRIPLETS:
+            examples.append(Example((queries[query], passages[positive], passages[negative])))
+        else:
+            for pid in (positive, negative):
+                label = float(torch.sigmoid(torch.tensor(scores[query][pid], dtype=torch.float64)))
+                examples.append(Example((queries[query], passages[pid]), label))
+    return examples
 
 
 def batches_for_epoch(num_examples: int, batch_size: int, seed: int, epoch: int) -> list:

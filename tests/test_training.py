@@ -623,3 +623,26 @@ def test_a_disabled_loss_scaler_changes_nothing_and_never_skips():
     parameters = gradients([3.0, float("inf")])
     assert scaler.unscale(parameters)
     assert parameters[0].grad.tolist() == [3.0, float("inf")]
+
+
+def test_msmarco_examples_use_sigmoid_labels_and_the_cross_encoder_margin(tmp_path):
+    """Seed 000: labels are sigmoid(cross-encoder logit); a negative is kept only if it scores at
+    least 3 logits below the positive. Query 1's positive p1 scores 5.0: n1 (1.5, 3.5 below) is
+    kept, n2 (3.0, only 2.0 below) is dropped. Query 2 has no negative far enough below: left out."""
+    (tmp_path / "collection.tsv").write_text("p1\tpositive passage\nn1\tfar negative\nn2\tclose negative\n"
+                                             "p2\tanother positive\n")
+    (tmp_path / "queries.train.tsv").write_text("1\tfirst query\n2\tsecond query\n")
+    (tmp_path / "msmarco-hard-negatives.jsonl").write_text(
+        '{"qid": 1, "pos": ["p1"], "neg": {"bm25": ["n1", "n2"]}}\n'
+        '{"qid": 2, "pos": ["p2"], "neg": {"bm25": ["n2"]}}\n')
+    (tmp_path / "cross-encoder-ms-marco-MiniLM-L-6-v2-scores.json").write_text(
+        json.dumps({"1": {"p1": 5.0, "n1": 1.5, "n2": 3.0}, "2": {"p2": 4.0, "n2": 3.0}}))
+    triplets = training.training_examples(str(tmp_path), training.TRIPLETS)
+    assert [e.texts for e in triplets] == [("first query", "positive passage", "far negative")]
+    pairs = training.training_examples(str(tmp_path), training.SCORED)
+    assert [e.texts[1] for e in pairs] == ["positive passage", "far negative"]
+    # sigmoid(5.0) = 1 / (1 + e^-5) = 0.993307; sigmoid(1.5) = 0.817574
+    assert [round(e.label, 6) for e in pairs] == [0.993307, 0.817574]
+    (tmp_path / "queries.train.tsv").unlink()
+    with pytest.raises(ValueError, match="queries.train.tsv"):
+        training.training_examples(str(tmp_path), training.TRIPLETS)
