@@ -45,7 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--run-file", type=Path, default=None,
                    help="TREC run file of the first model (default: next to the JSON, one per model)")
     p.add_argument("--run", type=Path, default=None, help="score this TREC run file instead of a model")
-    p.add_argument("--qrels", type=Path, default=None, help="qrels for --run (TREC format)")
+    p.add_argument("--qrels", type=Path, default=None,
+                   help="qrels for --run: TREC format (qid 0 docid grade) or a BEIR qrels/*.tsv")
     p.add_argument("--no-cache", action="store_true", help="encode the corpus even if cached")
     args = p.parse_args(argv)
     if any(k <= 0 for k in args.k):
@@ -73,7 +74,7 @@ def main(argv=None):
         if args.exclude_self:
             run = {query_id: {doc_id: s for doc_id, s in hits.items() if doc_id != query_id}
                    for query_id, hits in run.items()}
-        qrels = datasets.read_trec_qrels(args.qrels)
+        qrels = read_qrels(args.qrels)
         results[str(args.run)] = metrics.evaluate_run(run, qrels, args.k, definitions=args.definitions)
         print_table(str(args.run), results[str(args.run)], args.k)
     elif args.task == "sts":
@@ -106,6 +107,15 @@ def main(argv=None):
 
     write_json(output, results)
     print(f"results: {output}")
+
+
+def read_qrels(path: Path) -> dict:
+    """TREC qrels, or BEIR's tab-separated qrels recognised by their `query-id` header."""
+    with open(path, encoding="utf-8") as file:
+        first_line = file.readline()
+    if first_line.startswith("query-id"):
+        return datasets.read_beir_qrels(path)
+    return datasets.read_trec_qrels(path)
 
 
 def file_label(text: str) -> str:

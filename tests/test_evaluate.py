@@ -499,3 +499,20 @@ def test_nan_and_mismatched_embeddings(tmp_path, monkeypatch, hand_folder):
     with pytest.raises(ValueError, match="queries have dimension 3 but corpus has dimension 2"):
         evaluate.main(["--model", TINY, "--data", str(hand_folder), "--output", str(tmp_path / "x.json"),
                        "--no-cache"])
+
+
+def test_run_file_scores_the_same_against_beir_and_trec_qrels(tmp_path, capsys):
+    """--qrels takes either format: BEIR's tsv with its header, or TREC's four columns."""
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 0.9 t\nq1 Q0 d2 2 0.5 t\nq2 Q0 d3 1 0.7 t\n")
+    (tmp_path / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td2\t1\nq2\td3\t1\n")
+    (tmp_path / "qrels.trec").write_text("q1 0 d2 1\nq2 0 d3 1\n")
+    results = []
+    for qrels in ("qrels.tsv", "qrels.trec"):
+        out = tmp_path / f"{qrels}.json"
+        evaluate.main(["--run", str(tmp_path / "run.trec"), "--qrels", str(tmp_path / qrels), "--k", "1", "2",
+                       "--output", str(out)])
+        results.append(json.loads(out.read_text()))
+    assert results[0] == results[1]
+    scores = next(iter(results[0].values()))
+    # q1: first relevant at rank 2 -> MRR 1/2; q2: rank 1 -> 1. Mean 0.75.
+    assert scores["mrr@2"] == 0.75 and scores["accuracy@1"] == 0.5
