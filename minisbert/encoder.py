@@ -17,6 +17,12 @@ are numbered (RoBERTa) and in whether a token-type table exists (DistilBERT has 
 Checked against Hugging Face `transformers` (BertModel, DistilBertModel, RobertaModel) to 1e-5 in
 tests/test_encoder.py, on reference tensors made by tests/fixtures/make_fixtures.py.
 
+Padding is never computed: the real tokens of a batch are packed into one (N, H) matrix and every
+layer except attention works on that matrix token by token. Attention alone needs each sentence's
+tokens side by side, so it puts its queries, keys and values back into the padded (B, T) grid and
+its output back into the pack. (Short sentences padded to the batch's longest are typically a
+third to a half padding.)
+
 `fused=True` swaps the written-out LayerNorm, GELU and attention for PyTorch's fused kernels
 (`F.layer_norm`, `F.gelu`, `F.scaled_dot_product_attention`): the same functions computed in fewer
 passes over memory, which is what makes encoding fast. Tests check both paths agree.
@@ -74,6 +80,13 @@ def additive_attention_mask(attention_mask, dtype):
     )
 
 
+def to_grid(packed, token_positions, batch_size, seq_len):
+    """(N, H) real tokens -> (B, T, H) with zeros at padding; token_positions: (N,) flat indices
+    into the B*T grid, as `Encoder.forward` packs them."""
+    grid = packed.new_zeros(batch_size * seq_len, packed.shape[-1])  # (B*T, H)
+    return grid.index_copy(0, token_positions, packed).view(batch_size, seq_len, -1)  # (B, T, H)
+
+
 class Embeddings(nn.Module):
     """Token + position (+ token type) embeddings, then LayerNorm and dropout."""
 
@@ -124,12 +137,15 @@ class SelfAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.fused = fused
 
-    def forward(self, x, additive_mask):
-        B, T, H = x.shape
+    def forward(self, x, additive_mask, token_positions):
+        """x: (N, H) packed real tokens; additive_mask: (B, 1, 1, T); token_positions: (N,)."""
+        B, T, H = additive_mask.shape[0], additive_mask.shape[-1], x.shape[-1]
         nh, hs = self.num_heads, self.head_size
-        q = self.query(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.key(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        v = self.value(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+
+        def heads(projected):  # (N, H) -> (B, nh, T, hs) on the padded grid
+            return to_grid(projected, token_positions, B, T).view(B, T, nh, hs).transpose(1, 2)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))  # (B, nh, T, hs)
         dropout = self.attention_dropout if self.training else 0.0
         if self.fused:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask,
@@ -140,8 +156,8 @@ class SelfAttention(nn.Module):
             probs = torch.softmax(scores, dim=-1)  # (B, nh, T, T), each row sums to 1
             probs = F.dropout(probs, p=dropout)
             context = probs @ v  # (B, nh, T, hs)
-        context = context.transpose(1, 2).reshape(B, T, H)  # heads side by side again
-        return self.output(context)  # (B, T, H)
+        context = context.transpose(1, 2).reshape(B * T, H)[token_positions]  # (N, H), heads side by side
+        return self.output(context)  # (N, H)
 
 
 class FeedForward(nn.Module):
@@ -174,9 +190,9 @@ class Block(nn.Module):
         self.output_norm = LayerNorm(config.hidden_size, config.layer_norm_eps, fused)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x, additive_mask):
-        x = self.attention_norm(x + self.dropout(self.attention(x, additive_mask)))  # (B, T, H)
-        return self.output_norm(x + self.dropout(self.ffn(x)))  # (B, T, H)
+    def forward(self, x, additive_mask, token_positions):
+        x = self.attention_norm(x + self.dropout(self.attention(x, additive_mask, token_positions)))  # (N, H)
+        return self.output_norm(x + self.dropout(self.ffn(x)))  # (N, H)
 
 
 class Encoder(nn.Module):
@@ -195,8 +211,12 @@ class Encoder(nn.Module):
                 module.fused = fused
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
+        """(B, T) ids and mask -> (B, T, H); padding positions come out as zeros."""
+        B, T = input_ids.shape
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         additive_mask = additive_attention_mask(attention_mask, x.dtype)  # (B, 1, 1, T)
+        token_positions = attention_mask.flatten().nonzero().squeeze(1)  # (N,) real tokens in the B*T grid
+        x = x.flatten(0, 1)[token_positions]  # (N, H)
         for block in self.layers:
-            x = block(x, additive_mask)
-        return x  # (B, T, H)
+            x = block(x, additive_mask, token_positions)
+        return to_grid(x, token_positions, B, T)  # (B, T, H)

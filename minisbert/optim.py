@@ -106,7 +106,7 @@ class AdamW:
                 bias_correction1 = 1 - beta1**step
                 bias_correction2 = 1 - beta2**step
                 # lr·m̂/(√v̂ + ε) rearranged so that only m, v are tensors and the corrections are scalars.
-                denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
+                denom = exp_avg_sq.sqrt().div_(bias_correction2**0.5).add_(eps)  # in place: one temporary
                 param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
 
     def zero_grad(self) -> None:

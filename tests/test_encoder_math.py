@@ -52,22 +52,23 @@ def test_gelu_gradcheck_and_values():
 def test_attention_gradcheck_with_padding():
     config = EncoderConfig(**TINY)
     attention = SelfAttention(config).double()
-    x = double((2, 5, 16))
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    positions = mask.flatten().nonzero().squeeze(1)  # 8 real tokens of the 2 x 5 grid
+    packed = double((8, 16))
     additive = additive_attention_mask(mask, torch.float64)
-    assert gradcheck(lambda x: attention(x, additive), (x,))
+    assert gradcheck(lambda x: attention(x, additive, positions), (packed,))
 
 
-def test_attention_ignores_padding_keys():
+def test_attention_of_a_padded_sentence_is_that_of_the_sentence_alone():
     config = EncoderConfig(**TINY)
     attention = SelfAttention(config).eval()
-    x = torch.randn(1, 5, 16)
-    mask = torch.tensor([[1, 1, 1, 0, 0]])
-    out = attention(x, additive_attention_mask(mask, x.dtype))
-    changed = x.clone()
-    changed[:, 3:] = torch.randn(1, 2, 16) * 100  # whatever sits in the padding
-    out_changed = attention(changed, additive_attention_mask(mask, x.dtype))
-    assert torch.allclose(out[:, :3], out_changed[:, :3], atol=1e-6)
+    tokens = torch.randn(3, 16)  # one sentence of 3 tokens, packed
+    alone = attention(tokens, additive_attention_mask(torch.ones(1, 3), tokens.dtype), torch.arange(3))
+    # The same sentence padded to 5 beside a full sentence of 5: its 3 outputs must not change.
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    packed = torch.cat([torch.randn(5, 16), tokens])  # (8, 16)
+    batched = attention(packed, additive_attention_mask(mask, tokens.dtype), mask.flatten().nonzero().squeeze(1))
+    assert torch.allclose(batched[5:], alone, atol=1e-6)
 
 
 def test_pooling_gradcheck():
