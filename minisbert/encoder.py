@@ -82,9 +82,17 @@ def additive_attention_mask(attention_mask, dtype):
 
 def to_grid(packed, token_positions, batch_size, seq_len):
     """(N, H) real tokens -> (B, T, H) with zeros at padding; token_positions: (N,) flat indices
-    into the B*T grid, as `Encoder.forward` packs them."""
+    into the B*T grid, as `Encoder.forward` packs them, or None when the batch has no padding."""
+    if token_positions is None:
+        return packed.view(batch_size, seq_len, -1)  # (B, T, H): nothing to place
     grid = packed.new_zeros(batch_size * seq_len, packed.shape[-1])  # (B*T, H)
     return grid.index_copy(0, token_positions, packed).view(batch_size, seq_len, -1)  # (B, T, H)
+
+
+def from_grid(grid, token_positions):
+    """(B, T, H) -> (N, H): the real tokens only (all of them when token_positions is None)."""
+    flat = grid.reshape(-1, grid.shape[-1])  # (B*T, H)
+    return flat if token_positions is None else flat[token_positions]
 
 
 class Embeddings(nn.Module):
@@ -138,7 +146,7 @@ class SelfAttention(nn.Module):
         self.fused = fused
 
     def forward(self, x, additive_mask, token_positions):
-        """x: (N, H) packed real tokens; additive_mask: (B, 1, 1, T); token_positions: (N,)."""
+        """x: (N, H) packed real tokens; additive_mask: (B, 1, 1, T); token_positions: (N,) or None."""
         B, T, H = additive_mask.shape[0], additive_mask.shape[-1], x.shape[-1]
         nh, hs = self.num_heads, self.head_size
 
@@ -156,7 +164,7 @@ class SelfAttention(nn.Module):
             probs = torch.softmax(scores, dim=-1)  # (B, nh, T, T), each row sums to 1
             probs = F.dropout(probs, p=dropout)
             context = probs @ v  # (B, nh, T, hs)
-        context = context.transpose(1, 2).reshape(B * T, H)[token_positions]  # (N, H), heads side by side
+        context = from_grid(context.transpose(1, 2).reshape(B, T, H), token_positions)  # (N, H), heads side by side
         return self.output(context)  # (N, H)
 
 
@@ -215,8 +223,9 @@ class Encoder(nn.Module):
         B, T = input_ids.shape
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         additive_mask = additive_attention_mask(attention_mask, x.dtype)  # (B, 1, 1, T)
-        token_positions = attention_mask.flatten().nonzero().squeeze(1)  # (N,) real tokens in the B*T grid
-        x = x.flatten(0, 1)[token_positions]  # (N, H)
+        # (N,) positions of the real tokens in the B*T grid; None when there is no padding to skip.
+        token_positions = None if bool(attention_mask.all()) else attention_mask.flatten().nonzero().squeeze(1)
+        x = from_grid(x, token_positions)  # (N, H)
         for block in self.layers:
             x = block(x, additive_mask, token_positions)
         return to_grid(x, token_positions, B, T)  # (B, T, H)

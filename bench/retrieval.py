@@ -1,0 +1,300 @@
+"""Benchmark exact top-k search: minisbert.retrieval.search against the obvious alternatives.
+
+For each corpus size it times, side by side in one run, on random L2-normalised float32 data
+(fixed seed):
+    minisbert search, score="dot" and score="cosine" (cosine also normalises every chunk)
+    plain torch.topk(queries @ corpus.T)    (chunked over queries only if the full score matrix
+                                            would not fit in --plain-budget-gb; it says so)
+    sentence_transformers.util.semantic_search (cosine; when installed)
+    faiss.IndexFlatIP                       (inner product; when installed; its index holds a
+                                            copy of the corpus)
+Timing runs all methods in one process, interleaved round by round (method A, B, C, A, B, C,
+...), so that a change in the load of a shared machine hits them alike; the best round is
+reported. Peak memory is measured in a fresh subprocess per method, one search each: the peak
+resident set (VmHWM, reset just before the search) minus the resident set at that moment, or
+torch.cuda.max_memory_allocated on a GPU. Every method's top-k is compared with minisbert's for
+the same score function.
+
+On CUDA it also reports the fraction of the memory-bandwidth roofline for an 8.8M x 768 float16
+corpus (MS MARCO size, REFERENCE.md section 5) when the GPU has room for it; the bandwidth is
+--bandwidth-gbs or, if not given, measured with a device-to-device copy.
+
+Run (the peer environment has faiss and sentence-transformers):
+    PYTHONPATH=. /work/hfenv/bin/python bench/retrieval.py --sizes 200000 1000000
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+METHODS = ("minisbert-dot", "minisbert-cosine", "plain", "semantic_search", "faiss")
+LABELS = {
+    "minisbert-dot": 'minisbert search(score="dot")',
+    "minisbert-cosine": 'minisbert search(score="cosine")',
+    "plain": "torch.topk(q @ C.T)",
+    "semantic_search": "sentence-transformers semantic_search",
+    "faiss": "faiss IndexFlatIP",
+}
+# Each method's top-k is compared with minisbert's for the same score function.
+SAME_SCORE_AS = {
+    "minisbert-dot": "minisbert-dot",
+    "minisbert-cosine": "minisbert-cosine",
+    "plain": "minisbert-dot",
+    "semantic_search": "minisbert-cosine",
+    "faiss": "minisbert-dot",
+}
+MSMARCO_DOCS, MSMARCO_DIM, MSMARCO_QUERIES = 8_841_823, 768, 200
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 1_000_000], help="corpus sizes N")
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per method; the best is reported")
+    parser.add_argument(
+        "--devices", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    )
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--plain-budget-gb", type=float, default=None,
+                        help="largest score matrix the plain method may build "
+                             "(default: a quarter of free memory)")
+    parser.add_argument("--bandwidth-gbs", type=float, default=None,
+                        help="GPU peak memory bandwidth for the roofline (default: measure with a copy)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one method, print JSON
+    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--device", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_budget_gb is None:
+        args.plain_budget_gb = _available_memory_gb() / 4
+    if args.worker:
+        print(json.dumps(run_one(args)))
+        return
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average at start "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for device in args.devices:
+        for size in args.sizes:
+            compare(args, size, device)
+        if device == "cuda":
+            roofline(args)
+    print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def compare(args, size: int, device: str) -> None:
+    print(f"\nN = {size:,} x d = {args.dim}, {args.queries:,} queries, k = {args.k}, {device}")
+    methods = [m for m in args.methods if device == "cpu" or m not in ("semantic_search", "faiss")]
+    queries, corpus = make_data(size, args.dim, args.queries, torch.device(device))
+    prepared, notes = {}, {}
+    for method in methods:
+        search_fn, notes[method], _ = prepare(method, queries, corpus, args)
+        if search_fn is None:
+            print(f"{LABELS[method]:40s} skipped: {notes[method]}")
+            continue
+        search_fn(queries[:10])  # warm up
+        prepared[method] = search_fn
+
+    seconds = {method: [] for method in prepared}
+    indices = {}
+    for _ in range(args.repeats):
+        for method, search_fn in prepared.items():
+            _synchronize(corpus.device)
+            start = time.perf_counter()
+            indices[method] = np.asarray(torch.as_tensor(search_fn(queries)).cpu())
+            _synchronize(corpus.device)
+            seconds[method].append(time.perf_counter() - start)
+    del prepared, queries, corpus
+
+    print(f"{'method':40s} {'queries/s':>10s} {'peak extra MB':>14s}  {'same top-k':>10s}")
+    throughput = {}
+    for method, timings in seconds.items():
+        throughput[method] = args.queries / min(timings)
+        reference = indices.get(SAME_SCORE_AS[method])
+        agreement = "" if reference is None else f"{(indices[method] == reference).all(axis=1).mean():.1%}"
+        memory = peak_memory_in_subprocess(args, method, size, device)
+        note = notes[method]
+        if isinstance(memory, str):
+            memory, note = float("nan"), f"{note} {memory}"
+        print(f"{LABELS[method]:40s} {throughput[method]:10.1f} {memory:14.1f}  {agreement:>6s}  {note}")
+    ratios = [("minisbert-dot", "faiss"), ("minisbert-cosine", "semantic_search"), ("minisbert-dot", "plain")]
+    shown = [f"{a} / {b}: {throughput[a] / throughput[b]:.2f}x"
+             for a, b in ratios if a in throughput and b in throughput]
+    if shown:
+        print("throughput ratios: " + "; ".join(shown))
+
+
+def peak_memory_in_subprocess(args, method: str, size: int, device: str) -> float | str:
+    """Extra peak memory (MB) of one search in a fresh process, or the reason it failed."""
+    command = [sys.executable, __file__, "--worker", method, "--size", str(size), "--device", device,
+               "--dim", str(args.dim), "--queries", str(args.queries), "--k", str(args.k),
+               "--plain-budget-gb", str(args.plain_budget_gb)]
+    finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode != 0:
+        lines = finished.stderr.strip().splitlines()
+        return f"memory run failed: {lines[-1] if lines else 'no output'}"
+    return json.loads(finished.stdout.strip().splitlines()[-1])["peak_extra_mb"]
+
+
+def run_one(args) -> dict:
+    """Peak memory of one method, one size, in this (fresh) process."""
+    device = torch.device(args.device)
+    queries, corpus = make_data(args.size, args.dim, args.queries, device)
+    search_fn, _, setup_mb = prepare(args.worker, queries, corpus, args)
+    search_fn(queries[:10])  # load libraries and warm up before the memory baseline
+    baseline = _memory_baseline_mb(device)
+    search_fn(queries)
+    _synchronize(device)
+    return {"peak_extra_mb": _peak_memory_mb(device) - baseline + setup_mb}
+
+
+def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
+    """Return (function queries -> (Q, k) indices, note, MB its setup took), or (None, reason, 0)
+    to skip."""
+    k = args.k
+    if method.startswith("minisbert"):
+        from minisbert.retrieval import search
+
+        score = method.split("-")[1]
+        return (lambda q: search(q, corpus, k, score=score)[1]), "", 0.0
+    if method == "plain":
+        if corpus.device.type == "cpu":
+            budget_gb = args.plain_budget_gb
+        else:
+            budget_gb = torch.cuda.mem_get_info()[0] / 4 / 2**30
+        rows_that_fit = max(1, int(budget_gb * 2**30 // (4 * corpus.shape[0])))
+        if rows_that_fit >= queries.shape[0]:
+            return (lambda q: torch.topk(q @ corpus.T, k, dim=1).indices), "", 0.0
+        note = (f"chunked {rows_that_fit} queries at a time: the full score matrix would exceed "
+                f"{budget_gb:.1f} GB")
+        return (lambda q: torch.cat([torch.topk(part @ corpus.T, k, dim=1).indices
+                                     for part in q.split(rows_that_fit)])), note, 0.0
+    if method == "semantic_search":
+        try:
+            from sentence_transformers import util
+        except ImportError:
+            return None, "sentence-transformers not installed", 0.0
+
+        def semantic_search(q):
+            hits = util.semantic_search(q, corpus, top_k=k)
+            return torch.tensor([[hit["corpus_id"] for hit in row] for row in hits])
+
+        return semantic_search, "default chunk sizes", 0.0
+    if method == "faiss":
+        try:
+            import faiss
+        except ImportError:
+            return None, "faiss not installed", 0.0
+        before = _memory_baseline_mb(torch.device("cpu"))
+        index = faiss.IndexFlatIP(corpus.shape[1])
+        index.add(corpus.numpy())
+        setup_mb = _peak_memory_mb(torch.device("cpu")) - before
+        search_fn = lambda q: torch.from_numpy(index.search(q.numpy(), k)[1])  # noqa: E731
+        return search_fn, "memory includes the index's copy of the corpus", setup_mb
+    raise ValueError(f"unknown method {method!r}")
+
+
+def make_data(size: int, dim: int, num_queries: int, device: torch.device):
+    """Random unit vectors, made in place piece by piece so that making them leaves no freed
+    temporaries behind for a method to reuse unseen by the peak-memory measurement."""
+    generator = torch.Generator().manual_seed(0)
+    corpus = torch.empty(size, dim)
+    queries = torch.empty(num_queries, dim)
+    for matrix in (corpus, queries):
+        for piece in matrix.split(65536):
+            piece.normal_(generator=generator)
+            piece /= torch.linalg.vector_norm(piece, dim=1, keepdim=True)
+    return queries.to(device), corpus.to(device)
+
+
+def roofline(args) -> None:
+    """How close one search of 200 queries over an MS MARCO-sized float16 corpus comes to the
+    time it takes just to read the corpus once."""
+    corpus_bytes = MSMARCO_DOCS * MSMARCO_DIM * 2
+    free, _ = torch.cuda.mem_get_info()
+    if corpus_bytes * 1.3 > free:
+        print(f"\nroofline: skipped, the {corpus_bytes / 1e9:.1f} GB corpus does not fit in "
+              f"{free / 1e9:.1f} GB free")
+        return
+    from minisbert.retrieval import search
+
+    bandwidth = args.bandwidth_gbs or _copy_bandwidth_gbs()
+    corpus = torch.empty(MSMARCO_DOCS, MSMARCO_DIM, dtype=torch.float16, device="cuda").normal_()
+    queries = torch.randn(MSMARCO_QUERIES, MSMARCO_DIM, device="cuda")
+    search(queries, corpus, args.k)  # warm up
+    timings = []
+    for _ in range(args.repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        search(queries, corpus, args.k)
+        torch.cuda.synchronize()
+        timings.append(time.perf_counter() - start)
+    best = min(timings)
+    floor = corpus_bytes / (bandwidth * 1e9)
+    print(f"\nroofline: {MSMARCO_QUERIES} queries over {MSMARCO_DOCS:,} x {MSMARCO_DIM} float16 "
+          f"({corpus_bytes / 1e9:.1f} GB) took {best * 1e3:.1f} ms; reading the corpus once at "
+          f"{bandwidth:.0f} GB/s takes {floor * 1e3:.1f} ms: {floor / best:.1%} of the roofline "
+          f"(chunks are upcast to float32 and multiplied without tensor cores)")
+
+
+def _copy_bandwidth_gbs() -> float:
+    source = torch.empty(2**30 // 4, device="cuda")
+    target = torch.empty_like(source)
+    target.copy_(source)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        target.copy_(source)
+    torch.cuda.synchronize()
+    return 10 * 2 * source.numel() * 4 / (time.perf_counter() - start) / 1e9  # read + write
+
+
+def _memory_baseline_mb(device: torch.device) -> float:
+    """Reset the peak-memory counter and return the memory in use now."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated() / 2**20
+    # Writing 5 to clear_refs resets the process's resident-set high-water mark (VmHWM). It is
+    # per process image, unlike ru_maxrss, which a child started by subprocess inherits from
+    # its (large) parent.
+    Path("/proc/self/clear_refs").write_text("5")
+    return _proc_status_mb("VmRSS")
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return _proc_status_mb("VmHWM")
+
+
+def _proc_status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"/proc/self/status has no {field}: peak memory needs Linux")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _available_memory_gb() -> float:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return 4.0
+
+
+if __name__ == "__main__":
+    main()
