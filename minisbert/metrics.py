@@ -23,8 +23,8 @@ sets are checked against their reference on a random graded run (pytrec_eval and
 sentence-transformers 6.2 numbers in tests/fixtures/metric_reference.json) and against
 hand-computed examples in tests/test_metrics.py.
 
-Also here: Pearson and Spearman correlation (STS benchmarks) and TREC run/qrels file readers and
-writer.
+Also here: Pearson and Spearman correlation (STS benchmarks) and the TREC run file reader and
+writer (qrels files are read by data.py).
 """
 
 import math
@@ -407,21 +407,6 @@ def write_trec_run(
                             f"or has spaces"
                         )
                 file.write(f"{query_id} Q0 {doc_id} {rank} {float(scores[doc_id])!r} {tag}\n")
-
-
-def read_trec_qrels(path: str | Path) -> dict[str, dict[str, int]]:
-    """Read TREC qrels, lines `qid iteration docid grade` (iteration is usually 0 and ignored),
-    into {qid: {docid: grade}}."""
-    qrels: dict[str, dict[str, int]] = {}
-    for line_number, fields in _fields(path, 4, "qid 0 docid grade"):
-        query_id, _, doc_id, grade = fields
-        judged = qrels.setdefault(query_id, {})
-        if doc_id in judged:
-            raise ValueError(
-                f"{path}:{line_number}: document {doc_id!r} is judged twice for query {query_id!r}"
-            )
-        judged[doc_id] = _parse(int, grade, "grade", path, line_number)
-    return qrels
 
 
 def _fields(path: str | Path, count: int, layout: str) -> Iterable[tuple[int, list[str]]]:

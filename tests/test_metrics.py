@@ -23,7 +23,6 @@ from minisbert.metrics import (
     pearson,
     precision_at_k,
     rank_by_score,
-    read_trec_qrels,
     read_trec_run,
     recall_at_k,
     run_from_search,
@@ -316,18 +315,9 @@ def test_trec_run_round_trip_writes_trec_eval_order(tmp_path):
     assert read_trec_run(path) == {"q1": {"d2": 0.9, "d3": 0.5, "d1": 0.5}, "q2": {"d7": 1.0}}
 
 
-def test_read_trec_qrels(tmp_path):
-    path = tmp_path / "qrels.txt"
-    path.write_text("q1 0 d1 2\nq1 0 d2 0\n\nq2 0 d1 1\n")  # a blank line is skipped
-    assert read_trec_qrels(path) == {"q1": {"d1": 2, "d2": 0}, "q2": {"d1": 1}}
-
-
 @pytest.mark.parametrize(
     "reader, text, message",
     [
-        (read_trec_qrels, "q1 0 d1 1\nq1 0 d2\n", r"file.txt:2: expected 4 fields 'qid 0 docid grade'"),
-        (read_trec_qrels, "q1 0 d1 high\n", r"file.txt:1: grade 'high' is not a valid int"),
-        (read_trec_qrels, "q1 0 d1 1\nq1 0 d1 2\n", r"file.txt:2: document 'd1' is judged twice"),
         (read_trec_run, "q1 Q0 d1 1 0.5\n", r"file.txt:1: expected 6 fields"),
         (read_trec_run, "q1 Q0 d1 1 x tag\n", r"file.txt:1: score 'x' is not a valid float"),
         (read_trec_run, "q1 Q0 d1 1 nan tag\n", r"file.txt:1: score 'nan' is not finite"),
