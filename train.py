@@ -95,9 +95,8 @@ def main(argv=None):
 
     # The data: examples of the shape the loss needs, and a dev split to choose the best model.
     shape = {"score": training.SCORED, "class": training.LABELLED, None: training.TRIPLETS}[spec.label_kind]
-    if spec.name == "mnrl":
-        shape = training.TRIPLETS  # anchor and positive; the mined negative is dropped below
     examples = training.training_examples(args.data, shape, model=model, seed=args.seed)
+    # MNRL without hard negatives takes (anchor, positive): the triplet's negative is dropped.
     examples = [training.Example(e.texts[:spec.n_texts], e.label) for e in examples]
     if not examples:
         sys.exit(f"no training examples in {args.data}")
