@@ -23,13 +23,7 @@ SQRT3 = math.sqrt(3.0)
 INV_SQRT2 = 1 / math.sqrt(2.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # gradcheck runs thousands of tiny forward passes; extra threads only add waiting on a busy machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.py
 
 
 def t(rows):

@@ -67,14 +67,7 @@ def max_abs_diff(model_a, model_b):
     return max((a - b).abs().max().item() for a, b in zip(model_a.parameters(), model_b.parameters()))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # These tensors are tiny: with several threads on a busy shared machine each step spends far
-    # longer waiting for threads than computing (50 ms instead of 1.4 ms here).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.py
 
 
 # --- pieces by hand ---------------------------------------------------------------------------

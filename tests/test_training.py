@@ -87,14 +87,7 @@ TRAIN_QUERIES, DEV_QUERIES = ["q0", "q1", "q2", "q3"], ["q4", "q5"]
 # The model, the data and a way to run train.py
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tensors here are tiny: one thread is fastest, and on a busy 2-core machine two threads
-    spend their time waiting for each other (a 10-epoch run took 50 s instead of 0.3 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.py
 
 
 @pytest.fixture(scope="module")
