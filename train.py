@@ -26,6 +26,7 @@ from minisbert.evaluation import evaluate_dev
 from minisbert.losses import SoftmaxClassifier, select_loss
 from minisbert.optim import AdamW, LinearWarmupDecay, clip_grad_norm_, weight_decay_groups
 from minisbert.pooling import Dense
+from minisbert.weights import write_json
 
 
 def parse_args(argv=None):
@@ -214,7 +215,7 @@ def main(argv=None):
     model.save(output / "final")
     summary = {"steps": step, "training_seconds": round(seconds, 1), "best": best, "loss": spec.name,
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-    training.write_json(output / "summary.json", summary)
+    write_json(output / "summary.json", summary)
     print(f"\ndone in {seconds:.0f} s; final model: {output / 'final'}"
           + (f"; best: {output / 'best'} ({best['metric']} {best['value']:.4f} at step {best['step']})" if best else ""))
 

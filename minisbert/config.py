@@ -13,7 +13,7 @@ Family differences that change the arithmetic (REFERENCE.md section 4):
 - DistilBERT has no token-type embeddings (`type_vocab_size` 0).
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 FAMILIES = ("bert", "distilbert", "roberta")
 ACTIVATIONS = ("gelu", "gelu_new")  # exact erf GELU, and the tanh approximation
@@ -145,6 +145,3 @@ class EncoderConfig:
             "attention_probs_dropout_prob": self.attention_dropout,
             "position_embedding_type": "absolute",
         }
-
-    def as_dict(self) -> dict:
-        return asdict(self)
