@@ -2,7 +2,9 @@
 
 For each corpus size it times, side by side in one run, on random L2-normalised float32 data
 (fixed seed):
-    minisbert search, score="dot" and score="cosine" (cosine also normalises every chunk)
+    minisbert search, score="dot" and score="cosine" (cosine also normalises every chunk), with
+        their defaults (on a CPU with native bfloat16, blocks are screened in bfloat16), and
+        score="dot" with bf16_screen=False (every block in float32)
     plain torch.topk(queries @ corpus.T)    (chunked over queries only if the full score matrix
                                             would not fit in --plain-budget-gb; it says so)
     sentence_transformers.util.semantic_search (cosine; when installed)
@@ -34,9 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-METHODS = ("minisbert-dot", "minisbert-cosine", "plain", "semantic_search", "faiss")
+METHODS = ("minisbert-dot", "minisbert-cosine", "minisbert-float32", "plain", "semantic_search", "faiss")
 LABELS = {
     "minisbert-dot": 'minisbert search(score="dot")',
+    "minisbert-float32": 'minisbert (dot, bf16_screen=False)',
     "minisbert-cosine": 'minisbert search(score="cosine")',
     "plain": "torch.topk(q @ C.T)",
     "semantic_search": "sentence-transformers semantic_search",
@@ -46,6 +49,7 @@ LABELS = {
 SAME_SCORE_AS = {
     "minisbert-dot": "minisbert-dot",
     "minisbert-cosine": "minisbert-cosine",
+    "minisbert-float32": "minisbert-dot",
     "plain": "minisbert-dot",
     "semantic_search": "minisbert-cosine",
     "faiss": "minisbert-dot",
@@ -126,7 +130,8 @@ def compare(args, size: int, device: str) -> None:
         if isinstance(memory, str):
             memory, note = float("nan"), f"{note} {memory}"
         print(f"{LABELS[method]:40s} {throughput[method]:10.1f} {memory:14.1f}  {agreement:>6s}  {note}")
-    ratios = [("minisbert-dot", "faiss"), ("minisbert-cosine", "semantic_search"), ("minisbert-dot", "plain")]
+    ratios = [("minisbert-dot", "faiss"), ("minisbert-cosine", "semantic_search"), ("minisbert-dot", "plain"),
+              ("minisbert-dot", "minisbert-float32")]
     shown = [f"{a} / {b}: {throughput[a] / throughput[b]:.2f}x"
              for a, b in ratios if a in throughput and b in throughput]
     if shown:
@@ -164,6 +169,8 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
     if method.startswith("minisbert"):
         from minisbert.retrieval import search
 
+        if method == "minisbert-float32":
+            return (lambda q: search(q, corpus, k, score="dot", bf16_screen=False)[1]), "", 0.0
         score = method.split("-")[1]
         return (lambda q: search(q, corpus, k, score=score)[1]), "", 0.0
     if method == "plain":

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from minisbert import retrieval
 from minisbert.retrieval import search
 
 SCORES = ("cosine", "dot", "euclidean")
@@ -78,6 +79,7 @@ def test_worked_example_each_score():
 # ---- agreement with brute force ------------------------------------------------------------
 
 
+@pytest.mark.parametrize("bf16_screen", [False, True])
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize(
     "k, query_chunk_size, corpus_chunk_size",
@@ -90,12 +92,13 @@ def test_worked_example_each_score():
         (7, 1024, 8192),  # the CPU defaults: a single block here
     ],
 )
-def test_random_matches_brute_force(score, k, query_chunk_size, corpus_chunk_size):
+def test_random_matches_brute_force(score, k, query_chunk_size, corpus_chunk_size, bf16_screen):
     generator = torch.Generator().manual_seed(0)
     queries = torch.randn(23, 16, generator=generator)
     corpus = torch.randn(101, 16, generator=generator)
     assert_matches_brute_force(
-        queries, corpus, k, score, query_chunk_size=query_chunk_size, corpus_chunk_size=corpus_chunk_size
+        queries, corpus, k, score, query_chunk_size=query_chunk_size,
+        corpus_chunk_size=corpus_chunk_size, bf16_screen=bf16_screen,
     )
 
 
@@ -110,10 +113,11 @@ def test_k_larger_than_corpus_returns_whole_corpus_ranked(score):
     assert_matches_brute_force(queries, corpus, 50, score, query_chunk_size=5, corpus_chunk_size=4)
 
 
+@pytest.mark.parametrize("bf16_screen", [False, True])
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("k", [1, 4, 20, 200])
 @pytest.mark.parametrize("chunk_sizes", [(5, 17), (3, 4), (64, 64)])
-def test_ties_go_to_lower_index_across_chunks(score, k, chunk_sizes):
+def test_ties_go_to_lower_index_across_chunks(score, k, chunk_sizes, bf16_screen):
     generator = torch.Generator().manual_seed(2)
     make = two_norm_embeddings if score == "cosine" else integer_embeddings
     distinct = make(7, 8, generator)
@@ -123,7 +127,7 @@ def test_ties_go_to_lower_index_across_chunks(score, k, chunk_sizes):
     queries = make(13, 8, generator)
     query_chunk_size, corpus_chunk_size = chunk_sizes
     scores, indices = search(
-        queries, corpus, k, score=score,
+        queries, corpus, k, score=score, bf16_screen=bf16_screen,
         query_chunk_size=query_chunk_size, corpus_chunk_size=corpus_chunk_size,
     )
     expected_scores, expected_indices = brute_force(queries, corpus, k, score)
@@ -138,13 +142,17 @@ def test_all_equal_scores_return_first_rows_in_order():
     assert torch.all(scores == 4.0)
 
 
+@pytest.mark.parametrize("bf16_screen", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("score", SCORES)
-def test_half_precision_corpus_scored_in_float32(dtype, score):
+def test_half_precision_corpus_scored_in_float32(dtype, score, bf16_screen):
     generator = torch.Generator().manual_seed(3)
     queries = torch.randn(9, 32, generator=generator)
     corpus = torch.randn(70, 32, generator=generator).to(dtype)
-    scores, indices = search(queries, corpus, 5, score=score, query_chunk_size=4, corpus_chunk_size=17)
+    scores, indices = search(
+        queries, corpus, 5, score=score, query_chunk_size=4, corpus_chunk_size=17,
+        bf16_screen=bf16_screen,
+    )
     assert scores.dtype == torch.float32
     # The reference sees the same half-precision values, upcast.
     expected_scores, expected_indices = brute_force(queries, corpus.float(), 5, score)
@@ -170,11 +178,92 @@ def test_empty_query_set_gives_empty_results():
     assert scores.shape == indices.shape == (0, 3)
 
 
-# ---- dropping self-matches -----------------------------------------------------------------
+# ---- screening with a bfloat16 product --------------------------------------------------------
+
+
+def test_error_bound_holds_and_is_nearly_reached():
+    d = 384
+    # Worst case: every entry sits halfway between two bfloat16 values (1 + 2^-8 lies midway
+    # between 1 and 1 + 2^-7), so every entry rounds down by 2^-8 of itself and no errors cancel.
+    worst = torch.full((1, d), 1 + 2.0**-8 - 2.0**-20)
+    generator = torch.Generator().manual_seed(9)
+    scales = torch.logspace(-20, 15, 8)[:, None]  # rows of very different norms
+    queries = torch.cat([worst, torch.randn(8, d, generator=generator) * scales])
+    corpus = torch.cat([worst, -worst, torch.randn(50, d, generator=generator) * 3])
+    approximate = (queries.bfloat16() @ corpus.bfloat16().T).double()  # (Q, N)
+    exact = queries.double() @ corpus.double().T  # (Q, N)
+    largest_norm = torch.linalg.vector_norm(corpus, dim=1).amax()
+    bound = retrieval._error_bounds(torch.linalg.vector_norm(queries, dim=1), largest_norm, d, False)
+    # The bound also covers rounding the exact score to float32 and the bfloat16 output.
+    output_rounding = retrieval.BF16_UNIT / (1 - retrieval.BF16_UNIT) * approximate.abs()
+    assert ((approximate - exact).abs() <= bound.double()[:, None] + output_rounding).all()
+    # worst . worst: both roundings lose about 2^-8, so the error is nearly 2u |q| |c|; the
+    # bound, (2u + u^2 + 2 gamma)(1 + gamma)^2 (1.01) |q| |c|, is at most 5% above it.
+    worst_norm = torch.linalg.vector_norm(worst)
+    worst_bound = retrieval._error_bounds(worst_norm, worst_norm, d, False)
+    assert exact[0, 0] - approximate[0, 0] > 0.95 * worst_bound
+
+
+def count_calls(monkeypatch, owner, name):
+    """Replace owner.name by a wrapper that counts its calls; return the list of results."""
+    results = []
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        results.append(original(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(owner, name, counted)
+    return results
 
 
 @pytest.mark.parametrize("score", SCORES)
-def test_self_matches_are_dropped_and_replaced(score):
+def test_screening_skips_most_float32_blocks_and_matches_brute_force(score, monkeypatch):
+    generator = torch.Generator().manual_seed(10)
+    queries = torch.randn(40, 32, generator=generator)
+    queries /= torch.linalg.vector_norm(queries, dim=1, keepdim=True)
+    corpus = torch.randn(6_000, 32, generator=generator)
+    corpus *= (0.5 + torch.rand(6_000, 1, generator=generator) / 2) / torch.linalg.vector_norm(
+        corpus, dim=1, keepdim=True
+    )  # norms between 0.5 and 1
+    float32_blocks = count_calls(monkeypatch, retrieval, "_merge_block")
+    assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=500, bf16_screen=True)
+    # Of 12 chunks, the first fills each row's top-k in float32; a second can fail to screen
+    # (its k-th best is still low) and make the third wait. The other nine are screened.
+    assert 1 <= len(float32_blocks) <= 3
+
+
+def test_crowded_scores_fall_back_to_float32_blocks_and_back_off(monkeypatch):
+    # Every score is equal, so nothing can be ruled out.
+    screens = count_calls(monkeypatch, retrieval._Screen, "_candidates")
+    float32_blocks = count_calls(monkeypatch, retrieval, "_merge_block")
+    scores, indices = search(torch.ones(3, 4), torch.ones(800, 4), 5, corpus_chunk_size=100, bf16_screen=True)
+    assert indices.tolist() == [[0, 1, 2, 3, 4]] * 3
+    # Chunk 0 fills the top-k. Screens are tried on chunks 1, 3 and 7, each failure doubling
+    # the wait before the next; every chunk is merged in float32.
+    assert screens == [None, None, None]
+    assert len(float32_blocks) == 8
+
+
+@pytest.mark.parametrize("bf16_screen", [False, True])
+def test_tiny_rows_have_true_cosines(bf16_screen):
+    # Squares of entries near 1e-30 underflow in float32; the norm must not come out as zero.
+    generator = torch.Generator().manual_seed(11)
+    queries = torch.randn(5, 8, generator=generator)
+    corpus = torch.randn(300, 8, generator=generator)
+    scaled = corpus * torch.where(torch.arange(300) % 2 == 0, 1e-30, 1.0)[:, None]
+    scores, indices = search(queries * 1e-30, scaled, 7, corpus_chunk_size=64, bf16_screen=bf16_screen)
+    expected_scores, expected_indices = brute_force(queries, corpus, 7, "cosine")
+    assert torch.equal(indices, expected_indices)
+    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
+
+
+# ---- dropping self-matches -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bf16_screen", [False, True])
+@pytest.mark.parametrize("score", SCORES)
+def test_self_matches_are_dropped_and_replaced(score, bf16_screen):
     generator = torch.Generator().manual_seed(5)
     corpus = torch.randn(40, 8, generator=generator)
     query_rows = [3, 17, 39, 0]
@@ -183,7 +272,7 @@ def test_self_matches_are_dropped_and_replaced(score):
     query_ids = [f"doc{i}" for i in query_rows]
     scores, indices = search(
         queries, corpus, 5, score=score, query_ids=query_ids, corpus_ids=corpus_ids,
-        query_chunk_size=3, corpus_chunk_size=6,
+        query_chunk_size=3, corpus_chunk_size=6, bf16_screen=bf16_screen,
     )
     # Reference: brute force over 6 results, then remove the query's own row.
     _, expected = brute_force(queries, corpus, 6, score)
@@ -298,15 +387,19 @@ def _tensors(value):
             yield from _tensors(item)
 
 
+@pytest.mark.parametrize("bf16_screen", [False, True])
 @pytest.mark.parametrize("score", SCORES)
-def test_largest_allocation_is_one_block_whatever_the_corpus_size(score):
+def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, bf16_screen):
     generator = torch.Generator().manual_seed(6)
     queries = torch.randn(64, 16, generator=generator)
     largest = {}
     for num_docs in (2_000, 20_000):
         corpus = torch.randn(num_docs, 16, generator=generator)
         with LargestNewTensor() as recorder:
-            search(queries, corpus, 5, score=score, query_chunk_size=32, corpus_chunk_size=256)
+            search(
+                queries, corpus, 5, score=score, query_chunk_size=32, corpus_chunk_size=256,
+                bf16_screen=bf16_screen,
+            )
         largest[num_docs] = recorder.largest_bytes
     # The biggest thing ever allocated is the float32 score block (32 x 256 x 4 bytes = 32 KiB),
     # for a 2,000-row corpus and a 10 times larger one alike; the full score matrix would be
