@@ -164,7 +164,9 @@ class SelfAttention(nn.Module):
         q, k, v = heads(q), heads(k), heads(v)  # (B, nh, T, hs)
         dropout = self.attention_dropout if self.training else 0.0
         if self.fused:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask,
+            # Without padding the mask is all zeros; leaving it out spares the kernel adding it.
+            mask = None if token_positions is None else additive_mask
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                      dropout_p=dropout)  # (B, nh, T, hs)
         else:
             scores = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T, T)

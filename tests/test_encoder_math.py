@@ -103,3 +103,8 @@ def test_fused_path_equals_written_out_path():
             fused = encoder(ids, mask)
             real = mask.bool()
             assert (written[real] - fused[real]).abs().max() <= 1e-6, (family, activation)
+            # Without padding the fused path packs nothing and passes no mask.
+            full = torch.ones_like(mask)
+            unmasked = encoder(ids, full)
+            encoder.set_fused(False)
+            assert (encoder(ids, full) - unmasked).abs().max() <= 1e-6, (family, activation)
