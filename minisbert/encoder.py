@@ -28,8 +28,14 @@ third to a half padding.)
 matrix product of the three weight matrices side by side: the same functions computed in fewer
 passes over memory and with better use of the cores, which is what makes encoding fast. Tests check
 both paths agree.
+
+`reusing_memory()` (entered by `SentenceModel.encode`) lets the fused path, when it runs without
+autograd on a CPU, write its widest products into memory kept from one call to the next instead of
+asking the operating system for fresh memory each time.
 """
 
+import contextlib
+import contextvars
 import math
 
 import torch
@@ -132,6 +138,42 @@ class Embeddings(nn.Module):
         return self.dropout(self.layer_norm(x))  # (B, T, H)
 
 
+# The memory kept by `reusing_memory()`: a dict from (name, dtype) to a flat tensor, or None
+# outside it. A context variable, so each thread (and each asyncio task) has its own.
+_scratch = contextvars.ContextVar("minisbert_scratch", default=None)
+
+
+@contextlib.contextmanager
+def reusing_memory():
+    """Within this block, the fused path without autograd on a CPU writes its two widest products
+    (Q, K and V side by side, and the feed-forward's activations) into memory kept from one call
+    to the next, grown when needed and freed on leaving.
+
+    A fresh (2,048 x 1,536) float32 tensor, 12 MB, comes from the operating system page by page;
+    on a 2-core CPU those page faults cost about 15% of the time spent encoding. Results are bit
+    for bit the same: the same kernels write into an existing tensor.
+    """
+    token = _scratch.set({})
+    try:
+        yield
+    finally:
+        _scratch.reset(token)
+
+
+def linear_reusing_memory(x, weight, bias, name: str):
+    """F.linear(x, weight, bias) for (N, in) x, written into the memory `reusing_memory()` keeps
+    under `name` when it applies (see there), else into a fresh tensor."""
+    scratch = _scratch.get()
+    if (scratch is None or x.device.type != "cpu" or x.ndim != 2 or torch.is_grad_enabled()
+            or torch.is_autocast_enabled("cpu")):
+        return F.linear(x, weight, bias)
+    rows, width = x.shape[0], weight.shape[0]
+    memory = scratch.get((name, x.dtype))
+    if memory is None or memory.numel() < rows * width:
+        memory = scratch[(name, x.dtype)] = torch.empty(rows * width, dtype=x.dtype)
+    return torch.addmm(bias, x, weight.T, out=memory[: rows * width].view(rows, width))  # (N, out)
+
+
 class SelfAttention(nn.Module):
     """Multi-head scaled dot-product self-attention with its output projection."""
 
@@ -158,7 +200,7 @@ class SelfAttention(nn.Module):
         if self.fused:  # one (N, H) x (H, 3H) product instead of three narrow ones: it keeps the cores busier
             weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
             bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3H,)
-            q, k, v = F.linear(x, weight, bias).split(H, dim=-1)  # 3 x (N, H)
+            q, k, v = linear_reusing_memory(x, weight, bias, "qkv").split(H, dim=-1)  # 3 x (N, H)
         else:
             q, k, v = self.query(x), self.key(x), self.value(x)  # 3 x (N, H)
         q, k, v = heads(q), heads(k), heads(v)  # (B, nh, T, hs)
@@ -189,12 +231,18 @@ class FeedForward(nn.Module):
         self.fused = fused
 
     def forward(self, x):
-        h = self.intermediate(x)  # (B, T, I)
-        if self.activation == "gelu":
-            h = F.gelu(h) if self.fused else gelu(h)
-        else:
-            h = F.gelu(h, approximate="tanh") if self.fused else gelu_tanh(h)
-        return self.output(h)  # (B, T, H)
+        """x: (N, H) -> (N, H)."""
+        if not self.fused:
+            h = self.intermediate(x)  # (N, I)
+            return self.output(gelu(h) if self.activation == "gelu" else gelu_tanh(h))  # (N, H)
+        h = linear_reusing_memory(x, self.intermediate.weight, self.intermediate.bias,
+                                  "feed-forward")  # (N, I)
+        approximate = "none" if self.activation == "gelu" else "tanh"
+        if torch.is_grad_enabled():
+            h = F.gelu(h, approximate=approximate)
+        else:  # nothing needs the product any more: overwrite it
+            h = torch.ops.aten.gelu_(h, approximate=approximate)
+        return self.output(h)  # (N, H)
 
 
 class Block(nn.Module):

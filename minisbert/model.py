@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .encoder import Encoder
+from .encoder import Encoder, reusing_memory
 from .pooling import POOLING_MODES, Dense, normalize, pool
 from .tokenizer import Tokenizer, read_json
 from .weights import atomic_write, load_encoder, refuse_pickle, save_encoder, write_json
@@ -118,8 +118,9 @@ class SentenceModel(nn.Module):
         longest_first = sorted(range(n), key=lambda i: -len(id_lists[i]))
         progress = Progress(n, show=n >= PROGRESS_MIN_TEXTS if show_progress is None else show_progress)
         start = 0
-        with torch.autocast(self.device.type, dtype=autocast_dtype[dtype] or torch.float32,
-                            enabled=autocast_dtype[dtype] is not None):
+        autocast = torch.autocast(self.device.type, dtype=autocast_dtype[dtype] or torch.float32,
+                                  enabled=autocast_dtype[dtype] is not None)
+        with reusing_memory(), autocast:
             while start < n:
                 rows = longest_first[start:start + self.rows_per_forward(batch_size, len(id_lists[longest_first[start]]))]
                 batch = {k: t.to(self.device) for k, t in self.tokenizer.pad([id_lists[i] for i in rows]).items()}

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from torch.autograd import gradcheck
 
 from minisbert.config import EncoderConfig
+from minisbert import encoder as encoder_module
 from minisbert.encoder import (Encoder, SelfAttention, additive_attention_mask, gelu, gelu_tanh,
-                               layer_norm)
+                               layer_norm, reusing_memory)
 from minisbert.pooling import max_pool, mean_pool, normalize
 
 TINY = dict(family="bert", vocab_size=50, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=32,
@@ -108,3 +109,32 @@ def test_fused_path_equals_written_out_path():
             unmasked = encoder(ids, full)
             encoder.set_fused(False)
             assert (encoder(ids, full) - unmasked).abs().max() <= 1e-6, (family, activation)
+
+
+def test_reusing_memory_gives_identical_results_and_keeps_autograd():
+    for activation in ("gelu", "gelu_new"):
+        config = EncoderConfig(**{**TINY, "activation": activation})
+        torch.manual_seed(0)
+        encoder = Encoder(config, fused=True).eval()
+        ids = torch.randint(2, 50, (3, 7))
+        mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5])
+        with torch.no_grad():
+            expected = encoder(ids, mask)
+            with reusing_memory():
+                reused = encoder(ids, mask)
+                scratch = encoder_module._scratch.get()[("feed-forward", torch.float32)]
+                # A second, longer batch grows the memory; a shorter one reuses it.
+                longer = encoder(torch.cat([ids, ids]), torch.cat([mask, mask]))
+                again = encoder(ids, mask)
+        assert torch.equal(reused, expected) and torch.equal(again, expected), activation
+        assert torch.equal(longer, torch.cat([expected, expected])), activation
+        assert scratch.numel() == int(mask.sum()) * config.intermediate_size  # 13 tokens x 32
+        assert encoder_module._scratch.get() is None  # freed on leaving
+
+        # With autograd on, the path that writes in place is not taken: gradients still flow.
+        with reusing_memory():
+            encoder(ids, mask).sum().backward()
+        gradient = encoder.layers[0].ffn.intermediate.weight.grad.clone()
+        encoder.zero_grad()
+        encoder(ids, mask).sum().backward()
+        assert torch.equal(gradient, encoder.layers[0].ffn.intermediate.weight.grad), activation
