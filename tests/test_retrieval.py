@@ -220,16 +220,16 @@ def count_calls(monkeypatch, owner, name):
 @pytest.mark.parametrize("score", SCORES)
 def test_screening_skips_most_float32_blocks_and_matches_brute_force(score, monkeypatch):
     generator = torch.Generator().manual_seed(10)
-    queries = torch.randn(40, 32, generator=generator)
+    queries = torch.randn(100, 32, generator=generator)
     queries /= torch.linalg.vector_norm(queries, dim=1, keepdim=True)
-    corpus = torch.randn(6_000, 32, generator=generator)
-    corpus *= (0.5 + torch.rand(6_000, 1, generator=generator) / 2) / torch.linalg.vector_norm(
+    corpus = torch.randn(20_000, 32, generator=generator)
+    corpus *= (0.5 + torch.rand(20_000, 1, generator=generator) / 2) / torch.linalg.vector_norm(
         corpus, dim=1, keepdim=True
     )  # norms between 0.5 and 1
     float32_blocks = count_calls(monkeypatch, retrieval, "_merge_block")
-    assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=500, bf16_screen=True)
-    # Of 12 chunks, the first fills each row's top-k in float32; a second can fail to screen
-    # (its k-th best is still low) and make the third wait. The other nine are screened.
+    assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=2_000, bf16_screen=True)
+    # Of 10 chunks, the first fills each row's top-k in float32; a second can fail to screen
+    # (its k-th best is still low) and make the third wait. The other seven are screened.
     assert 1 <= len(float32_blocks) <= 3
 
 
