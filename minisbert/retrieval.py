@@ -169,11 +169,15 @@ def search(
             chunk = torch.div(chunk, norms.clamp_min(TINY)[:, None], out=unit_rows)
             # Unit rows (or zero), up to the float32 rounding of the norm and of the division.
             largest_norm = torch.tensor(1 + 2 * (chunk.shape[1] + 2) * F32_UNIT)
-        else:
+        elif score == "euclidean":
             squared_norms = _squared_row_norms(chunk)  # (Nc,)
             _check_finite_rows(squared_norms, doc_start)
             # 2^-100 stands in for squares that underflowed to zero.
             largest_norm = (squared_norms.amax() + 2.0**-100).sqrt()
+        else:
+            norms = _row_norms(chunk)  # (Nc,)
+            _check_finite_rows(norms, doc_start)
+            largest_norm = norms.amax()
         if screen is not None:
             screen.load_chunk(chunk, largest_norm, squared_norms)
         for query_start in range(0, num_queries, query_chunk_size):
