@@ -27,8 +27,8 @@ multiplies bfloat16 natively (AVX512-BF16 or AMX), a bfloat16 product runs about
 fast as a float32 one, and it is accurate enough to rule those scores out: a proven bound on its
 error (`_error_bounds`, about 2·2^-8 |q| |c|) turns each approximate score into an upper bound on
 the exact one. Once a query's top-k is full, only the entries whose upper bound beats its k-th
-best are scored exactly (float64 dot products, rounded to float32), and only those can enter.
-The top-k is the same as without screening. Where the scores are too crowded for the bound to
+best are scored in float32, one dot product each, and only those can enter. The top-k is the
+same as without screening. Where the scores are too crowded for the bound to
 rule out enough, the block is computed in float32 instead (see `_Screen`).
 
 Ties. Equal scores are ordered by corpus index, lower first, on every device and for every chunk
@@ -36,8 +36,8 @@ size. The running top-k is kept sorted by (score descending, index ascending); a
 only holds higher indices, so a new score must be strictly better than the running k-th to enter,
 and merges use a stable sort. For euclidean the tie rule applies to the ranking key
 2 q·c - |c|² (as computed, in float32), from which the distance is derived. Scores computed in
-two different ways (a float32 block, a screened entry scored in float64) may differ in the last
-float32 bit, so two rows whose exact scores are that close may come out in either order.
+two different ways (in a float32 block, or one by one after screening) may differ in the last
+float32 bits, so two rows whose exact scores are that close may come out in either order.
 
 Checked against brute force (the full score matrix, computed in float64, and a stable sort) in
 tests/test_retrieval.py, and for speed against sentence-transformers `util.semantic_search` and
@@ -64,7 +64,7 @@ DEFAULT_CORPUS_CHUNK_SIZE = 8192
 DEFAULT_CUDA_CORPUS_CHUNK_SIZE = 32768
 # Columns per group in the first, coarse filter of each block (see _merge_block).
 GROUP_SIZE = 64
-# Candidates scored at once after screening (see _Screen): 1024 x 384 float64 rows take 3 MB.
+# Candidates scored at once after screening (see _Screen): 1024 x 384 float32 rows take 1.5 MB.
 RESCORE_PIECE = 1024
 # Cosine divides by max(|v|, TINY): a zero vector scores 0 instead of NaN.
 TINY = torch.finfo(torch.float32).tiny
@@ -278,11 +278,10 @@ class _Screen:
     the running top-k without computing the block in float32.
 
     The block is computed from bfloat16 copies of the queries and the chunk. `_error_bounds`
-    bounds how far each approximate score can lie from the score computed exactly, which turns
-    it into an upper bound on that score. Only the entries whose upper bound beats their row's
-    k-th best are scored exactly (in float64, rounded to float32), one dot product each, and
-    merged. An entry left out provably scores at most the k-th best, so the top-k is the same as
-    with the float32 block.
+    bounds how far each approximate score can lie from the float32 score, which turns it into an
+    upper bound on that score. Only the entries whose upper bound beats their row's k-th best are
+    scored in float32, one dot product each, and merged. An entry left out provably scores at
+    most the k-th best, so the top-k is the same as with the float32 block.
 
     For euclidean the ranking key 2 q·c - |c|² is one dot product of longer vectors,
     [2q, -1]·[c, |c|²], so it is screened the same way.
@@ -379,7 +378,7 @@ class _Screen:
         block_rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,)
         # Past these sizes the float32 block is the cheaper way. Measured on a 2-core CPU: each
         # entry of a float32 block costs about 6 ns (2·384 FLOP), each opened entry about 1 ns,
-        # and each candidate scored in float64 about 0.5 µs, mostly gathering its two rows.
+        # and each candidate scored on its own about 0.3 µs, mostly gathering its two rows.
         block_entries = num_rows * self.width
         if block_rows.numel() * GROUP_SIZE * 4 > block_entries:
             return None
@@ -393,18 +392,17 @@ class _Screen:
         return block_rows[pair], group[pair] * GROUP_SIZE + offset
 
     def _rescore(self, rows: slice, cand_rows: torch.Tensor, cand_cols: torch.Tensor) -> torch.Tensor:
-        """(M,) exact scores (ranking keys for euclidean) of the candidates, computed in float64
-        and rounded once, so at least as accurate as the float32 block; a piece at a time to
-        keep the gathered rows small."""
+        """(M,) float32 scores (ranking keys for euclidean) of the candidates, a piece at a time
+        to keep the gathered rows small and in cache."""
         exact = torch.empty(cand_rows.shape[0], device=cand_rows.device)  # (M,)
         query_chunk = self.queries[rows]  # (Qc, d)
         for start in range(0, cand_rows.shape[0], RESCORE_PIECE):
             part = slice(start, start + RESCORE_PIECE)
-            query_rows = query_chunk.index_select(0, cand_rows[part]).double()  # (m, d)
-            doc_rows = self.chunk.index_select(0, cand_cols[part]).double()  # (m, d)
+            query_rows = query_chunk.index_select(0, cand_rows[part])  # (m, d)
+            doc_rows = self.chunk.index_select(0, cand_cols[part])  # (m, d)
             if self.euclidean:
                 query_rows = 2 * query_rows - doc_rows  # 2 q·c - |c|² = (2q - c)·c
-            exact[part] = torch.einsum("md,md->m", query_rows, doc_rows)
+            exact[part] = torch.linalg.vecdot(query_rows, doc_rows)
         return exact
 
 
@@ -429,16 +427,16 @@ def _error_bounds(
     query_norms: torch.Tensor, largest_norm: torch.Tensor, dim: int, euclidean: bool
 ) -> torch.Tensor:
     """(Qc,) bounds on |s̃ - s| for every row c of a chunk, where s̃ is the float32 sum of
-    q̃·c̃ (q and c rounded to bfloat16) and s is q·c computed exactly and rounded to float32,
+    q̃·c̃ (q and c rounded to bfloat16) and s is q·c as `_Screen._rescore` computes it in float32,
     for d-long queries with norms `query_norms` and rows with norms at most `largest_norm`. For
     euclidean, q and c stand for [2q, -1] and [c, |c|²] (d + 1 long), the norms for |q| and |c|.
 
     Rounding an entry to bfloat16 changes it by at most u = BF16_UNIT of itself, so each product
     q_i c_i changes by at most (2u + u²)|q_i c_i|. The float32 sum of the rounded products is
-    off by at most γ (1 + u)² sum |q_i c_i| (see _summation_error); rounding s to float32 moves
-    it by less than γ sum |q_i c_i| again, and for euclidean the float32 |c|² entry is off by at
-    most γ |c|², a third such term:
-        |s̃ - s| <= (2u + u² + 3γ(1 + u)²) sum_i |q_i c_i|,
+    off by at most γ (1 + u)² sum |q_i c_i| (see _summation_error), and s is off from the true
+    q·c by at most γ sum |q_i c_i| (for euclidean, where s is (2q - c)·c, rounding 2q - c adds
+    at most as much again). For euclidean the float32 |c|² entry is also off, by at most γ |c|²:
+        |s̃ - s| <= (2u + u² + 4γ(1 + u)²) sum_i |q_i c_i|,
     where sum_i |q_i c_i| <= |q| |c| (Cauchy-Schwarz), or 2 |q| |c| + |c|² for euclidean.
     Entries below bfloat16's normal range (2^-126) may be read as zero by the hardware; each
     such product moves by at most 2^-126 (|q_i| + |c_i|), which adds at most
@@ -454,7 +452,7 @@ def _error_bounds(
         sum_bound = query_norms * largest_norm
         norm_sum = query_norms + largest_norm
     u, gamma = BF16_UNIT, _summation_error(dim)
-    relative = 2 * u + u * u + 3 * gamma * (1 + u) ** 2
+    relative = 2 * u + u * u + 4 * gamma * (1 + u) ** 2
     tiny = TINY * (dim**0.5 * norm_sum + dim)
     return (relative * sum_bound * (1 + 2 * gamma) ** 2 + tiny) * 1.01
 

@@ -183,25 +183,45 @@ def test_empty_query_set_gives_empty_results():
 
 def test_error_bound_holds_and_is_nearly_reached():
     d = 384
-    # Worst case: every entry sits halfway between two bfloat16 values (1 + 2^-8 lies midway
-    # between 1 and 1 + 2^-7), so every entry rounds down by 2^-8 of itself and no errors cancel.
-    worst = torch.full((1, d), 1 + 2.0**-8 - 2.0**-20)
+    # Worst case. 1 + 2^-8 lies midway between the bfloat16 values 1 and 1 + 2^-7: `down` just
+    # below it rounds down by nearly 2^-8, `up` just above it rounds up by as much. In
+    # worst_q . worst_c every product's rounding error has the same sign (down*down and
+    # up*(-up) both decrease), so the errors add up, while the exact value is nearly 0 and the
+    # bfloat16 output's own rounding adds almost nothing.
+    down, up = 1 + 2.0**-8 - 2.0**-20, 1 + 2.0**-8 + 2.0**-20
+    half = d // 2
+    worst_q = torch.tensor([[down] * half + [up] * half])
+    worst_c = torch.tensor([[down] * half + [-up] * half])
     generator = torch.Generator().manual_seed(9)
     scales = torch.logspace(-20, 15, 8)[:, None]  # rows of very different norms
-    queries = torch.cat([worst, torch.randn(8, d, generator=generator) * scales])
-    corpus = torch.cat([worst, -worst, torch.randn(50, d, generator=generator) * 3])
+    queries = torch.cat([worst_q, torch.randn(8, d, generator=generator) * scales])
+    corpus = torch.cat([worst_c, -worst_c, torch.randn(50, d, generator=generator) * 3])
+    query_norms = torch.linalg.vector_norm(queries, dim=1)
+    largest_norm = torch.linalg.vector_norm(corpus, dim=1).amax()
+    # The bfloat16 output's own rounding is added separately, as _upper_bounds does.
+    u = retrieval.BF16_UNIT
+
     approximate = (queries.bfloat16() @ corpus.bfloat16().T).double()  # (Q, N)
     exact = queries.double() @ corpus.double().T  # (Q, N)
-    largest_norm = torch.linalg.vector_norm(corpus, dim=1).amax()
-    bound = retrieval._error_bounds(torch.linalg.vector_norm(queries, dim=1), largest_norm, d, False)
-    # The bound also covers rounding the exact score to float32 and the bfloat16 output.
-    output_rounding = retrieval.BF16_UNIT / (1 - retrieval.BF16_UNIT) * approximate.abs()
-    assert ((approximate - exact).abs() <= bound.double()[:, None] + output_rounding).all()
-    # worst . worst: both roundings lose about 2^-8, so the error is nearly 2u |q| |c|; the
-    # bound, (2u + u^2 + 2 gamma)(1 + gamma)^2 (1.01) |q| |c|, is at most 5% above it.
-    worst_norm = torch.linalg.vector_norm(worst)
+    bound = retrieval._error_bounds(query_norms, largest_norm, d, False).double()[:, None]
+    assert ((approximate - exact).abs() <= bound + u / (1 - u) * approximate.abs()).all()
+
+    # Euclidean: [2q, -1] . [c, |c|^2] = 2 q.c - |c|^2, the ranking key.
+    squared = torch.linalg.vecdot(corpus, corpus)  # (N,)
+    long_queries = torch.cat([2 * queries, -torch.ones(len(queries), 1)], dim=1)
+    long_corpus = torch.cat([corpus, squared[:, None]], dim=1)
+    approximate = (long_queries.bfloat16() @ long_corpus.bfloat16().T).double()  # (Q, N)
+    exact = 2 * queries.double() @ corpus.double().T - corpus.double().pow(2).sum(1)  # (Q, N)
+    bound = retrieval._error_bounds(query_norms, largest_norm, d, True).double()[:, None]
+    assert ((approximate - exact).abs() <= bound + u / (1 - u) * approximate.abs()).all()
+
+    # In the worst case the error is nearly 2u |q| |c|. The bound, with the norms of this pair,
+    # (2u + u^2 + 4 gamma)(1 + 2 gamma)^2 (1.01) |q| |c|, holds and is at most 5% above it.
+    worst_norm = torch.linalg.vector_norm(worst_q)
     worst_bound = retrieval._error_bounds(worst_norm, worst_norm, d, False)
-    assert exact[0, 0] - approximate[0, 0] > 0.95 * worst_bound
+    worst_approximate = (worst_q.bfloat16() @ worst_c.bfloat16().T).double()
+    worst_error = worst_q.double() @ worst_c.double().T - worst_approximate
+    assert 0.95 * worst_bound < worst_error <= worst_bound + u / (1 - u) * worst_approximate.abs()
 
 
 def count_calls(monkeypatch, owner, name):
