@@ -149,9 +149,10 @@ def reusing_memory():
     (Q, K and V side by side, and the feed-forward's activations) into memory kept from one call
     to the next, grown when needed and freed on leaving.
 
-    A fresh (2,048 x 1,536) float32 tensor, 12 MB, comes from the operating system page by page;
-    on a 2-core CPU those page faults cost about 15% of the time spent encoding. Results are bit
-    for bit the same: the same kernels write into an existing tensor.
+    A fresh (2,048 x 1,536) float32 tensor, 12 MB, comes from the operating system page by page:
+    encoding 200 SciFact documents took 575,000 page faults and 1.1 s of system time (6% of the
+    CPU time) without this, 15,000 and 0.05 s with it. Results are bit for bit the same: the same
+    kernels write into an existing tensor.
     """
     token = _scratch.set({})
     try:
