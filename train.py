@@ -26,7 +26,8 @@ from minisbert.evaluation import evaluate_dev
 from minisbert.losses import SoftmaxClassifier, select_loss
 from minisbert.optim import AdamW, LinearWarmupDecay, clip_grad_norm_, weight_decay_groups
 from minisbert.pooling import Dense
-from minisbert.weights import write_json
+from minisbert.progress import Progress
+from minisbert.fileio import write_json
 
 
 def parse_args(argv=None):
@@ -172,7 +173,8 @@ def main(argv=None):
             print(f"dev before training: {initial}")
 
     stop = training.StopRequest()
-    started, examples_seen = time.perf_counter(), 0
+    started = time.perf_counter()
+    progress = Progress(total_steps, "step", done=step)
     try:
         while step < total_steps:
             batches = training.batches_for_epoch(len(examples), args.batch_size, args.seed, epoch)
@@ -193,13 +195,13 @@ def main(argv=None):
                     optimizer.step()
                     scheduler.step()
                 optimizer.zero_grad()
-                step, next_batch, examples_seen = step + 1, next_batch + 1, examples_seen + len(batch)
+                step, next_batch = step + 1, next_batch + 1
 
                 entry = {"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm.item()}
                 if eval_steps and step % eval_steps == 0 or step == total_steps:
                     entry["eval"] = evaluate_and_keep_best()
                 training.append_log(output / "log.jsonl", entry)
-                show_progress(step, total_steps, entry["loss"], examples_seen, started)
+                progress.update(1, f"loss {entry['loss']:.4f}")
                 if step % args.checkpoint_steps == 0 or step == total_steps or stop.requested:
                     save_state()
                 if stop.requested:
@@ -232,15 +234,6 @@ def compute_loss(spec, embeddings, batch, args, classifier):
     dtype = torch.float32 if spec.label_kind == "score" else torch.long
     labels = torch.tensor([e.label for e in batch], dtype=dtype, device=embeddings[0].device)
     return spec.function(*embeddings, labels, **kwargs)
-
-
-def show_progress(step, total_steps, loss, examples_seen, started):
-    elapsed = time.perf_counter() - started
-    rate = examples_seen / max(elapsed, 1e-9)
-    eta = elapsed / step * (total_steps - step)
-    sys.stderr.write(f"\rstep {step:,}/{total_steps:,}  loss {loss:.4f}  {rate:,.1f} examples/s  "
-                     f"ETA {int(eta) // 60}m{int(eta) % 60:02d}s ")
-    sys.stderr.flush()
 
 
 def read_step(checkpoint_path):

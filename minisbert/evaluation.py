@@ -21,7 +21,7 @@ from . import data as datasets
 from . import metrics
 from .lexical import BM25, Jaccard
 from .retrieval import search
-from .weights import atomic_write
+from .fileio import atomic_write
 
 CACHE_DIR = Path(os.environ.get("MINISBERT_CACHE") or Path(__file__).resolve().parent.parent / ".cache")
 LEXICAL = {"bm25": BM25, "jaccard": Jaccard}

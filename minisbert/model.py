@@ -18,9 +18,6 @@ Checked against sentence-transformers in tests/test_model.py.
 """
 
 import shutil
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -30,8 +27,10 @@ from torch import nn
 
 from .encoder import Encoder, reusing_memory
 from .pooling import POOLING_MODES, Dense, normalize, pool
-from .tokenizer import Tokenizer, read_json
-from .weights import atomic_write, load_encoder, refuse_pickle, save_encoder, write_json
+from .fileio import atomic_write, make_staging_dir, read_json, replace_dir, write_json
+from .progress import Progress
+from .tokenizer import Tokenizer
+from .weights import load_encoder, refuse_pickle, save_encoder
 
 ST_MODULE = "sentence_transformers.models."
 ST_ACTIVATIONS = {  # sentence-transformers names the class; we name the function
@@ -116,7 +115,8 @@ class SentenceModel(nn.Module):
         was_training = self.training
         self.eval()
         longest_first = sorted(range(n), key=lambda i: -len(id_lists[i]))
-        progress = Progress(n, show=n >= PROGRESS_MIN_TEXTS if show_progress is None else show_progress)
+        progress = Progress(n, "encoded", "texts",
+                            show=n >= PROGRESS_MIN_TEXTS if show_progress is None else show_progress)
         start = 0
         autocast = torch.autocast(self.device.type, dtype=autocast_dtype[dtype] or torch.float32,
                                   enabled=autocast_dtype[dtype] is not None)
@@ -143,8 +143,7 @@ class SentenceModel(nn.Module):
     def save(self, path) -> None:
         """Write the sentence-transformers layout to `path`, replacing it only once fully written."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        staging = make_staging_dir(path)
         try:
             self.write_layout(staging)
             replace_dir(staging, path)
@@ -200,9 +199,9 @@ class SentenceModel(nn.Module):
         if modules is not None:
             transformer_dir, pooling, dense, normalize_embeddings = read_modules(model_dir, modules)
         encoder = load_encoder(transformer_dir, fused=fused)
-        max_len = read_json(transformer_dir / "sentence_bert_config.json").get("max_seq_length")
+        max_len = read_json(transformer_dir / "sentence_bert_config.json", {}).get("max_seq_length")
         if max_len is None:
-            max_len = read_json(transformer_dir / "tokenizer_config.json").get("model_max_length", 512)
+            max_len = read_json(transformer_dir / "tokenizer_config.json", {}).get("model_max_length", 512)
         max_len = min(max_len, encoder.config.max_tokens)
         tokenizer = Tokenizer.from_dir(transformer_dir, max_len,
                                        uses_token_types=encoder.config.type_vocab_size > 0)
@@ -271,38 +270,3 @@ def read_dense(folder: Path) -> Dense:
                          f"{sorted('linear.' + k for k in expected)}")
     dense.linear.load_state_dict({key.removeprefix("linear."): t.float() for key, t in state.items()})
     return dense
-
-
-def replace_dir(new: Path, target: Path) -> None:
-    """Move `new` to `target`; an existing `target` is set aside first and removed only afterwards."""
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{time.time_ns()}")
-        target.rename(old)
-        new.rename(target)
-        shutil.rmtree(old)
-    else:
-        new.rename(target)
-
-
-class Progress:
-    """A one-line progress report on stderr: count, rate and time left."""
-
-    def __init__(self, total: int, show: bool):
-        self.total, self.show, self.done = total, show, 0
-        self.start = self.last = time.perf_counter()
-
-    def update(self, count: int) -> None:
-        self.done += count
-        now = time.perf_counter()
-        if self.show and (now - self.last >= 1.0 or self.done == self.total):
-            self.last = now
-            rate = self.done / max(now - self.start, 1e-9)
-            eta = (self.total - self.done) / rate
-            sys.stderr.write(f"\rencoded {self.done:,}/{self.total:,} texts  {rate:,.1f}/s  "
-                             f"ETA {int(eta) // 60}m{int(eta) % 60:02d}s ")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.show:
-            sys.stderr.write("\n")
-

@@ -14,26 +14,23 @@ sequence, with the attention mask (1 = token, 0 = padding) and token types (all 
 Checked against Hugging Face's tokenizers in tests/test_tokenizer.py.
 """
 
-import json
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
+from .fileio import read_json
+
 WORDPIECE_SPECIALS = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]"}
 BPE_SPECIALS = {"cls_token": "<s>", "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def special_tokens(model_dir: Path, defaults: dict) -> dict:
     """Special token strings from tokenizer_config.json / special_tokens_map.json, else defaults."""
     found = dict(defaults)
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        for key, value in read_json(model_dir / name).items():
+        for key, value in read_json(model_dir / name, {}).items():
             if key in defaults:
                 found[key] = value["content"] if isinstance(value, dict) else value
     return found
@@ -88,7 +85,7 @@ class Tokenizer:
     @classmethod
     def from_dir(cls, model_dir, max_seq_length: int, uses_token_types: bool = True) -> "Tokenizer":
         model_dir = Path(model_dir)
-        config = read_json(model_dir / "tokenizer_config.json")
+        config = read_json(model_dir / "tokenizer_config.json", {})
         if (model_dir / "tokenizer.json").is_file():
             rust = RustTokenizer.from_file(str(model_dir / "tokenizer.json"))
             is_bpe = isinstance(rust.model, models.BPE)

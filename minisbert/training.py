@@ -25,7 +25,7 @@ import torch
 from . import data as datasets
 from .evaluation import dataset_folder
 from .retrieval import search
-from .weights import atomic_write
+from .fileio import atomic_write
 
 SCORED, TRIPLETS, LABELLED = "scored pairs", "triplets", "labelled pairs"
 

@@ -19,7 +19,6 @@ parity tests compare outputs and not only shapes.
 Command line: `python -m minisbert.weights fetch NAME [--dir weights/]` (see hub.py).
 """
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ from safetensors.torch import save_file
 
 from .config import EncoderConfig
 from .encoder import Encoder
+from .fileio import atomic_write, read_json, write_json
 
 # minisbert name                  BERT (and RoBERTa)                     DistilBERT
 EMBEDDING_NAMES = [
@@ -161,7 +161,7 @@ def load_encoder(model_dir, fused: bool = False) -> Encoder:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in {model_dir}")
-    config = EncoderConfig.from_hf(json.loads(config_path.read_text()))
+    config = EncoderConfig.from_hf(read_json(config_path))
     encoder = Encoder(config, fused=fused)
     load_encoder_weights(encoder, find_checkpoint(model_dir))
     return encoder
@@ -172,24 +172,6 @@ def save_encoder(encoder: Encoder, model_dir) -> None:
     model_dir.mkdir(parents=True, exist_ok=True)
     write_json(model_dir / "config.json", encoder.config.to_hf())
     save_encoder_weights(encoder, model_dir / "model.safetensors")
-
-
-def atomic_write(path: Path, write) -> None:
-    """Call write(temporary_path) in path's folder, then rename over path: a crash or a full disk
-    leaves the old file untouched and no half-written file under the real name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: Path, obj) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2) + "\n"))
 
 
 if __name__ == "__main__":

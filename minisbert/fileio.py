@@ -1,0 +1,96 @@
+"""Writing files so that nothing a user had is lost, and reading JSON with errors that say where.
+
+Every file minisbert writes (weights, configs, checkpoints, logs, run files, cached embeddings) goes
+through `atomic_write`: the bytes go to a temporary file in the same folder, which is renamed over
+the real name only once it is complete. A crash, a kill or a full disk therefore leaves either the
+old file or the new one under the real name, never half of one, and the temporary file is removed.
+
+Temporary files are created private (mode 0600) by the operating system; before the rename they
+are given the mode any other new file of the user gets (0666 less the umask), so a saved model can
+be read by a teammate or by a container running as another user.
+
+Checked in tests/test_fileio.py.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+
+def current_umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call write(temporary_path) in path's folder, then rename it over path.
+
+    An OSError while writing (a full disk, a folder that is not writable) is raised as it is, with
+    the temporary file removed and the old file at `path`, if any, untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~current_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_json(path: Path, obj) -> None:
+    write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def read_json(path: Path, default=None):
+    """The JSON value in `path`; `default` if the file does not exist and a default is given.
+
+    A file that is not valid JSON raises ValueError naming the file, line and column.
+    """
+    path = Path(path)
+    if not path.is_file():
+        if default is not None:
+            return default
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}); "
+                         "replace it with a valid JSON file") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} line {error.lineno} column {error.colno}: not valid JSON "
+                         f"({error.msg}); repair or replace the file") from None
+
+
+def make_staging_dir(target: Path) -> Path:
+    """A fresh, empty folder beside `target` to write a whole directory into before
+    `replace_dir` moves it in place; mode 0777 less the umask, like any new folder."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    os.chmod(staging, 0o777 & ~current_umask())
+    return staging
+
+
+def replace_dir(new: Path, target: Path) -> None:
+    """Move folder `new` to `target`; an existing `target` is set aside first and removed only
+    after `new` is in its place."""
+    new, target = Path(new), Path(target)
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{time.time_ns()}")
+        target.rename(old)
+        new.rename(target)
+        shutil.rmtree(old)
+    else:
+        new.rename(target)
