@@ -2,7 +2,8 @@
 
 These are the non-neural yardsticks a sentence-embedding model should beat: BM25 is the classic
 retrieval baseline (MTEB and BEIR report it for SciFact), Jaccard over sets of words is the
-bag-of-words baseline of seed 004.
+bag-of-words baseline of Bagge et al., "SRoBERTa yields similar performance on duplicate
+question retrieval using reduced embedding sizes" (DTU).
 
 Tokenization (shared by both): lowercase the text, then keep each maximal run of Unicode letters and
 digits as one token; everything else (spaces, punctuation, underscores) separates tokens.

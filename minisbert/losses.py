@@ -6,10 +6,12 @@ tensors. Every embedding batch is (B, d): B examples, d dimensions.
 
 Objectives and where they come from:
 
-- Siamese regression (seed 000, eqs. 1 and 2): mean squared error between a relevance score
-  y in [0, 1] and the cosine similarity clamped at 0, or between 1 - y and the euclidean distance.
-- Triplet (seed 000, eqs. 3 and 4; SBERT paper section 3): hinge on the gap between the
-  anchor-positive and anchor-negative distances, with a margin.
+- Siamese regression (Rygaard, Bramsløw, Jensen and Bagger, "Distance Dilemma: Siamese vs.
+  Triplet SBERT Networks for Information Retrieval", DTU, section 2.3.1, eqs. 1 and 2): mean
+  squared error between a relevance score y in [0, 1] and the cosine similarity clamped at 0, or
+  between 1 - y and the euclidean distance.
+- Triplet (the same paper, section 2.3.2, eqs. 3 and 4; SBERT paper section 3): hinge on the gap
+  between the anchor-positive and anchor-negative distances, with a margin.
 - Classification (SBERT paper section 3, "Classification Objective Function"): softmax over
   W [u; v; |u - v|] with cross-entropy.
 - Multiple-negatives ranking (Henderson et al. 2017, "Efficient Natural Language Response
@@ -49,11 +51,11 @@ def _unit_rows(x: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Siamese regression (seed 000, section 2.3.1)
+# Siamese regression (Rygaard et al., section 2.3.1)
 
 
 def siamese_cosine_mse_loss(u: Tensor, v: Tensor, labels: Tensor) -> Tensor:
-    """Seed 000, eq. 1: L = 1/N sum_i (y_i - max(cos(u_i, v_i), 0))^2.
+    """Rygaard et al. eq. 1: L = 1/N sum_i (y_i - max(cos(u_i, v_i), 0))^2.
 
     The paper clamps the cosine at 0 with a ReLU (the note under eq. 1): its labels are
     cross-encoder scores in [0, 1], and a pair pointing in opposite directions is no less
@@ -70,7 +72,7 @@ def siamese_cosine_mse_loss(u: Tensor, v: Tensor, labels: Tensor) -> Tensor:
 
 
 def siamese_euclidean_mse_loss(u: Tensor, v: Tensor, labels: Tensor) -> Tensor:
-    """Seed 000, eq. 2: L = 1/N sum_i (1 - y_i - ||u_i - v_i||_2)^2.
+    """Rygaard et al. eq. 2: L = 1/N sum_i (1 - y_i - ||u_i - v_i||_2)^2.
 
     A distance is small for related texts, so the target is 1 - y: a fully relevant pair (y = 1)
     is pulled to distance 0 and an unrelated one (y = 0) pushed to distance 1. The distance itself
@@ -85,15 +87,16 @@ def siamese_euclidean_mse_loss(u: Tensor, v: Tensor, labels: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Triplet (seed 000, section 2.3.2; SBERT section 3; seed 004)
+# Triplet (Rygaard et al., section 2.3.2; SBERT section 3; Bagge et al.)
 
 
 def triplet_euclidean_loss(anchors: Tensor, positives: Tensor, negatives: Tensor, *, margin: float) -> Tensor:
-    """Seed 000, eq. 3: L = 1/N sum_i max(||a_i - p_i|| - ||a_i - n_i|| + margin, 0).
+    """Rygaard et al. eq. 3: L = 1/N sum_i max(||a_i - p_i|| - ||a_i - n_i|| + margin, 0).
 
     The loss is zero once every negative is at least `margin` further from its anchor than the
     positive. The margin sets the scale the embeddings are pushed to: the SBERT paper used 1,
-    seed 000 used 5 (sentence-transformers' TripletLoss default), seed 004 used 0.05.
+    Rygaard et al. used 5 (sentence-transformers' TripletLoss default), Bagge et al.
+    ("SRoBERTa yields similar performance ... using reduced embedding sizes") used 0.05.
 
     anchors, positives, negatives: (B, d). margin: >= 0, keyword-only because papers disagree.
     """
@@ -105,14 +108,14 @@ def triplet_euclidean_loss(anchors: Tensor, positives: Tensor, negatives: Tensor
 
 
 def triplet_cosine_loss(anchors: Tensor, positives: Tensor, negatives: Tensor, *, margin: float) -> Tensor:
-    """Seed 000, eq. 4: L = 1/N sum_i max((1 - c(a_i, p_i)) - (1 - c(a_i, n_i)) + margin, 0),
+    """Rygaard et al. eq. 4: L = 1/N sum_i max((1 - c(a_i, p_i)) - (1 - c(a_i, n_i)) + margin, 0),
     with c(x, y) = max(cos(x, y), 0).
 
-    The cosine "distance" 1 - c is 0 for identical directions and 1 for orthogonal ones. Seed 000
-    states (note under eq. 1) that eqs. 1 and 4 both clamp the cosine at 0, so the distance never
-    exceeds 1: a negative that is already orthogonal or opposite to its anchor gets no further
-    push. With distances in [0, 1], a margin above 1 (seed 000 used 5) is never reached and the
-    loss is always d_ap - d_an + margin.
+    The cosine "distance" 1 - c is 0 for identical directions and 1 for orthogonal ones.
+    Rygaard et al. state (note under eq. 1) that eqs. 1 and 4 both clamp the cosine at 0, so the
+    distance never exceeds 1: a negative that is already orthogonal or opposite to its anchor gets
+    no further push. With distances in [0, 1], a margin above 1 (Rygaard et al. used 5) is never
+    reached and the loss is always d_ap - d_an + margin.
 
     anchors, positives, negatives: (B, d). margin: >= 0, keyword-only because papers disagree.
     """

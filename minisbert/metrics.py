@@ -1,7 +1,7 @@
 """Retrieval metrics (Precision, Accuracy, Recall, MRR, NDCG, MAP at k) and STS correlations.
 
 A retrieval metric is only meaningful together with its definition, and the two definitions in use
-disagree (REFERENCE.md section 3). Both are implemented and selected with `definitions=`:
+disagree (the table in tests/fixtures/README.md sets them side by side). Both are implemented and selected with `definitions=`:
 
 "st"    sentence-transformers `InformationRetrievalEvaluator` (what sentence-transformers and the
         Sentence-BERT papers report). Relevance is binary: a qrel grade > 0 is relevant. MAP@k

@@ -35,7 +35,7 @@ def random_batch(seed, *shape):
     return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
 
 
-# --- Siamese, cosine (seed 000 eq. 1) ---------------------------------------------------------
+# --- Siamese, cosine (Rygaard et al. eq. 1) -----------------------------------------------------
 
 
 def test_siamese_cosine_hand_computed():
@@ -65,7 +65,7 @@ def test_siamese_cosine_gradcheck():
     assert torch.autograd.gradcheck(lambda a, b: siamese_cosine_mse_loss(a, b, labels), (u, v))
 
 
-# --- Siamese, euclidean (seed 000 eq. 2) ------------------------------------------------------
+# --- Siamese, euclidean (Rygaard et al. eq. 2) --------------------------------------------------
 
 
 def test_siamese_euclidean_hand_computed():
@@ -85,7 +85,7 @@ def test_siamese_euclidean_gradcheck():
     assert torch.autograd.gradcheck(lambda a, b: siamese_euclidean_mse_loss(a, b, labels), (u, v))
 
 
-# --- Triplet, euclidean (seed 000 eq. 3) ------------------------------------------------------
+# --- Triplet, euclidean (Rygaard et al. eq. 3) --------------------------------------------------
 
 TRIPLET_ANCHORS = t([[0.0, 0.0], [0.0, 0.0]])
 TRIPLET_POSITIVES = t([[1.0, 0.0], [0.0, 4.0]])  # d_ap = 1, 4
@@ -96,8 +96,8 @@ TRIPLET_NEGATIVES = t([[0.0, 3.0], [3.0, 0.0]])  # d_an = 3, 3
     "margin, expected",
     [
         (1.0, (0.0 + 2.0) / 2),  # 1 - 3 + 1 = -1 -> 0;  4 - 3 + 1 = 2        -> mean 1
-        (0.05, (0.0 + 1.05) / 2),  # 1 - 3 + 0.05 -> 0;  4 - 3 + 0.05 = 1.05 -> mean 0.525 (seed 004's margin)
-        (5.0, (3.0 + 6.0) / 2),  # 1 - 3 + 5 = 3;       4 - 3 + 5 = 6        -> mean 4.5 (seed 000's margin)
+        (0.05, (0.0 + 1.05) / 2),  # 1 - 3 + 0.05 -> 0;  4 - 3 + 0.05 = 1.05 -> mean 0.525 (Bagge et al.'s margin)
+        (5.0, (3.0 + 6.0) / 2),  # 1 - 3 + 5 = 3;       4 - 3 + 5 = 6        -> mean 4.5 (Rygaard et al.'s margin)
     ],
 )
 def test_triplet_euclidean_hand_computed(margin, expected):
@@ -136,14 +136,14 @@ def test_triplet_euclidean_gradcheck():
     assert torch.autograd.gradcheck(loss, (anchors, positives, negatives))
 
 
-# --- Triplet, cosine (seed 000 eq. 4) ---------------------------------------------------------
+# --- Triplet, cosine (Rygaard et al. eq. 4) -----------------------------------------------------
 
 
 def test_triplet_cosine_hand_computed():
     anchors = t([[1.0, 0.0]])
     positives = t([[1.0, 1.0]])  # cos = 1/sqrt2 -> d_ap = 1 - 0.70710678 = 0.29289322
     negatives = t([[0.0, 2.0]])  # cos = 0       -> d_an = 1
-    # margin 5 (seed 000): 0.29289322 - 1 + 5 = 4.29289322
+    # margin 5 (Rygaard et al.): 0.29289322 - 1 + 5 = 4.29289322
     loss = triplet_cosine_loss(anchors, positives, negatives, margin=5.0)
     assert loss.item() == pytest.approx(1 - INV_SQRT2 - 1 + 5, abs=1e-12)
     # margin 0.5: 0.29289322 - 1 + 0.5 = -0.2071 -> 0 (never reached)

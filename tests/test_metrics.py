@@ -64,7 +64,7 @@ def test_binary_query_by_hand(definitions):
 
 
 def test_st_and_trec_disagree_on_map_when_many_relevant():
-    # 20 relevant documents, the top 10 all relevant (REFERENCE.md section 3).
+    # 20 relevant documents, the top 10 all relevant (tests/fixtures/README.md, the metric table).
     qrels = {"q": {f"d{i}": 1 for i in range(20)}}
     run = {"q": [f"d{i}" for i in range(10)]}
     # st: (1/1 + 2/2 + ... + 10/10) / min(10, 20) = 10 / 10 = 1.0
@@ -76,7 +76,7 @@ def test_st_and_trec_disagree_on_map_when_many_relevant():
 
 
 def test_graded_ndcg_st_binary_vs_trec_graded():
-    # qrels {d1: 2, d2: 1}, ranking [d2, d1] (REFERENCE.md section 3).
+    # qrels {d1: 2, d2: 1}, ranking [d2, d1] (tests/fixtures/README.md, the metric table).
     qrels, run = {"q": {"d1": 2, "d2": 1}}, {"q": ["d2", "d1"]}
     # st, binary: DCG = 1 + 1/log2(3) = ideal DCG -> 1.0
     assert evaluate_run(run, qrels, ks=[2], definitions="st")["ndcg@2"] == pytest.approx(1.0)

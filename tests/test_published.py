@@ -1,9 +1,10 @@
-"""Reproduce published all-MiniLM-L6-v2 results with the real weights and data (REFERENCE.md section 2).
+"""Reproduce published all-MiniLM-L6-v2 results with the real weights and data.
 
 These are what "correct" means for the whole pipeline at once (tokenizer, encoder, pooling,
 retriever, metrics, data readers): the MTEB results repository publishes these numbers for
 all-MiniLM-L6-v2, and minisbert must land within 0.0005 of them. Marked slow (a few minutes on two
 cores: the SciFact corpus is 5,183 abstracts); they need the datasets in MINISBERT_DATA_MIRROR.
+The published values and their source are listed in tests/fixtures/README.md.
 """
 
 import pytest
