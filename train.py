@@ -84,7 +84,6 @@ def main(argv=None):
     # The model: a pretrained encoder with its pooling, plus what this run adds (dense layer, pooling).
     model = minisbert.load(args.model, device=args.device)
     model.tokenizer.max_seq_length = min(args.max_seq_length, model.encoder.config.max_tokens)
-    model.tokenizer.rust.enable_truncation(model.tokenizer.max_seq_length)
     if args.pooling:
         model.pooling = args.pooling
     if args.dim:

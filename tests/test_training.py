@@ -100,7 +100,7 @@ def tiny_model(tmp_path_factory) -> Path:
     config = EncoderConfig(family="bert", vocab_size=5 + len(words), hidden_size=32, num_layers=2, num_heads=4,
                            intermediate_size=64, max_position_embeddings=64, type_vocab_size=2,
                            layer_norm_eps=1e-12, activation="gelu", pad_token_id=0, hidden_dropout=0.1,
-                           attention_dropout=0.1)
+                           attention_dropout=0.1, positions_after_pad=False)
     torch.manual_seed(0)
     tokenizer = Tokenizer.from_dir(vocab_dir, max_seq_length=32)
     assert "[UNK]" not in tokenizer.rust.encode(" ".join(TEXTS)).tokens
