@@ -14,6 +14,7 @@ ways against each other in tests/test_encoder_fast.py.
 """
 
 import contextlib
+import numbers
 import shutil
 from pathlib import Path
 
@@ -94,7 +95,7 @@ class SentenceModel(nn.Module):
         """
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', got {output!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if dtype not in AUTOCAST_DTYPES:
             raise ValueError(f"dtype must be one of {list(AUTOCAST_DTYPES)}, got {dtype!r}")
@@ -123,7 +124,7 @@ class SentenceModel(nn.Module):
         try:
             with memory, autocast:
                 for rows in batches:
-                    batch = {k: t.to(self.device) for k, t in self.tokenizer.pad([id_lists[i] for i in rows]).items()}
+                    batch = {k: t.to(self.device) for k, t in self.tokenizer.pad([id_lists[i] for i in rows]).items()}  # (B, T)
                     embeddings[rows] = self(batch, normalize, fast).float().cpu()  # back to input order
                     progress.update(len(rows))
         finally:

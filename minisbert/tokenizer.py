@@ -14,6 +14,7 @@ sequence, with the attention mask (1 = token, 0 = padding) and token types (all 
 Checked against Hugging Face's tokenizers in tests/test_tokenizer.py.
 """
 
+import numbers
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -89,11 +90,11 @@ class Tokenizer:
 
     @max_seq_length.setter
     def max_seq_length(self, value: int):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 2:
             raise ValueError(f"max_seq_length must be an int of at least 2 (room for the special "
                              f"tokens around a text), got {value!r}")
-        self._max_seq_length = value
-        self.rust.enable_truncation(max_length=value)
+        self._max_seq_length = int(value)
+        self.rust.enable_truncation(max_length=int(value))
 
     @classmethod
     def from_dir(cls, model_dir, max_seq_length: int, uses_token_types: bool = True) -> "Tokenizer":
