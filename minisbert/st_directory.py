@@ -43,7 +43,7 @@ class Layout:
     """What a model directory says about the pipeline around the encoder."""
     transformer_dir: Path  # holds config.json, model.safetensors and the tokenizer
     pooling: str  # one of POOLING_MODES
-    dense: Dense  # or None
+    dense: Dense | None  # the optional projection
     normalize_embeddings: bool
     max_seq_length: int  # as the directory states it, before the encoder's position limit
 

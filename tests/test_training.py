@@ -46,6 +46,7 @@ from minisbert import training
 from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
 from minisbert.evaluation import evaluate_dev
+from minisbert.fast import encoder as fast_encoder
 from minisbert.model import SentenceModel
 from minisbert.tokenizer import Tokenizer
 
@@ -472,6 +473,17 @@ def test_dim_on_a_model_that_already_has_a_dense_layer_is_refused(tsv_data, tmp_
 
 def snapshot(folder: Path) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_training_runs_the_fast_encoder_unless_told_to_run_the_plain_one(tiny_model, tsv_data, tmp_path, monkeypatch):
+    def refuse(*args):
+        raise AssertionError("the fast encoder ran")
+
+    monkeypatch.setattr(fast_encoder, "forward", refuse)
+    log = run_train(tmp_path / "plain", tiny_model, "--data", str(tsv_data), "--max-steps", "2", "--plain-encoder")
+    assert len(log) == 2 and all(np.isfinite(entry["loss"]) for entry in log)
+    with pytest.raises(AssertionError, match="the fast encoder ran"):
+        run_train(tmp_path / "fast", tiny_model, "--data", str(tsv_data), "--max-steps", "2")
 
 
 @pytest.fixture
