@@ -52,6 +52,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     p.add_argument("--amp", choices=["bf16", "fp16"], default=None, help="mixed precision (CUDA only)")
+    p.add_argument("--plain-encoder", action="store_true",
+                   help="run the plain encoder (minisbert/encoder.py, the reference) instead of the fast one: "
+                        "slower, the same numbers to 1e-6")
     p.add_argument("--eval-steps", type=int, default=None,
                    help="evaluate on the dev split every N steps (default: 4 times per run; 0: only at the end)")
     p.add_argument("--checkpoint-steps", type=int, default=100)
@@ -82,9 +85,8 @@ def main(argv=None):
     torch.manual_seed(args.seed)
 
     # The model: a pretrained encoder with its pooling, plus what this run adds (dense layer, pooling).
-    model = minisbert.load(args.model, device=args.device)
+    model = minisbert.load(args.model, device=args.device, fast=not args.plain_encoder)
     model.tokenizer.max_seq_length = min(args.max_seq_length, model.encoder.config.max_tokens)
-    model.tokenizer.rust.enable_truncation(model.tokenizer.max_seq_length)
     if args.pooling:
         model.pooling = args.pooling
     if args.dim:

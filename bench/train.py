@@ -1,7 +1,7 @@
 """Training speed: Siamese cosine pairs per second on STS-B, minisbert beside sentence-transformers.
 
-    python bench/train.py                          # 480 STS-B train pairs = 30 steps of 16, CPU, fp32
-    python bench/train.py --pairs 160 --repeats 2
+    python bench/train.py --peer-python /path/to/peer-env/bin/python    # 480 STS-B pairs = 30 steps of 16
+    MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/train.py --pairs 160 --repeats 2
 
 Each run is one epoch over the first --pairs STS-B train pairs (gold score / 5), batch 16, texts
 truncated at max_seq_length 128 on both sides, float32 on the CPU. A step is: tokenize both texts of
@@ -12,24 +12,28 @@ nothing is evaluated or saved on either side.
 
 minisbert: train.py's own step, called piece by piece as train.py calls it (training.embed_examples,
 the siamese-cosine loss, clip_grad_norm_, AdamW, LinearWarmupDecay, train.py's batch order), minus
-its logging, evaluation and checkpoints. Timed from building the optimizer to the last step.
+its logging, evaluation and checkpoints; the forward pass runs the fast encoder, as train.py's does
+(--plain: the plain one). Timed from building the optimizer to the last step.
 
-sentence-transformers (when importable; never a dependency of minisbert): its documented legacy
+sentence-transformers (never a dependency of minisbert) runs in a child process of the peer
+environment's Python, named by --peer-python or $MINISBERT_PEER_PYTHON (bench/peer.py): its documented legacy
 `model.fit(train_objectives=[(DataLoader(InputExamples, shuffle=True), CosineSimilarityLoss(model))])`,
 the whole call timed. Since v3 `fit` converts the data and runs a SentenceTransformerTrainer, which
 needs the `datasets` and `accelerate` packages; where they are missing, `old_fit` (the v2 training
 loop, same step, no Trainer) is timed instead and the output says so. CosineSimilarityLoss is
-MSE(cos(u, v), y) where ours clamps the cosine at 0 first (seed 000, eq. 1): the same compute.
+MSE(cos(u, v), y) where ours clamps the cosine at 0 first (minisbert/losses.py): the same compute.
 Both sides shuffle with their own seed, so their batches (and padding) differ slightly.
 
 Runs alternate (minisbert, peer, minisbert again, ...) so that noise from other processes shows up
 as a spread between the minisbert runs; each run starts from freshly loaded pretrained weights.
+Printed first: the CPU and its flags.
 """
 
 import argparse
 import contextlib
 import importlib.util
 import io
+import json
 import math
 import os
 import re
@@ -42,6 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minisbert  # noqa: E402
+from bench.peer import add_peer_python_option, check_peer_python, cpu_summary, run_peer  # noqa: E402
 from minisbert import training  # noqa: E402
 from minisbert.data import read_stsb, to_unit_score  # noqa: E402
 from minisbert.hub import resolve  # noqa: E402
@@ -60,9 +65,8 @@ def stsb_examples(folder: Path, limit: int) -> list:
 
 def train_minisbert(model_dir: Path, examples: list, args) -> tuple:
     """One epoch of train.py's step over `examples`; returns (wall seconds, CPU seconds)."""
-    model = minisbert.load(model_dir, device="cpu")
+    model = minisbert.load(model_dir, device="cpu", fast=not args.plain)
     model.tokenizer.max_seq_length = args.max_seq_length
-    model.tokenizer.rust.enable_truncation(args.max_seq_length)
     model.train()
     loss_function = select_loss("siamese", "cosine").function
     torch.manual_seed(SEED)
@@ -86,8 +90,9 @@ def train_minisbert(model_dir: Path, examples: list, args) -> tuple:
     return time.perf_counter() - start, time.process_time() - cpu_start
 
 
-def peer_available() -> str | None:
-    """'fit', 'old_fit' (fit's Trainer needs datasets and accelerate), or None."""
+def peer_method() -> str | None:
+    """Run in the peer environment: 'fit', 'old_fit' (fit's Trainer needs datasets and accelerate),
+    or None when sentence-transformers is not there."""
     if importlib.util.find_spec("sentence_transformers") is None:
         return None
     trainer_needs = ("datasets", "accelerate")
@@ -133,7 +138,14 @@ def main():
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for both sides (default: torch's own choice); on a machine "
                              "shared with other jobs, 1 thread gives steadier figures")
+    parser.add_argument("--plain", action="store_true",
+                        help="train minisbert through its plain encoder instead of the fast one")
+    add_peer_python_option(parser)
+    parser.add_argument("--peer", choices=["method", "run"], help=argparse.SUPPRESS)  # the peer's side
     args = parser.parse_args()
+    if args.peer is not None:
+        return serve_peer(args)
+    check_peer_python(parser, args.peer_python)
     if args.pairs < args.batch_size:
         parser.error(f"--pairs {args.pairs} is less than one batch of {args.batch_size}")
     if not args.data.is_dir():
@@ -148,12 +160,17 @@ def main():
     print(f"{len(examples):,} STS-B train pairs = {steps} steps of {args.batch_size}, max_seq_length "
           f"{args.max_seq_length}, fp32, cpu, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}")
+    print(f"CPU: {cpu_summary()}")
 
-    method = peer_available()
-    if method is None:
-        print("sentence-transformers is not installed: minisbert alone, no ratio")
-    elif method == "old_fit":
-        print("note: fit() needs `datasets` and `accelerate` for its Trainer; timing old_fit (the v2 loop)")
+    method = None
+    if args.peer_python is None:
+        print("no peer environment (--peer-python or $MINISBERT_PEER_PYTHON): minisbert alone, no ratio")
+    else:
+        method = run_peer(args.peer_python, __file__, ["--peer", "method"])["method"]
+        if method is None:
+            print(f"sentence-transformers is not installed in {args.peer_python}: minisbert alone, no ratio")
+        elif method == "old_fit":
+            print("note: fit() needs `datasets` and `accelerate` for its Trainer; timing old_fit (the v2 loop)")
     peer_name = f"sentence-transformers {method}" if method else ""
     width = max(len(peer_name), len("minisbert (again)"))
     ours, peer = [], []
@@ -166,8 +183,12 @@ def main():
               f"{1000 * cpu_seconds / steps:7.1f} CPU ms/step  load {os.getloadavg()[0]:.2f}{extra}", flush=True)
 
     report("minisbert", ours, *train_minisbert(model_dir, examples, args))
+    peer_arguments = ["--peer", "run", "--model", str(model_dir), "--data", str(args.data), "--pairs", str(args.pairs),
+                      "--batch-size", str(args.batch_size), "--max-seq-length", str(args.max_seq_length)]
+    if args.threads is not None:
+        peer_arguments += ["--threads", str(args.threads)]
     for _ in range(args.repeats if method else 0):
-        seconds, cpu_seconds, printed = train_peer(model_dir, examples, args, method)
+        seconds, cpu_seconds, printed = run_peer(args.peer_python, __file__, peer_arguments)["result"]
         runtime = re.search(r"'train_runtime': '?([0-9.]+)", printed)
         report(peer_name, peer, seconds, cpu_seconds,
                f"  (Trainer's own train_runtime {runtime[1]} s of {seconds:.1f})" if runtime else "")
@@ -176,6 +197,18 @@ def main():
         mean_ours, mean_peer = sum(ours) / len(ours), sum(peer) / len(peer)
         print(f"ratio minisbert / {peer_name}: {mean_ours / mean_peer:.2f}x (means of {len(ours)} and "
               f"{len(peer)} runs; best over best {max(ours) / max(peer):.2f}x); target >= 1.2x")
+
+
+def serve_peer(args):
+    """The peer's side, run by the peer environment's Python: print a JSON line with the method
+    sentence-transformers offers, or with the result of one run of it."""
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.peer == "method":
+        print(json.dumps({"method": peer_method()}))
+    else:
+        examples = stsb_examples(args.data, args.pairs)
+        print(json.dumps({"result": train_peer(Path(args.model), examples, args, peer_method())}))
 
 
 if __name__ == "__main__":

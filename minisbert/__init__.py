@@ -5,19 +5,20 @@
     embeddings = model.encode(["A man is eating food.", "A man is eating a piece of bread."])
 
 Files, one concept each: config (model shape), encoder (the transformer), weights (checkpoint names),
-tokenizer, pooling, model (encode/save/load), hub (fetching weights), losses, optim, data,
-retrieval, metrics, lexical (BM25, Jaccard).
+tokenizer, pooling, model (encode/save/load), st_directory (the sentence-transformers layout), hub
+(fetching weights), losses, optim, data, retrieval, metrics, lexical (BM25, Jaccard). Speed
+machinery sits beside the plain code in minisbert/fast/.
 """
 
 
-
-def load(name_or_path, device=None, fused: bool = True):
+def load(name_or_path, device=None, fast: bool = True):
     """A known model name (fetched on first use), a sentence-transformers directory, or a plain
-    Hugging Face model directory -> SentenceModel. device: None picks cuda, then mps, then cpu."""
+    Hugging Face model directory -> SentenceModel. device: None picks cuda, then mps, then cpu.
+    fast: run the fast encoder (minisbert/fast/) or, with False, the plain one (encoder.py)."""
     from .hub import resolve
     from .model import SentenceModel
 
-    return SentenceModel.from_dir(resolve(name_or_path), device=device, fused=fused)
+    return SentenceModel.from_dir(resolve(name_or_path), device=device, fast=fast)
 
 
 def __getattr__(name):

@@ -6,10 +6,12 @@ DistilBERT says `dim`, `n_layers`, `n_heads`, `hidden_dim` and `activation` wher
 `EncoderConfig.from_hf` reads any of the three into one set of names, so the model code never asks
 which family it is running, and `to_hf` writes the family's own spelling back for saving.
 
-Family differences that change the arithmetic (REFERENCE.md section 4):
+Family differences that change the arithmetic (as transformers' BertModel, DistilBertModel and
+RobertaModel compute them; tests/test_encoder.py checks all three):
 - LayerNorm eps: BERT and RoBERTa read `layer_norm_eps` (1e-12 for BERT, 1e-5 for fairseq RoBERTa);
   DistilBERT's is fixed at 1e-12 and absent from its config.
-- RoBERTa numbers positions from `pad_token_id + 1` and skips padding (`position_offset` below).
+- RoBERTa numbers positions from `pad_token_id + 1` and gives padding the padding row, as fairseq
+  did (`positions_after_pad` below); BERT and DistilBERT number them 0, 1, 2, ...
 - DistilBERT has no token-type embeddings (`type_vocab_size` 0).
 """
 
@@ -34,6 +36,7 @@ class EncoderConfig:
     pad_token_id: int  # id of the padding token
     hidden_dropout: float  # dropout on embeddings and on each sublayer's output (training only)
     attention_dropout: float  # dropout on attention probabilities (training only)
+    positions_after_pad: bool  # real tokens numbered from pad_token_id + 1, padding gets row pad_token_id (RoBERTa)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -58,8 +61,8 @@ class EncoderConfig:
 
     @property
     def position_offset(self) -> int:
-        """First position id of a real token: RoBERTa starts after its padding row, others at 0."""
-        return self.pad_token_id + 1 if self.family == "roberta" else 0
+        """First position id of a real token: after the padding row, or 0."""
+        return self.pad_token_id + 1 if self.positions_after_pad else 0
 
     @property
     def max_tokens(self) -> int:
@@ -90,6 +93,7 @@ class EncoderConfig:
                     pad_token_id=hf.get("pad_token_id", 0),
                     hidden_dropout=hf.get("dropout", 0.1),
                     attention_dropout=hf.get("attention_dropout", 0.1),
+                    positions_after_pad=False,
                 )
             return cls(
                 family=family,
@@ -105,6 +109,7 @@ class EncoderConfig:
                 pad_token_id=hf.get("pad_token_id", 1 if family == "roberta" else 0),
                 hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
                 attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+                positions_after_pad=family == "roberta",  # fairseq's numbering, kept by RobertaModel
             )
         except KeyError as missing:
             raise ValueError(f"config.json of a {family} model lacks the field {missing}") from None

@@ -5,7 +5,7 @@ encoder's output tokens, by one of three strategies:
 - mean: the average of the real tokens' vectors (SBERT's default): sum_t m_t x_t / max(sum_t m_t, eps);
 - max: the element-wise maximum over real tokens (padding never wins);
 - cls: the vector of the first token, [CLS] or <s>.
-Optionally a dense layer then maps H to D dimensions, y = act(W x + b) (seed 004 reduces D this way),
+Optionally a dense layer then maps H to D dimensions, y = act(W x + b) (to make embeddings smaller),
 and the result is scaled to unit length, x / max(||x||, eps), so that a dot product is the cosine.
 
 These match sentence-transformers' `Pooling`, `Dense` and `Normalize` modules; tests check them

@@ -14,6 +14,8 @@ sequence, with the attention mask (1 = token, 0 = padding) and token types (all 
 Checked against Hugging Face's tokenizers in tests/test_tokenizer.py.
 """
 
+import numbers
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -74,13 +76,25 @@ class Tokenizer:
         if pad_id is None:
             raise ValueError(f"padding token {pad_token!r} is not in the tokenizer's vocabulary")
         self.rust = rust_tokenizer
-        self.max_seq_length = max_seq_length
         self.pad_token = pad_token
         self.pad_id = pad_id
         self.uses_token_types = uses_token_types
         # Whatever a tokenizer.json carried, truncation and padding are ours to set.
-        self.rust.enable_truncation(max_length=max_seq_length)
+        self.max_seq_length = max_seq_length
         self.rust.no_padding()
+
+    @property
+    def max_seq_length(self) -> int:
+        """The most tokens a text keeps, special tokens included; longer texts are cut at the end."""
+        return self._max_seq_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 2:
+            raise ValueError(f"max_seq_length must be an int of at least 2 (room for the special "
+                             f"tokens around a text), got {value!r}")
+        self._max_seq_length = int(value)
+        self.rust.enable_truncation(max_length=int(value))
 
     @classmethod
     def from_dir(cls, model_dir, max_seq_length: int, uses_token_types: bool = True) -> "Tokenizer":
@@ -107,13 +121,24 @@ class Tokenizer:
         return cls(rust, max_seq_length, pad, uses_token_types)
 
     def token_ids(self, texts) -> list:
-        """Token ids of each text, truncated but not padded: a list of lists."""
-        if isinstance(texts, str):
-            raise TypeError("expected a list of texts, got a single string; wrap it in a list")
+        """Token ids of each text, truncated but not padded: a list of lists, one per text.
+
+        `texts` is any iterable of str (a list, a tuple, a generator, ...), read once."""
+        if isinstance(texts, (str, bytes)):
+            raise TypeError(f"expected an iterable of texts, got a single {type(texts).__name__} "
+                            f"{texts[:40]!r}; wrap it in a list")
+        if isinstance(texts, Mapping):
+            raise TypeError(f"expected an iterable of texts, got a {type(texts).__name__}; "
+                            "pass list(d.values()) or list(d.keys()), whichever holds the texts")
+        try:
+            texts = iter(texts)
+        except TypeError:
+            raise TypeError(f"expected an iterable of texts, got {type(texts).__name__}: {texts!r:.60}") from None
+        texts = list(texts)  # a generator can be read only once
         for position, text in enumerate(texts):
             if not isinstance(text, str):
-                raise TypeError(f"text {position} is {type(text).__name__}, not str: {text!r}")
-        return [encoding.ids for encoding in self.rust.encode_batch(list(texts))]
+                raise TypeError(f"text {position} is {type(text).__name__}, not str: {text!r:.60}")
+        return [encoding.ids for encoding in self.rust.encode_batch(texts)]
 
     def pad(self, id_lists) -> dict:
         """Pad token id lists to the longest into tensors: input_ids, attention_mask (B, T)."""

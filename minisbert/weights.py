@@ -8,8 +8,9 @@ is the only place those names appear. Loading follows three rules:
    old TensorFlow-era `gamma`/`beta` become `weight`/`bias`, and tensors sentence embeddings do not use
    (`pooler.*`, `cls.*`, `lm_head.*`, `vocab_*`, buffers such as `*.position_ids`) are set aside.
 2. Every parameter is filled with NaN before loading and must be written exactly once; a missing
-   tensor, an unexpected tensor, a shape mismatch or an unusable dtype raises an error that names the
-   tensor (the MLAB loader's discipline).
+   tensor, an unexpected tensor, a shape mismatch, an unusable dtype or a value that is not finite
+   (NaN, inf, or beyond float32's range) raises an error that names the tensor (the MLAB loader's
+   discipline): a model with one non-finite weight would embed every text as NaN.
 3. Nothing is unpickled: `.bin`/`.pt` checkpoints are refused (a pickle can run arbitrary code).
 
 Linear weights are stored (out_features, in_features) by both Hugging Face and torch, so they copy
@@ -103,6 +104,17 @@ def find_checkpoint(model_dir: Path) -> Path:
     raise FileNotFoundError(f"no model.safetensors in {model_dir}")
 
 
+def check_finite(tensor, key: str, path: Path) -> None:
+    """Refuse a checkpoint tensor holding NaN or inf (after conversion to the parameter's dtype, so
+    a float64 value beyond float32's range counts too)."""
+    bad = ~torch.isfinite(tensor)
+    if bad.any():
+        where = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(f"tensor {key!r} in {path} holds {int(bad.sum())} value(s) that are not finite "
+                         f"(first at index {where}: {tensor[where].item()}); the checkpoint is damaged "
+                         "or came from a run that diverged: load another one")
+
+
 def load_encoder_weights(encoder: Encoder, path) -> None:
     """Copy a safetensors checkpoint into `encoder`, checking every name, shape and dtype."""
     path = Path(path)
@@ -136,14 +148,15 @@ def load_encoder_weights(encoder: Encoder, path) -> None:
                 if tensor.shape != target.shape:
                     raise ValueError(f"tensor {key!r} in {path} has shape {tuple(tensor.shape)}; "
                                      f"the config asks for {tuple(target.shape)}")
-                target.copy_(tensor.to(target.dtype))
+                tensor = tensor.to(target.dtype)
+                check_finite(tensor, key, path)
+                target.copy_(tensor)
                 written.add(ours)
     missing = [theirs for theirs, ours in table.items() if ours not in written]
     if missing:
         raise ValueError(f"{path} lacks {len(missing)} tensor(s) the model needs: {missing[:5]}")
     never_written = [name for name, p in parameters.items() if torch.isnan(p).any()]
-    if never_written:  # a NaN that survived came from the checkpoint itself
-        raise ValueError(f"parameters {never_written[:5]} hold NaN after loading {path}")
+    assert not never_written, f"parameters {never_written[:5]} were never written from {path}"
 
 
 def save_encoder_weights(encoder: Encoder, path) -> None:
@@ -155,14 +168,14 @@ def save_encoder_weights(encoder: Encoder, path) -> None:
     atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
 
 
-def load_encoder(model_dir, fused: bool = False) -> Encoder:
+def load_encoder(model_dir) -> Encoder:
     """Build an Encoder from a Hugging Face model directory (config.json + model.safetensors)."""
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in {model_dir}")
     config = EncoderConfig.from_hf(read_json(config_path))
-    encoder = Encoder(config, fused=fused)
+    encoder = Encoder(config)
     load_encoder_weights(encoder, find_checkpoint(model_dir))
     return encoder
 

@@ -4,11 +4,13 @@ Real-data tests are marked `slow`: CI runs them; `pytest -m "not slow"` skips th
 the datasets from MINISBERT_DATA_MIRROR, which defaults here to ../shared/data beside the repository.
 """
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -17,6 +19,12 @@ os.environ.setdefault("MINISBERT_DATA_MIRROR", str(REPO.parent / "shared" / "dat
 # Parity is judged in exact fp32 arithmetic: no TF32 shortcuts on GPUs that have them.
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
+
+
+def reference(name):
+    """A fixture folder, its reference tensors and its reference.json (tests/fixtures/README.md)."""
+    folder = FIXTURES / name
+    return folder, load_file(folder / "reference.safetensors"), json.loads((folder / "reference.json").read_text())
 
 
 def pytest_configure(config):

@@ -3,8 +3,12 @@
 tiny_st_dense (sentence-transformers 6 format) and tiny_st_legacy (the classic 2.x format most
 published models use) hold the same random weights with max pooling, a Dense layer to 16 dims and
 Normalize; their reference embeddings are SentenceTransformer(folder).encode(sentences). The real
-all-MiniLM-L6-v2 is checked on 13 sentences (empty, very long, punctuation, non-ASCII ...) and on the
-golden values published in REFERENCE.md.
+all-MiniLM-L6-v2 is checked on 13 sentences (empty, very long, punctuation, non-ASCII ...) and on
+golden values computed with sentence-transformers (stored in tests/fixtures/minilm/reference.json).
+Each comparison with sentence-transformers holds for the plain path and the fast path alike.
+
+encode() takes any iterable of texts and returns exactly one row per text, in order; anything else
+is refused with an error naming what was given.
 """
 
 import json
@@ -12,22 +16,20 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from minisbert.model import SentenceModel
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, reference
 
 
-def reference(name):
-    folder = FIXTURES / name
-    return folder, load_file(folder / "reference.safetensors"), json.loads((folder / "reference.json").read_text())
+BOTH_PATHS = pytest.mark.parametrize("fast", [False, True], ids=["plain", "fast"])
 
 
+@BOTH_PATHS
 @pytest.mark.parametrize("name", ["tiny_st_dense", "tiny_st_legacy"])
-def test_sentence_transformers_directory(name):
+def test_sentence_transformers_directory(name, fast):
     folder, ref, info = reference(name)
-    model = SentenceModel.from_dir(folder, device="cpu")
+    model = SentenceModel.from_dir(folder, device="cpu", fast=fast)
     assert (model.pooling, model.normalize_embeddings, model.dimension) == ("max", True, 16)
     assert model.tokenizer.max_seq_length == info["max_seq_length"]
     batch = model.tokenizer(info["sentences"])
@@ -39,10 +41,11 @@ def test_sentence_transformers_directory(name):
     assert np.abs(unnormalized - ref["dense"].numpy()).max() <= 1e-5
 
 
-def test_plain_hugging_face_directory_mean_pools_without_normalizing():
+@BOTH_PATHS
+def test_plain_hugging_face_directory_mean_pools_without_normalizing(fast):
     folder, ref, info = reference("tiny_bert")
-    model = SentenceModel.from_dir(folder, device="cpu")
-    model.tokenizer.rust.enable_truncation(info["max_length"])
+    model = SentenceModel.from_dir(folder, device="cpu", fast=fast)
+    model.tokenizer.max_seq_length = info["max_length"]
     assert (model.pooling, model.normalize_embeddings) == ("mean", False)
     embeddings = model.encode(info["sentences"])
     assert np.abs(embeddings - ref["mean_pooled"].numpy()).max() <= 1e-5
@@ -60,16 +63,73 @@ def test_encode_restores_input_order_across_batches():
     assert model.encode([]).shape == (0, 16)
 
 
-def test_encode_rejects_bad_input():
+@pytest.mark.parametrize("make_texts", [
+    lambda texts: texts,
+    tuple,
+    lambda texts: (text for text in texts),  # a generator: read once
+    lambda texts: iter(texts),
+    lambda texts: map(str.strip, texts),
+    np.array,  # numpy strings are str
+    lambda texts: {text: None for text in texts}.keys(),
+], ids=["list", "tuple", "generator", "iterator", "map", "numpy", "dict-keys"])
+def test_encode_takes_any_iterable_of_texts(make_texts):
+    folder, ref, info = reference("tiny_st_dense")
+    model = SentenceModel.from_dir(folder, device="cpu")
+    texts = [s.strip() for s in info["sentences"]]  # distinct already; strip changes none of them
+    embeddings = model.encode(make_texts(texts))
+    assert embeddings.shape == (len(texts), 16)
+    assert np.abs(embeddings - model.encode(texts)).max() == 0
+
+
+@pytest.mark.parametrize("texts, error, message", [
+    ("a sentence", TypeError, "single str 'a sentence'"),
+    (b"a sentence", TypeError, "single bytes"),
+    (["fine", 3], TypeError, "text 1 is int"),
+    (["fine", None], TypeError, "text 1 is NoneType"),
+    ([b"bytes"], TypeError, "text 0 is bytes"),
+    ((t for t in ["fine", ["nested"]]), TypeError, "text 1 is list"),
+    ({"id1": "a text"}, TypeError, "got a dict; pass list"),
+    (3, TypeError, "got int: 3"),
+    (None, TypeError, "got NoneType"),
+])
+def test_encode_refuses_what_is_not_an_iterable_of_texts(texts, error, message):
     model = SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu")
-    with pytest.raises(TypeError, match="single string"):
-        model.encode("a sentence")
-    with pytest.raises(TypeError, match="text 1 is int"):
-        model.encode(["fine", 3])
-    with pytest.raises(ValueError, match="for GPUs"):
-        model.encode(["x"], dtype="float16")
-    with pytest.raises(ValueError, match="batch_size"):
-        model.encode(["x"], batch_size=0)
+    with pytest.raises(error, match=message):
+        model.encode(texts)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"dtype": "float16"}, "for GPUs"),
+    ({"dtype": "int4"}, "dtype must be one of"),
+    ({"batch_size": 0}, "batch_size must be a positive int, got 0"),
+    ({"batch_size": 2.5}, "batch_size must be a positive int, got 2.5"),
+    ({"output": "list"}, "output must be 'numpy' or 'torch', got 'list'"),
+])
+def test_encode_refuses_bad_options(arguments, message):
+    model = SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu")
+    with pytest.raises(ValueError, match=message):
+        model.encode(["x"], **arguments)
+
+
+@BOTH_PATHS
+def test_encode_leaves_the_model_in_its_mode_even_when_it_fails(fast, monkeypatch):
+    folder, _, info = reference("tiny_st_dense")
+    model = SentenceModel.from_dir(folder, device="cpu", fast=fast)
+    model.train()
+    model.encode(info["sentences"])
+    assert model.training and all(m.training for m in model.modules())
+
+    def failing(x):
+        raise RuntimeError("injected failure in the Dense layer")
+
+    monkeypatch.setattr(model.dense, "forward", failing)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        model.encode(info["sentences"])
+    assert model.training and all(m.training for m in model.modules())
+    model.eval()
+    with pytest.raises(RuntimeError, match="injected failure"):
+        model.encode(info["sentences"])
+    assert not any(m.training for m in model.modules())
 
 
 def test_save_round_trip(tmp_path):
@@ -92,7 +152,7 @@ def test_save_failure_leaves_previous_model(tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("minisbert.model.save_encoder", disk_full)
+    monkeypatch.setattr("minisbert.st_directory.save_encoder", disk_full)
     with pytest.raises(OSError, match="No space left"):
         model.save(tmp_path / "m")
     assert (tmp_path / "m" / "model.safetensors").read_bytes() == before
@@ -107,22 +167,23 @@ def test_saved_model_loads_in_sentence_transformers(tmp_path):
     assert np.abs(peer.encode(info["sentences"]) - ref["embeddings"].numpy()).max() <= 1e-5
 
 
-def test_minilm_matches_sentence_transformers(minilm):
-    ref = load_file(FIXTURES / "minilm" / "reference.safetensors")
-    info = json.loads((FIXTURES / "minilm" / "reference.json").read_text())
+@BOTH_PATHS
+def test_minilm_matches_sentence_transformers(minilm, fast):
+    _, ref, info = reference("minilm")
     batch = minilm.tokenizer(info["sentences"])
     T = batch["input_ids"].shape[1]
     assert T == 256  # the long sentence is truncated at max_seq_length
     assert torch.equal(batch["input_ids"], ref["input_ids"][:, :T])
     assert torch.equal(batch["attention_mask"], ref["attention_mask"][:, :T])
-    embeddings = minilm.encode(info["sentences"])
+    embeddings = minilm.encode(info["sentences"], fast=fast)
     assert np.abs(embeddings - ref["embeddings"].numpy()).max() <= 1e-5
 
 
 def test_minilm_golden_values(minilm):
-    """REFERENCE.md section 1, computed with sentence-transformers."""
-    assert minilm.tokenizer.token_ids(["A man is eating food."]) == [[101, 1037, 2158, 2003, 5983, 2833, 1012, 102]]
-    e = minilm.encode(["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby."])
-    assert np.allclose(e[0, :6], [0.033242, 0.004406, -0.006277, 0.048379, -0.138702, -0.033617], atol=1e-6)
-    assert abs(float(e[0] @ e[1]) - 0.755337) < 1e-6
-    assert abs(float(e[0] @ e[2]) - -0.104958) < 1e-6
+    """Values computed with sentence-transformers, stored as `golden` in tests/fixtures/minilm/reference.json."""
+    golden = reference("minilm")[2]["golden"]
+    assert minilm.tokenizer.token_ids([golden["sentence"]]) == [golden["input_ids"]]
+    e = minilm.encode([golden["sentence"], "A man is eating a piece of bread.", "The girl is carrying a baby."])
+    assert np.allclose(e[0, :6], golden["first_six"], atol=1e-6)
+    assert abs(float(e[0] @ e[1]) - golden["cosine_to_sentence_1"]) < 1e-6
+    assert abs(float(e[0] @ e[2]) - golden["cosine_to_sentence_2"]) < 1e-6

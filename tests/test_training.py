@@ -46,6 +46,7 @@ from minisbert import training
 from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
 from minisbert.evaluation import evaluate_dev
+from minisbert.fast import encoder as fast_encoder
 from minisbert.model import SentenceModel
 from minisbert.tokenizer import Tokenizer
 
@@ -100,7 +101,7 @@ def tiny_model(tmp_path_factory) -> Path:
     config = EncoderConfig(family="bert", vocab_size=5 + len(words), hidden_size=32, num_layers=2, num_heads=4,
                            intermediate_size=64, max_position_embeddings=64, type_vocab_size=2,
                            layer_norm_eps=1e-12, activation="gelu", pad_token_id=0, hidden_dropout=0.1,
-                           attention_dropout=0.1)
+                           attention_dropout=0.1, positions_after_pad=False)
     torch.manual_seed(0)
     tokenizer = Tokenizer.from_dir(vocab_dir, max_seq_length=32)
     assert "[UNK]" not in tokenizer.rust.encode(" ".join(TEXTS)).tokens
@@ -472,6 +473,17 @@ def test_dim_on_a_model_that_already_has_a_dense_layer_is_refused(tsv_data, tmp_
 
 def snapshot(folder: Path) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_training_runs_the_fast_encoder_unless_told_to_run_the_plain_one(tiny_model, tsv_data, tmp_path, monkeypatch):
+    def refuse(*args):
+        raise AssertionError("the fast encoder ran")
+
+    monkeypatch.setattr(fast_encoder, "forward", refuse)
+    log = run_train(tmp_path / "plain", tiny_model, "--data", str(tsv_data), "--max-steps", "2", "--plain-encoder")
+    assert len(log) == 2 and all(np.isfinite(entry["loss"]) for entry in log)
+    with pytest.raises(AssertionError, match="the fast encoder ran"):
+        run_train(tmp_path / "fast", tiny_model, "--data", str(tsv_data), "--max-steps", "2")
 
 
 @pytest.fixture

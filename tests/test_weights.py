@@ -1,10 +1,13 @@
-"""The loader fails loudly, naming the tensor, whenever a checkpoint does not fit the model exactly.
+"""The loader fails loudly, naming the tensor, whenever a checkpoint does not fit the model exactly
+or holds a value that is not finite (a NaN or inf weight would make every embedding NaN).
 
 Each test writes a checkpoint with one thing wrong and checks the error names it. (That correct
 checkpoints load correctly is shown by the parity tests in tests/test_encoder.py.)
 """
 
 import json
+import re
+import shutil
 
 import pytest
 import torch
@@ -12,7 +15,10 @@ from safetensors.torch import load_file, save_file
 
 from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
+from minisbert.model import SentenceModel
 from minisbert.weights import load_encoder, load_encoder_weights, name_table, save_encoder
+
+from .conftest import FIXTURES
 
 BERT = {"model_type": "bert", "vocab_size": 30, "hidden_size": 8, "num_hidden_layers": 2,
         "num_attention_heads": 2, "intermediate_size": 16, "max_position_embeddings": 12}
@@ -94,11 +100,38 @@ def test_half_precision_checkpoint_loads_as_float32(saved):
     assert torch.allclose(loaded.layers[0].attention.key.weight, encoder.layers[0].attention.key.weight, atol=1e-3)
 
 
-def test_nan_in_checkpoint_is_named(saved):
+@pytest.mark.parametrize("key, index, value", [
+    ("encoder.layer.0.attention.output.dense.weight", (0, 0), float("nan")),
+    ("embeddings.word_embeddings.weight", (29, 7), float("inf")),
+    ("encoder.layer.1.output.LayerNorm.bias", (3,), float("-inf")),
+])
+def test_non_finite_weights_are_refused_naming_the_tensor(saved, key, index, value):
     folder, _, tensors = saved
-    tensors["encoder.layer.0.attention.output.dense.weight"][0, 0] = float("nan")
-    with pytest.raises(ValueError, match=r"layers\.0\.attention\.output\.weight.*NaN"):
+    tensors[key][index] = value
+    with pytest.raises(ValueError, match=rf"tensor '{re.escape(key)}' in .* 1 value\(s\) that are not finite "
+                                         rf"\(first at index {re.escape(str(index))}: {value}\)"):
         reload_with(folder, tensors)
+
+
+def test_float64_beyond_float32_range_is_refused(saved):
+    """1e39 is finite in float64 but becomes inf in the float32 model: refused too."""
+    folder, _, tensors = saved
+    tensors = {k: v.double() for k, v in tensors.items()}
+    tensors["encoder.layer.0.intermediate.dense.bias"][5] = 1e39
+    with pytest.raises(ValueError, match=r"'encoder\.layer\.0\.intermediate\.dense\.bias'.*not finite.*index \(5,\): inf"):
+        reload_with(folder, tensors)
+    tensors["encoder.layer.0.intermediate.dense.bias"][5] = 1e30  # large but representable: loads
+    assert reload_with(folder, tensors).layers[0].ffn.intermediate.bias[5].item() == pytest.approx(1e30)
+
+
+def test_non_finite_dense_layer_is_refused(tmp_path):
+    shutil.copytree(FIXTURES / "tiny_st_legacy", tmp_path / "model")
+    weights = tmp_path / "model" / "2_Dense" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["linear.bias"][2] = float("nan")
+    save_file(tensors, str(weights))
+    with pytest.raises(ValueError, match=r"tensor 'linear\.bias' in .*2_Dense/model\.safetensors.*not finite"):
+        SentenceModel.from_dir(tmp_path / "model", device="cpu")
 
 
 def test_pickles_are_refused(saved):

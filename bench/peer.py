@@ -1,0 +1,58 @@
+"""What the side-by-side benchmarks share: the peer environment's Python, and the machine's description.
+
+minisbert never imports its peers (sentence-transformers and the libraries it needs), and they are
+not installed beside it: they live in an environment of their own. A benchmark runs its peer's side
+in a child process of that environment's Python, named by --peer-python or by the environment
+variable MINISBERT_PEER_PYTHON, taking turns with minisbert's side in this process, so that both
+meet the same load from whatever else the machine runs. Only one side computes at a time.
+
+Speed figures mean little without the CPU they were measured on: `cpu_summary()` gives its model,
+core count and the instruction-set flags that decide which kernels torch can use.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+PEER_PYTHON_VARIABLE = "MINISBERT_PEER_PYTHON"
+# Flags that change which float32 / bfloat16 / int8 kernels a CPU can run.
+CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def add_peer_python_option(parser) -> None:
+    parser.add_argument("--peer-python", type=Path, default=os.environ.get(PEER_PYTHON_VARIABLE),
+                        help="Python of the environment that has sentence-transformers, to run it side by "
+                             f"side (default: ${PEER_PYTHON_VARIABLE}; neither: minisbert alone)")
+
+
+def check_peer_python(parser, python) -> None:
+    if python is not None and not (Path(python).is_file() and os.access(python, os.X_OK)):
+        parser.error(f"--peer-python {python} is not an executable file; give the peer environment's "
+                     "python, e.g. /path/to/venv/bin/python")
+
+
+def run_peer(python, script, arguments: list) -> dict:
+    """Run `python script arguments...` and return the JSON object its last line of output holds."""
+    finished = subprocess.run([str(python), str(script), *arguments], capture_output=True, text=True)
+    if finished.returncode != 0:
+        raise SystemExit(f"the peer run `{python} {script} {' '.join(arguments)}` failed:\n"
+                         f"{finished.stderr[-3000:]}")
+    return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
+def cpu_summary() -> str:
+    """e.g. 'AMD EPYC, 2 cores; avx avx2 fma; no avx512f avx512_vnni avx512_bf16 amx_tile ...'."""
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name") and model == "unknown CPU":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        return f"{os.cpu_count()} cores; CPU flags unknown (no /proc/cpuinfo)"
+    present = " ".join(f for f in CPU_FLAGS if f in flags)
+    absent = " ".join(f for f in CPU_FLAGS if f not in flags)
+    return f"{model}, {os.cpu_count()} cores; flags {present or '-'}; no {absent or '-'}"

@@ -1,0 +1,213 @@
+"""The fast path computes what the plain path computes.
+
+minisbert/fast/encoder.py runs the plain `Encoder`'s own parameters through packed tokens, fused
+kernels and reused memory; minisbert/fast/encode.py cuts encode()'s batches to a token budget.
+"Correct" means: on every fixture model (BERT, DistilBERT, RoBERTa, and a sentence-transformers model
+with max pooling, a Dense layer and Normalize) and on random models of each family and activation,
+the two paths give embeddings within 1e-6 of each other (max abs), in training mode too (dropout
+off), and last hidden states and every parameter's gradient within 1e-6 of the tensor's scale (its
+largest value, at least 1: hidden states reach 5 and gradients 25 on these models, where float32's
+own rounding step is above 1e-6); with dropout on, the fast path applies it; reused memory changes no bit and keeps autograd; and whatever the batch
+size or token budget, encode() returns the same rows in the same order.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from minisbert.config import EncoderConfig
+from minisbert.encoder import Encoder
+from minisbert.fast import encode as fast_encode
+from minisbert.fast import encoder as fast_encoder
+from minisbert.model import SentenceModel
+
+from .conftest import REPO, reference
+from .test_encoder_math import TINY
+
+FIXTURE_MODELS = ["tiny_bert", "tiny_distilbert", "tiny_roberta", "tiny_st_dense"]
+MASK = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5])  # three lengths, padded to 7
+
+
+def random_encoder(family, activation):
+    config = EncoderConfig(**{**TINY, "activation": activation, "family": family,
+                              "pad_token_id": 1 if family == "roberta" else 0,
+                              "positions_after_pad": family == "roberta",
+                              "type_vocab_size": 0 if family == "distilbert" else 2})
+    torch.manual_seed(0)
+    encoder = Encoder(config).eval()
+    ids = torch.randint(2, 50, MASK.shape).masked_fill(MASK == 0, config.pad_token_id)  # (3, 7)
+    return encoder, ids
+
+
+def close_at_scale(a, b):
+    """|a - b| <= 1e-6 x (the largest |b|, at least 1), everywhere."""
+    return (a - b).abs().max().item() <= 1e-6 * max(1.0, b.abs().max().item())
+
+
+def real_tokens(hidden, mask):
+    return hidden[mask.bool()]  # (N, H): padding outputs are not part of the function
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_new"])
+@pytest.mark.parametrize("family", ["bert", "distilbert", "roberta"])
+def test_fast_encoder_equals_plain_on_random_models(family, activation):
+    encoder, ids = random_encoder(family, activation)
+    token_types = None if family == "distilbert" else torch.randint(0, 2, ids.shape)
+    with torch.no_grad():
+        for mask in (MASK, torch.ones_like(MASK)):  # padded, and without padding (nothing packed, no mask)
+            for types in (None, token_types):
+                plain = real_tokens(encoder(ids, mask, types), mask)
+                fast = real_tokens(fast_encoder.forward(encoder, ids, mask, types), mask)
+                assert close_at_scale(fast, plain), (mask.sum(), types is None)
+
+
+@pytest.mark.parametrize("name", FIXTURE_MODELS)
+def test_fast_equals_plain_on_fixture_models(name):
+    folder, _, info = reference(name)
+    model = SentenceModel.from_dir(folder, device="cpu")
+    batch = model.tokenize(info["sentences"])
+    with torch.no_grad():
+        plain = model.encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        fast = fast_encoder.forward(model.encoder, batch["input_ids"], batch["attention_mask"],
+                                    batch.get("token_type_ids"))
+    assert close_at_scale(real_tokens(fast, batch["attention_mask"]), real_tokens(plain, batch["attention_mask"]))
+    plain_embeddings = model.encode(info["sentences"], fast=False)
+    fast_embeddings = model.encode(info["sentences"], fast=True)
+    assert np.abs(plain_embeddings - fast_embeddings).max() <= 1e-6
+
+
+def no_dropout(model):
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
+@pytest.mark.parametrize("name", FIXTURE_MODELS)
+def test_training_forward_and_gradients_agree_with_dropout_off(name):
+    folder, _, info = reference(name)
+    model = SentenceModel.from_dir(folder, device="cpu").train()
+    no_dropout(model)
+    batch = model.tokenize(info["sentences"])
+    weights = torch.randn(len(info["sentences"]), model.dimension, generator=torch.Generator().manual_seed(0))
+    results = {}
+    for fast in (False, True):
+        model.zero_grad()
+        embeddings = model(batch, fast=fast)  # (B, D)
+        (embeddings * weights).sum().backward()  # a loss that weighs every output differently
+        gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results[fast] = embeddings.detach(), gradients
+    (plain, plain_gradients), (fast, fast_gradients) = results[False], results[True]
+    assert (plain - fast).abs().max() <= 1e-6
+    assert sorted(fast_gradients) == sorted(n for n, _ in model.named_parameters())  # every one reached
+    for parameter_name, gradient in plain_gradients.items():
+        assert close_at_scale(fast_gradients[parameter_name], gradient), parameter_name
+
+
+def test_fast_path_applies_each_dropout_in_training_mode_only():
+    folder, _, info = reference("tiny_bert")
+    model = SentenceModel.from_dir(folder, device="cpu")
+    batch = model.tokenize(info["sentences"])
+    with torch.no_grad():
+        evaluated = model(batch, fast=True)
+        model.train()
+        assert not torch.allclose(model(batch, fast=True), evaluated, atol=1e-3)  # config: 0.1 and 0.1
+        no_dropout(model)
+        assert (model(batch, fast=True) - evaluated).abs().max() <= 1e-6
+        model.encoder.layers[1].attention.attention_dropout.p = 0.5  # attention's own dropout alone
+        assert not torch.allclose(model(batch, fast=True), evaluated, atol=1e-3)
+        model.eval()
+        assert (model(batch, fast=True) - evaluated).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_new"])
+def test_reusing_memory_gives_identical_results_and_keeps_autograd(activation):
+    encoder, ids = random_encoder("bert", activation)
+    with torch.no_grad():
+        expected = fast_encoder.forward(encoder, ids, MASK)
+        with fast_encoder.reusing_memory():
+            reused = fast_encoder.forward(encoder, ids, MASK)
+            scratch = fast_encoder._scratch.get()[("feed-forward", torch.float32)]
+            # A second, longer batch grows the memory; a shorter one reuses it.
+            longer = fast_encoder.forward(encoder, torch.cat([ids, ids]), torch.cat([MASK, MASK]))
+            again = fast_encoder.forward(encoder, ids, MASK)
+    assert torch.equal(reused, expected) and torch.equal(again, expected)
+    assert torch.equal(longer, torch.cat([expected, expected]))
+    assert scratch.numel() == int(MASK.sum()) * encoder.config.intermediate_size  # 13 tokens x 32
+    assert fast_encoder._scratch.get() is None  # freed on leaving
+
+    # With autograd on, the memory is not reused and GELU does not overwrite: gradients still flow.
+    with fast_encoder.reusing_memory():
+        fast_encoder.forward(encoder, ids, MASK).sum().backward()
+    gradient = encoder.layers[0].ffn.intermediate.weight.grad.clone()
+    encoder.zero_grad()
+    encoder(ids, MASK).sum().backward()
+    assert (gradient - encoder.layers[0].ffn.intermediate.weight.grad).abs().max() <= 1e-6
+
+
+def test_token_budget_batches_cover_every_text_once_in_order():
+    generator = torch.Generator().manual_seed(0)
+    id_lists = [[0] * int(n) for n in torch.randint(2, 300, (101,), generator=generator)]
+    longest_first = sorted(range(len(id_lists)), key=lambda i: -len(id_lists[i]))
+    cpu = list(fast_encode.batches(longest_first, id_lists, 32, torch.device("cpu")))
+    assert [i for rows in cpu for i in rows] == longest_first
+    for rows in cpu:
+        padded_tokens = len(rows) * len(id_lists[rows[0]])
+        assert len(rows) <= 32 and (padded_tokens <= fast_encode.CPU_TOKENS_PER_FORWARD or len(rows) == 1)
+    assert any(len(rows) < 32 for rows in cpu[:-1])  # the budget did cut
+    # Off the CPU (the device is only inspected, not used) batches are batch_size texts.
+    gpu = list(fast_encode.batches(longest_first, id_lists, 32, torch.device("cuda")))
+    assert [len(rows) for rows in gpu] == [32, 32, 32, 5]
+
+
+def test_fast_and_plain_encode_agree_whatever_the_batches(monkeypatch):
+    folder, _, info = reference("tiny_st_dense")
+    model = SentenceModel.from_dir(folder, device="cpu")
+    words = " ".join(info["sentences"]).split()
+    texts = [" ".join(words[i:i + 1 + i % 11]) for i in range(37)]  # 37 texts of 1 to 11 words
+    expected = model.encode(texts, batch_size=1, fast=False)
+    monkeypatch.setattr(fast_encode, "CPU_TOKENS_PER_FORWARD", 30)  # so the budget cuts these short texts
+    for batch_size in (5, 17, 64):
+        for fast in (False, True):
+            assert np.abs(model.encode(texts, batch_size=batch_size, fast=fast) - expected).max() <= 1e-6
+
+
+def test_the_model_setting_and_each_call_choose_the_path(monkeypatch):
+    folder, _, info = reference("tiny_bert")
+    calls = []
+    original = fast_encoder.forward
+    monkeypatch.setattr(fast_encoder, "forward", lambda *args: calls.append(1) or original(*args))
+    model = SentenceModel.from_dir(folder, device="cpu")
+    assert model.fast
+    model.encode(info["sentences"])
+    assert len(calls) == 1
+    model.encode(info["sentences"], fast=False)
+    model(model.tokenize(info["sentences"]), fast=False)
+    assert len(calls) == 1
+    model(model.tokenize(info["sentences"]))
+    assert len(calls) == 2
+    plain = SentenceModel.from_dir(folder, device="cpu", fast=False)
+    plain.encode(info["sentences"])
+    plain(plain.tokenize(info["sentences"]))
+    assert len(calls) == 2
+    plain.encode(info["sentences"], fast=True)
+    assert len(calls) == 3
+
+
+def imported_with(module):
+    """The names of all modules loaded by importing `module` in a fresh interpreter."""
+    show = "import importlib, sys; importlib.import_module(sys.argv[1]); print(*sorted(sys.modules))"
+    finished = subprocess.run([sys.executable, "-c", show, module], cwd=REPO, capture_output=True,
+                              text=True, check=True)
+    return finished.stdout.split()
+
+
+def test_plain_and_fast_modules_do_not_import_each_other():
+    """The plain encoder reads alone; the fast one shares only what is below both."""
+    assert not [m for m in imported_with("minisbert.encoder") if m.startswith("minisbert.fast")]
+    for fast_module in ("minisbert.fast.encoder", "minisbert.fast.encode"):
+        loaded = imported_with(fast_module)
+        assert "minisbert.encoder" not in loaded and "minisbert.model" not in loaded, fast_module
