@@ -1,0 +1,275 @@
+"""Tests for minisbert/experiments: each study end to end on a tiny random model, resuming, the PCA.
+
+What "correct" means for the experiment runner:
+- each experiment runs end to end on the tiny random BERT of tests/fixtures and data/example and
+  writes every file it promises: results.md with one row per model and one column per metric,
+  results.json with the same numbers, the figures as PNG files under 200 KB;
+- a rerun with the same --output trains and evaluates nothing again and writes the same results;
+- a run killed between models, or by Ctrl-C in the middle of a model's training, goes on with what
+  is missing and ends with exactly the results of an uninterrupted run (same scores, same losses);
+- without matplotlib every table is still written, with a line saying how to get the figures;
+- the PCA equals the reference: numpy's SVD of the centred matrix and the eigenvectors of the
+  covariance matrix, and the exact answer for points on a line;
+- bad input stops with a message naming it: an unknown experiment or model, a D larger than the
+  model's dimension, a folder without the split the experiment needs, an output folder that holds a
+  run with other settings.
+"""
+
+import json
+import os
+import shutil
+import signal
+
+import numpy as np
+import pytest
+
+from minisbert import training
+from minisbert.experiments import __main__ as command
+from minisbert.experiments import figures, runner, siamese_vs_triplet
+from minisbert.experiments.pca import fit_pca
+
+from .conftest import FIXTURES, REPO
+
+TINY = FIXTURES / "tiny_bert"  # 2 layers, 32 dimensions, random weights, mean pooling
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.py
+
+
+@pytest.fixture(autouse=True)
+def embedding_cache(tmp_path, monkeypatch):
+    """Corpus embeddings go to the test's own folder, not the repository's cache."""
+    monkeypatch.setattr(runner, "EMBEDDING_CACHE", tmp_path / "cache")
+
+
+def run(module, output, *options) -> dict:
+    """`python -m minisbert.experiments NAME --quick --model TINY --output OUTPUT OPTIONS`, in-process."""
+    module.main(["--quick", "--model", str(TINY), "--device", "cpu", "--output", str(output), *options])
+    return json.loads((output / "results.json").read_text())
+
+
+def table_rows(markdown: str, first_column: str) -> list:
+    """The rows (lists of cells) of the markdown table whose header starts with `first_column`."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_column} |"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return [rows[0]] + rows[2:]  # the header, then the rows after the |---| line
+
+
+def assert_png(path):
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size < 200_000
+
+
+def without_timing(results: dict) -> dict:
+    """results.json less the wall-clock numbers, which differ from run to run."""
+    return {name: {key: value if key != "training" else {k: v for k, v in value.items() if k != "seconds"}
+                   for key, value in result.items()} for name, result in results["models"].items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# siamese-vs-triplet
+
+
+SVT_MODELS = ["siamese-cosine", "siamese-euclidean", "triplet-euclidean", "triplet-cosine"]
+
+
+@pytest.fixture(scope="module")
+def svt_run(tmp_path_factory):
+    """One uninterrupted quick run: the reference the resumed runs are compared with."""
+    output = tmp_path_factory.mktemp("svt") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "EMBEDDING_CACHE", output.parent / "cache")
+        results = run(siamese_vs_triplet, output)
+    return output, results
+
+
+def test_siamese_vs_triplet_writes_the_table_and_both_figures(svt_run):
+    output, results = svt_run
+    assert list(results["models"]) == ["bm25", "untrained", *SVT_MODELS]
+    rows = table_rows((output / "results.md").read_text(), "model")
+    metrics = [f"{m}@{k}" for m in ("Precision", "Accuracy", "MRR", "NDCG") for k in (1, 5, 10)]
+    assert rows[0] == ["model", "measure", *metrics]
+    assert [row[:2] for row in rows[1:]] == [
+        ["Siamese cosine", "cosine"], ["Siamese euclidean", "euclidean"], ["Triplet euclidean", "euclidean"],
+        ["Triplet cosine", "cosine"], ["start model, untrained", "cosine"], ["BM25", "bm25"]]
+    names = SVT_MODELS + ["untrained", "bm25"]
+    for name, row in zip(names, rows[1:]):  # the table shows what results.json holds
+        scores = results["models"][name]["scores"]
+        assert row[2:] == [f"{scores[f'{m}@{k}']:.4f}" for m in ("precision", "accuracy", "mrr", "ndcg") for k in (1, 5, 10)]
+    # data/example: 8 training triplets, 16 pairs; 2 epochs of batches of 4.
+    training_rows = table_rows((output / "results.md").read_text(), "model | training time")
+    assert [row[2:4] for row in training_rows[1:]] == [["16", "8"], ["16", "8"], ["8", "4"], ["8", "4"]]
+    for name in SVT_MODELS:
+        trained = results["models"][name]["training"]
+        assert len(trained["loss"]) == trained["steps"]
+        assert (output / "models" / name / "final" / "model.safetensors").is_file()
+        assert (output / "models" / name / "result.json").is_file()
+    assert "**Against the paper's finding**" in (output / "results.md").read_text()
+    for name in SVT_MODELS + ["untrained"]:  # five triplets in the first two components
+        pca = results["models"][name]["pca"]
+        assert [np.shape(pca[role]) for role in ("query", "positive", "negative")] == [(5, 2)] * 3
+        assert 0 < pca["explained"][1] <= pca["explained"][0] < 1
+    assert_png(output / "loss.png")
+    assert_png(output / "pca.png")
+
+
+def test_a_rerun_trains_and_evaluates_nothing(svt_run, tmp_path, monkeypatch):
+    reference, results = svt_run
+    output = tmp_path / "run"
+    shutil.copytree(reference, output)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a finished model was trained or evaluated again")
+
+    monkeypatch.setattr(runner, "fit", must_not_run)
+    monkeypatch.setattr(runner, "retrieval_scores", must_not_run)
+    assert run(siamese_vs_triplet, output) == results
+
+
+def test_a_run_killed_between_models_goes_on_with_the_remaining_ones(svt_run, tmp_path, monkeypatch):
+    _, expected = svt_run
+    output = tmp_path / "run"
+    train, trained = runner.train, []
+
+    def killed_at_the_third_model(model, examples, spec, folder, *args, **kwargs):
+        if len(trained) == 2:
+            raise SystemExit("killed")
+        trained.append(folder.name)
+        return train(model, examples, spec, folder, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "train", killed_at_the_third_model)
+    with pytest.raises(SystemExit, match="killed"):
+        run(siamese_vs_triplet, output)
+    assert trained == SVT_MODELS[:2]
+    assert not (output / "results.json").exists()
+
+    def counting(model, examples, spec, folder, *args, **kwargs):
+        trained.append(folder.name)
+        return train(model, examples, spec, folder, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "train", counting)
+    results = run(siamese_vs_triplet, output)
+    assert trained == SVT_MODELS  # the first two from the first run, the last two from the second
+    assert without_timing(results) == without_timing(expected)
+
+
+def test_ctrl_c_while_a_model_trains_resumes_from_its_checkpoint(svt_run, tmp_path, monkeypatch):
+    _, expected = svt_run
+    output = tmp_path / "run"
+    append_log, pressed = training.append_log, []
+
+    def ctrl_c_at_step_3_of_the_second_model(path, entry):
+        append_log(path, entry)
+        if path.parent.name == "siamese-euclidean" and entry["step"] == 3 and not pressed:
+            pressed.append(entry["step"])
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(training, "append_log", ctrl_c_at_step_3_of_the_second_model)
+    with pytest.raises(SystemExit) as stopped:
+        command.main(["siamese-vs-triplet", "--quick", "--model", str(TINY), "--device", "cpu", "--output", str(output)])
+    assert stopped.value.code == 130
+    assert training.load_checkpoint(output / "models" / "siamese-euclidean" / "checkpoint.pt")["step"] == 3
+    assert not (output / "models" / "siamese-euclidean" / "result.json").exists()
+    results = run(siamese_vs_triplet, output)
+    assert without_timing(results) == without_timing(expected)
+
+
+def test_without_matplotlib_the_tables_are_written_and_a_line_says_how_to_get_the_figures(
+        svt_run, tmp_path, monkeypatch):
+    output = tmp_path / "run"
+    shutil.copytree(svt_run[0], output)
+    for figure in output.glob("*.png"):
+        figure.unlink()
+    monkeypatch.setattr(figures, "available", lambda: False)
+    run(siamese_vs_triplet, output)
+    assert figures.MISSING in (output / "results.md").read_text()
+    assert len(table_rows((output / "results.md").read_text(), "model")) == 7
+    assert not list(output.glob("*.png"))
+
+
+def test_figures_need_only_their_own_module_to_import_matplotlib():
+    sources = {path.name: path.read_text() for path in (REPO / "minisbert").rglob("*.py")}
+    assert [name for name, text in sources.items() if "import matplotlib" in text] == ["figures.py"]
+
+
+# ---------------------------------------------------------------------------------------------
+# PCA
+
+
+def test_pca_equals_the_svd_of_the_centred_matrix_and_the_covariance_eigenvectors():
+    points = np.random.default_rng(0).normal(size=(50, 6)) @ np.diag([5.0, 3.0, 2.0, 1.0, 0.5, 0.1])
+    pca = fit_pca(points, k=3)
+    centred = points - points.mean(axis=0)
+    _, singular_values, vt = np.linalg.svd(centred, full_matrices=False)
+    eigenvalues, eigenvectors = np.linalg.eigh(np.cov(points, rowvar=False))  # ascending
+    for i in range(3):  # each direction up to its sign, which fit_pca fixes: largest |coordinate| positive
+        reference = vt[i] * np.sign(vt[i][np.abs(vt[i]).argmax()])
+        np.testing.assert_allclose(pca.components[i].numpy(), reference, atol=1e-12)
+        eigenvector = eigenvectors[:, -1 - i] * np.sign(eigenvectors[np.abs(eigenvectors[:, -1 - i]).argmax(), -1 - i])
+        np.testing.assert_allclose(pca.components[i].numpy(), eigenvector, atol=1e-10)
+    np.testing.assert_allclose(pca.explained_variance.numpy(), singular_values[:3] ** 2 / 49, rtol=1e-12)
+    np.testing.assert_allclose(pca.explained_variance.numpy(), eigenvalues[::-1][:3], rtol=1e-10)
+    np.testing.assert_allclose(pca.explained_ratio.numpy(), singular_values[:3] ** 2 / (singular_values**2).sum())
+    np.testing.assert_allclose(pca.project(points), centred @ pca.components.numpy().T, atol=1e-12)
+
+
+def test_pca_of_points_on_a_line_finds_the_line():
+    t = np.array([-2.0, -1.0, 0.0, 1.0, 2.0])
+    points = np.array([1.0, 1.0]) + t[:, None] * np.array([0.6, -0.8])  # on the line through (1, 1), direction (3, -4) / 5
+    pca = fit_pca(points, k=1)
+    np.testing.assert_allclose(pca.components[0].numpy(), [-0.6, 0.8], atol=1e-15)  # -0.8 < 0: flipped
+    np.testing.assert_allclose(pca.explained_variance.numpy(), [np.var(t, ddof=1)], rtol=1e-14)  # 2.5
+    np.testing.assert_allclose(pca.explained_ratio.numpy(), [1.0])
+    np.testing.assert_allclose(pca.project(points)[:, 0], -t, atol=1e-14)
+
+
+def test_pca_refuses_too_few_points_or_too_many_components():
+    with pytest.raises(ValueError, match="a PCA with k=2 components needs at least 2 points"):
+        fit_pca(np.ones((1, 4)), k=2)
+    with pytest.raises(ValueError, match="got 3 points of dimension 2"):
+        fit_pca(np.ones((3, 2)), k=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_an_unknown_experiment_is_refused_with_the_list(capsys):
+    with pytest.raises(SystemExit, match="unknown experiment 'siamese-vs-quadruplet'; choose one of siamese-vs-triplet"):
+        command.main(["siamese-vs-quadruplet"])
+
+
+def test_an_unknown_model_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(SystemExit, match="'no-such-model' is neither a model directory nor a known model name"):
+        command.main(["siamese-vs-triplet", "--quick", "--model", "no-such-model", "--output", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
+
+
+def test_data_without_a_train_split_is_refused(tmp_path):
+    folder = tmp_path / "data"
+    shutil.copytree(REPO / "data" / "example", folder)
+    (folder / "qrels" / "train.tsv").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no qrels for split 'train': .* \(splits found: \['dev', 'test'\]\)"):
+        run(siamese_vs_triplet, tmp_path / "run", "--data", str(folder))
+
+
+def test_an_output_folder_with_other_settings_is_refused(svt_run, tmp_path):
+    output = tmp_path / "run"
+    shutil.copytree(svt_run[0], output)
+    with pytest.raises(ValueError, match=r"holds a run of siamese-vs-triplet with other settings \(they differ in "
+                                         r"\['margin'\]\); run the same command as before"):
+        run(siamese_vs_triplet, output, "--margin", "1")
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--margin", "-1", "--margin cannot be negative, got -1.0"),
+    ("--examples", "0", "--examples must be positive, got 0"),
+])
+def test_a_bad_option_is_refused(option, value, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run(siamese_vs_triplet, tmp_path / "run", option, value)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
