@@ -25,7 +25,7 @@ import pytest
 
 from minisbert import training
 from minisbert.experiments import __main__ as command
-from minisbert.experiments import figures, runner, siamese_vs_triplet
+from minisbert.experiments import embedding_size, figures, model_selection, runner, sbert_objectives, siamese_vs_triplet
 from minisbert.experiments.pca import fit_pca
 
 from .conftest import FIXTURES, REPO
@@ -193,6 +193,97 @@ def test_without_matplotlib_the_tables_are_written_and_a_line_says_how_to_get_th
 def test_figures_need_only_their_own_module_to_import_matplotlib():
     sources = {path.name: path.read_text() for path in (REPO / "minisbert").rglob("*.py")}
     assert [name for name, text in sources.items() if "import matplotlib" in text] == ["figures.py"]
+
+
+# ---------------------------------------------------------------------------------------------
+# embedding-size, sbert-objectives, model-selection
+
+
+def test_embedding_size_writes_a_row_per_size_and_the_figure(tmp_path):
+    output = tmp_path / "run"
+    results = run(embedding_size, output, "--dims", "16", "8", "--synthetic", "300")
+    assert list(results["models"]) == ["jaccard", "untrained", "d16", "d8"]
+    rows = table_rows((output / "results.md").read_text(), "model")
+    assert rows[0] == ["model", "measure", "Accuracy@1", "Accuracy@5", "Accuracy@10", "NDCG@1", "NDCG@5", "NDCG@10",
+                       "queries/s, test corpus", "queries/s, 300 random", "training time", "steps"]
+    assert [row[:2] for row in rows[1:]] == [["D = 16", "euclidean"], ["D = 8", "euclidean"],
+                                           ["start model, untrained (D = 32)", "cosine"], ["Jaccard (words)", "jaccard"]]
+    for dim, row in zip((16, 8), rows[1:]):
+        assert row[2:8] == [f"{results['models'][f'd{dim}']['scores'][m]:.4f}" for m in embedding_size.QUALITY]
+        assert row[-1] == "4"  # 8 triplets, batches of 4, 2 epochs
+        assert np.load(output / "models" / f"d{dim}" / "corpus.npy").shape == (48, dim)  # each model has its own size
+    speed = results["search_speed"]
+    assert len(speed["test"]) == len(speed["synthetic"]) == 2 and min(speed["test"] + speed["synthetic"]) > 0
+    assert_png(output / "dims.png")
+
+
+def test_a_size_larger_than_the_model_dimension_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"--dims 64 is larger than the 32 dimensions of .*tiny_bert: the projection "
+                                         r"reduces the size, so choose D <= 32"):
+        run(embedding_size, tmp_path / "run", "--dims", "16", "64")
+    assert not (tmp_path / "run").exists()
+
+
+def write_sts_and_sick(folder):
+    """Tiny STS-B (sts-*.csv: score in column 5, sentences in 6 and 7) and SICK (SICK_*.txt) folders."""
+    pairs = [("a man is eating food", "a man is eating a piece of bread", 3.8, "ENTAILMENT"),
+             ("a girl walks in the park", "the girl is eating", 1.2, "NEUTRAL"),
+             ("they play with a dog", "a dog and a cat play", 2.5, "NEUTRAL"),
+             ("the baby is carrying bread", "a baby carries a piece of bread", 4.6, "ENTAILMENT"),
+             ("a man walks in the park", "nobody walks in the park", 1.0, "CONTRADICTION"),
+             ("the cat is quick", "a quick cat", 4.0, "ENTAILMENT")]
+    (folder / "stsb").mkdir(parents=True)
+    (folder / "sick").mkdir()
+    for split in ("train", "dev", "test"):
+        (folder / "stsb" / f"sts-{split}.csv").write_text(
+            "".join(f"main-captions\tMSRvid\t2012\t{i:04d}\t{score * 5 / 4.6:.3f}\t{a}\t{b}\n"
+                    for i, (a, b, score, _) in enumerate(pairs)))
+    header = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
+    for name in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
+        (folder / "sick" / name).write_text(header + "".join(f"{i}\t{a}\t{b}\t{score}\t{label}\n"
+                                                             for i, (a, b, score, label) in enumerate(pairs)))
+    return folder / "stsb", folder / "sick"
+
+
+def test_sbert_objectives_writes_one_row_per_objective(tmp_path):
+    stsb, sick = write_sts_and_sick(tmp_path / "data")
+    output = tmp_path / "run"
+    results = run(sbert_objectives, output, "--stsb", str(stsb), "--sick", str(sick), "--batch-size", "4")
+    assert list(results["models"]) == ["untrained", "classification", "regression", "mnrl"]
+    rows = table_rows((output / "results.md").read_text(), "model")
+    assert rows[0] == ["model", "trained on", "STS-B test Spearman", "example test NDCG@10", "training time",
+                       "examples", "steps"]
+    assert [row[0] for row in rows[1:]] == ["start model, untrained", "classification (softmax)",
+                                            "regression (cosine MSE)", "MNRL, hard negatives"]
+    assert [row[5:] for row in rows[2:]] == [["6", "2"], ["6", "2"], ["8", "2"]]  # 6 pairs, 8 mined triplets; batch 4
+    for name, row in zip(results["models"], rows[1:]):
+        scores = results["models"][name]["scores"]
+        assert row[2:4] == [f"{scores['spearman']:.4f}", f"{scores['ndcg@10']:.4f}"]
+        assert -1 <= scores["spearman"] <= 1 and 0 <= scores["ndcg@10"] <= 1
+
+
+def test_model_selection_marks_the_best_model_in_each_column(svt_run, tmp_path):
+    output = tmp_path / "run"
+    trained = svt_run[0] / "models" / "triplet-cosine"  # an experiment's model folder: its final/ is used
+    models = [str(TINY), str(trained), "bm25", "jaccard"]
+    module_args = ["--quick", "--device", "cpu", "--output", str(output), "--model", *models]
+    model_selection.main(module_args)
+    results = json.loads((output / "results.json").read_text())["models"]
+    assert list(results) == models
+    assert results[str(trained)]["scores"] == svt_run[1]["models"]["triplet-cosine"]["scores"]  # cosine, as it was trained
+    rows = table_rows((output / "results.md").read_text(), "model")
+    assert rows[0][:4] == ["model", "NDCG@1", "NDCG@5", "NDCG@10"] and len(rows[0]) == 13
+    for column, key in enumerate([f"{m}@{k}" for m in ("ndcg", "map", "recall", "precision") for k in (1, 5, 10)], 1):
+        best = max(result["scores"][key] for result in results.values())
+        for name, row in zip(models, rows[1:]):
+            value = results[name]["scores"][key]
+            assert row[column] == (f"**{value:.4f}**" if value == best else f"{value:.4f}")
+
+
+def test_model_selection_checks_every_model_before_evaluating_any(tmp_path):
+    with pytest.raises(ValueError, match="'no-such-model' is neither a model directory nor a known model name"):
+        model_selection.main(["--quick", "--output", str(tmp_path / "run"), "--model", str(TINY), "bm25", "no-such-model"])
+    assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,16 +41,39 @@ METRIC_COLUMNS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("MRR", 
 # The command line: a preset (full, or --quick) with the options the user gave on top
 
 
-def parser(name: str, description: str) -> argparse.ArgumentParser:
-    """The options every experiment has; each adds its own (margin, dims, ...) with default None."""
+def parser(name: str, description: str, several_models: bool = False) -> argparse.ArgumentParser:
+    """The options every experiment has; each adds its own (margin, dims, ...) with default None.
+    --model names the start model, or with several_models the models to compare."""
     p = argparse.ArgumentParser(prog=f"python -m minisbert.experiments {name}", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the small preset (data/example, a few steps): minutes")
     p.add_argument("--data", default=None, help="a named dataset (scifact) or a folder")
-    p.add_argument("--model", default=None, help="the start model: a known name or a model directory")
+    if several_models:
+        p.add_argument("--model", nargs="+", default=None, help="known names, model directories, bm25, jaccard")
+    else:
+        p.add_argument("--model", default=None, help="the start model: a known name or a model directory")
     p.add_argument("--output", type=Path, default=None, help=f"default: runs/{name} (runs/{name}-quick)")
     p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     return p
+
+
+def training_options(p: argparse.ArgumentParser, examples_help: str) -> None:
+    """The options that size the training budget."""
+    p.add_argument("--examples", type=int, default=None, help=examples_help)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--max-seq-length", type=int, default=None, help="tokens per text, in training and search")
+
+
+def parse(p: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """The parsed options; a count that is not positive or a negative margin stops with a message."""
+    args = p.parse_args(argv)
+    for name in ("examples", "epochs", "batch_size", "max_seq_length", "synthetic"):
+        if getattr(args, name, None) is not None and getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if getattr(args, "margin", None) is not None and args.margin < 0:
+        p.error(f"--margin cannot be negative, got {args.margin}")
+    return args
 
 
 def settings_from(args: argparse.Namespace, presets: dict) -> argparse.Namespace:

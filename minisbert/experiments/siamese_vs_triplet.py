@@ -70,19 +70,8 @@ PCA_TRIPLETS = 5  # drawn from the test triplets with the seed, the same five in
 def parse_args(argv=None):
     p = runner.parser(NAME, __doc__)
     p.add_argument("--margin", type=float, default=None, help="triplet margin (default 5, as the paper)")
-    p.add_argument("--examples", type=int, default=None,
-                   help="training triplets, drawn with the seed (default: the preset's; the Siamese models "
-                        "get two pairs from each)")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--max-seq-length", type=int, default=None, help="tokens per text, in training and search")
-    args = p.parse_args(argv)
-    for name in ("examples", "epochs", "batch_size", "max_seq_length"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.margin is not None and args.margin < 0:
-        p.error(f"--margin cannot be negative, got {args.margin}")
-    return args
+    runner.training_options(p, "training triplets, drawn with the seed (the Siamese models get two pairs from each)")
+    return runner.parse(p, argv)
 
 
 def main(argv=None):
