@@ -224,6 +224,42 @@ def test_a_size_larger_than_the_model_dimension_is_refused(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def write_quora(folder, duplicates: int = 20):
+    """quora_duplicate_questions.tsv: `duplicates` duplicate pairs, each first question also paired with
+    a question judged not its duplicate."""
+    folder.mkdir()
+    lines = ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"]
+    for i in range(duplicates):
+        a, b, c = 3 * i + 1, 3 * i + 2, 3 * i + 3
+        lines.append(f"{2 * i}\t{a}\t{b}\tis the {i} man eating\tdoes the {i} man eat food\t1")
+        lines.append(f"{2 * i + 1}\t{a}\t{c}\tis the {i} man eating\tis the {i} dog walking\t0")
+    (folder / "quora_duplicate_questions.tsv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_quora_duplicates_split_80_15_5_with_the_files_own_negatives(tmp_path):
+    triplets, test = runner.quora_data(str(write_quora(tmp_path / "quora")), seed=3)
+    assert len(triplets) == 16 and len(test.qrels) == 2 * 3  # 80 % and 15 % of 20 pairs; both questions query
+    for anchor, positive, negative in (t.texts for t in triplets):
+        number = anchor.split()[2]
+        assert (positive, negative) == (f"does the {number} man eat food", f"is the {number} dog walking")
+    for question, judged in test.qrels.items():
+        (duplicate,) = judged
+        assert test.qrels[duplicate] == {question: 1} and test.queries[question] == test.corpus[question]
+    assert not {t.texts[0] for t in triplets} & set(test.queries.values())  # no test question is trained on
+
+
+def test_embedding_size_reads_quoras_layout_and_no_question_finds_itself(tmp_path):
+    results = run(embedding_size, tmp_path / "run", "--data", str(write_quora(tmp_path / "quora")), "--dims", "8")
+    assert list(results["models"]) == ["jaccard", "untrained", "d8"]
+    # 3 test pairs pooled into 6 questions. By word-set Jaccard, "is the 3 man eating" is nearer the two
+    # other "is the N man eating" (4 words of 6 shared) than its duplicate "does the 3 man eat food"
+    # (3 of 8), which is nearer than the other two "does the N man eat food" (2 of 8); the same holds
+    # the other way round. So every duplicate ranks 3rd, MRR 1/3; had a question found itself
+    # (Jaccard 1), the duplicate would rank 4th.
+    assert results["models"]["jaccard"]["scores"]["mrr@10"] == pytest.approx(1 / 3)
+
+
 def write_sts_and_sick(folder):
     """Tiny STS-B (sts-*.csv: score in column 5, sentences in 6 and 7) and SICK (SICK_*.txt) folders."""
     pairs = [("a man is eating food", "a man is eating a piece of bread", 3.8, "ENTAILMENT"),

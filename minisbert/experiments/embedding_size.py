@@ -11,7 +11,9 @@ margin 0.05 (eq. 1), and retrieves with euclidean distance (section 3.2). On Quo
 questions, accuracy falls only slowly as D shrinks while the time to compare embeddings falls with D
 (sections 5, 6). Here: one model per D from the same start model (its normalisation switched off, as
 the paper's network has none), trained on the same triplets (the retrieval data's train split,
-negatives mined once with the start model), and evaluated on the test split:
+negatives mined once with the start model; or, given a folder with Quora's
+quora_duplicate_questions.tsv, the paper's own setup: runner.quora_data), and evaluated on the test
+split:
 
 - accuracy and NDCG at 1, 5 and 10, retrieving with euclidean distance;
 - search speed: exact top-10 search (retrieval.search), in queries per second, over the test corpus
@@ -71,16 +73,22 @@ def main(argv=None):
                          f"the projection reduces the size, so choose D <= {start.dimension}")
     study = runner.Study(runner.output_folder(args, NAME), NAME, s)
 
-    # The data: training triplets and the test split.
-    triplets = runner.subsample(runner.mined_triplets(s.data, "train", start, s.seed)[1], s.examples, s.seed)
-    test = runner.mined_triplets(s.data, "test", start, s.seed)[0]
+    # The data: training triplets and the test split, from Quora's duplicate questions as in the paper,
+    # or from a retrieval dataset's train and test splits.
+    quora = runner.holds_quora(s.data)
+    if quora:
+        triplets, test = runner.quora_data(s.data, s.seed)
+    else:
+        triplets = runner.mined_triplets(s.data, "train", start, s.seed)[1]
+        test = runner.mined_triplets(s.data, "test", start, s.seed)[0]
+    triplets = runner.subsample(triplets, s.examples, s.seed)
     print(f"{len(triplets):,} training triplets, {len(test.queries):,} test queries, {len(test.corpus):,} documents")
 
     # The baselines, then one model per D.
     results = {
-        "jaccard": study.entry("jaccard", lambda folder: {"scores": runner.retrieval_scores("jaccard", test)}),
+        "jaccard": study.entry("jaccard", lambda folder: {"scores": runner.retrieval_scores("jaccard", test, exclude_self=quora)}),
         "untrained": study.entry("untrained", lambda folder: {"dim": start.dimension,
-                                                                "scores": runner.retrieval_scores(start, test)}),
+                                                                "scores": runner.retrieval_scores(start, test, exclude_self=quora)}),
     }
     settings = TrainingSettings(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, margin=s.margin, seed=s.seed,
                                 checkpoint_steps=runner.CHECKPOINT_STEPS)
@@ -92,7 +100,7 @@ def main(argv=None):
             model.dense = Dense(model.dimension, dim, activation="identity").to(model.device)
             training = runner.train(model, triplets, select_loss("triplet", "euclidean"), folder, settings,
                                     identity={"model": s.model, "dim": dim, "data": s.data})
-            scores = runner.retrieval_scores(model, test, "euclidean")
+            scores = runner.retrieval_scores(model, test, "euclidean", exclude_self=quora)
             np.save(folder / "corpus.npy", runner.corpus_embeddings(model, test)[0])  # for the speed rounds
             np.save(folder / "queries.npy", model.encode(list(test.queries.values())))
             return {"dim": dim, "scores": scores, "training": training}
@@ -114,8 +122,11 @@ def main(argv=None):
         "using reduced embedding sizes\": a linear projection to D dimensions after pooling, trained with the "
         "triplet loss on euclidean distance.",
         "",
-        f"Data: {s.data}, train -> test; {len(triplets):,} training triplets (negatives mined once with the start "
-        f"model), {len(test.queries):,} test queries over {len(test.corpus):,} documents. Start model {s.model}, "
+        f"Data: {s.data}, train -> test; {len(triplets):,} training triplets ("
+        + ("duplicate pairs split 80/15/5 %, negatives the questions the file judges not duplicates; each test question "
+           "retrieves its duplicate from the pooled test questions, itself excluded" if quora else
+           "negatives mined once with the start model")
+        + f"), {len(test.queries):,} test queries over {len(test.corpus):,} documents. Start model {s.model}, "
         f"normalisation off for training; at most {s.max_seq_length} tokens per text; {s.epochs} epoch(s), batch "
         f"{s.batch_size}, learning rate {s.lr:g}, margin {s.margin:g}, seed {s.seed}. Search speed: exact top-10, "
         f"{len(test.queries):,} queries, over the test corpus and over {s.synthetic:,} random vectors, the fastest of "

@@ -154,6 +154,48 @@ def mined_triplets(data: str, split: str, start_model, seed: int) -> tuple:
     return retrieval, triplets
 
 
+QUORA_FILE = "quora_duplicate_questions.tsv"
+
+
+def holds_quora(data: str) -> bool:
+    """Whether the data folder holds Quora's duplicate-question file."""
+    return (dataset_folder(data) / QUORA_FILE).is_file()
+
+
+def quora_data(data: str, seed: int) -> tuple:
+    """(training triplets, test split) from Quora's duplicate-question file, as Bagge et al. use it
+    (sections 2, 3.1, 3.2). The duplicate pairs are shuffled with the seed and split 80 / 15 / 5 % into
+    train, test and validation (not used here). A training triplet is a question, its duplicate, and
+    a question the file judges not to be its duplicate (a random question where it judges none). The
+    test split pools the questions of its pairs: each retrieves from the pool, where its duplicate is
+    the one relevant question; rank it with exclude_self, so that no question finds itself."""
+    rows = datasets.read_quora_duplicates(dataset_folder(data) / QUORA_FILE)
+    texts = {**{r.qid1: r.question1 for r in rows}, **{r.qid2: r.question2 for r in rows}}
+    not_duplicates = {}
+    for r in rows:
+        if not r.is_duplicate:
+            not_duplicates.setdefault(r.qid1, []).append(r.qid2)
+            not_duplicates.setdefault(r.qid2, []).append(r.qid1)
+    pairs = [(r.qid1, r.qid2) for r in rows if r.is_duplicate]
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    train, test = pairs[:int(0.8 * len(pairs))], pairs[int(0.8 * len(pairs)):int(0.95 * len(pairs))]
+    if not train or not test:
+        raise ValueError(f"{dataset_folder(data) / QUORA_FILE}: {len(pairs)} duplicate pairs are too few to split "
+                         "80 / 15 / 5 % into train, test and validation")
+    others = sorted(texts)
+    triplets = []
+    for question, duplicate in train:
+        negative = rng.choice(not_duplicates.get(question) or [q for q in others if q not in (question, duplicate)])
+        triplets.append(Example((texts[question], texts[duplicate], texts[negative])))
+    qrels = {}
+    for a, b in test:
+        qrels.setdefault(a, {})[b] = 1
+        qrels.setdefault(b, {})[a] = 1
+    pool = {q: texts[q] for q in qrels}
+    return triplets, datasets.RetrievalData(corpus=pool, queries=dict(pool), qrels=qrels)
+
+
 def subsample(examples: list, count: int | None, seed: int) -> list:
     """`count` examples drawn with `seed` (all of them when count is None or larger)."""
     if count is None or count >= len(examples):
@@ -180,10 +222,10 @@ def train(model, examples: list, spec, folder: Path, settings: TrainingSettings,
             "loss": [entry["loss"] for entry in log]}
 
 
-def retrieval_scores(model, retrieval: datasets.RetrievalData, score: str = "cosine") -> dict:
+def retrieval_scores(model, retrieval: datasets.RetrievalData, score: str = "cosine", exclude_self: bool = False) -> dict:
     """Every metric at KS for `model` (a SentenceModel, or "bm25" / "jaccard") ranking the split's
-    corpus with `score` (cosine, dot or euclidean)."""
-    run = rank(model, retrieval, max(KS), score=score, cache_dir=EMBEDDING_CACHE)
+    corpus with `score` (cosine, dot or euclidean); exclude_self drops the document whose id is the query's."""
+    run = rank(model, retrieval, max(KS), score=score, cache_dir=EMBEDDING_CACHE, exclude_self=exclude_self)
     return metrics.evaluate_run(run, retrieval.qrels, KS)
 
 
