@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from . import data as datasets
-from .evaluation import dataset_folder, encode_cached
+from .evaluation import CACHE_DIR, dataset_folder, encode_cached
 from .retrieval import search
 from .fileio import atomic_write
 
@@ -89,7 +89,9 @@ def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
     if shape == TRIPLETS and (folder / "triplets.tsv").is_file():
         return [Example((t.anchor, t.positive, t.negative)) for t in datasets.read_triplets_tsv(folder / "triplets.tsv")]
     if shape in (TRIPLETS, SCORED) and (folder / "qrels" / "train.tsv").is_file():
-        triplets = mine_hard_negatives(model, datasets.load_beir(folder, "train"), seed=seed)
+        # The corpus embeddings are shared with evaluate.py's cache: the start model's are often there.
+        triplets = mine_hard_negatives(model, datasets.load_beir(folder, "train"), seed=seed,
+                                       cache_dir=CACHE_DIR / "embeddings")
         if shape == TRIPLETS:
             return triplets
         return [Example((e.texts[0], e.texts[1]), 1.0) for e in triplets] + \
