@@ -1,17 +1,17 @@
-"""`python -m minisbert.experiments NAME [options]`: run one experiment (see __init__.py for the list;
-`... NAME --help` for its options)."""
+"""`python -m minisbert.experiments NAME [options]`: run one experiment (`... NAME --help` for its options)."""
 
 import importlib
 import sys
 
 from . import EXPERIMENTS
+from . import __doc__ as OVERVIEW
 from ..fit import Interrupted, TrainingFailed
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__ + "\n\nexperiments: " + ", ".join(EXPERIMENTS))
+        print(__doc__ + "\n" + OVERVIEW)
         return
     name, options = argv[0], argv[1:]
     if name not in EXPERIMENTS:

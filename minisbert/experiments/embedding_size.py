@@ -50,7 +50,7 @@ FIGURE_QUALITY = ["accuracy@1", "accuracy@10", "ndcg@10"]  # the lines of dims.p
 
 
 def parse_args(argv=None):
-    p = runner.parser(NAME, __doc__)
+    p = runner.parser(NAME, __doc__, PRESETS)
     p.add_argument("--dims", type=int, nargs="+", default=None, help="embedding sizes D, each at most the model's")
     p.add_argument("--margin", type=float, default=None, help="triplet margin (default 0.05, as the paper)")
     runner.training_options(p, "training triplets, drawn with the seed")

@@ -36,7 +36,7 @@ COLUMNS = [("NDCG", "ndcg"), ("MAP", "map"), ("Recall", "recall"), ("Precision",
 
 
 def parse_args(argv=None):
-    p = runner.parser(NAME, __doc__, several_models=True)
+    p = runner.parser(NAME, __doc__, PRESETS, several_models=True)
     p.add_argument("--score", choices=["cosine", "dot", "euclidean"], default=None,
                    help="how the sentence encoders compare embeddings (default cosine)")
     p.add_argument("--max-seq-length", type=int, default=None, help="tokens per text (default: each model's own)")

@@ -41,11 +41,14 @@ METRIC_COLUMNS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("MRR", 
 # The command line: a preset (full, or --quick) with the options the user gave on top
 
 
-def parser(name: str, description: str, several_models: bool = False) -> argparse.ArgumentParser:
-    """The options every experiment has; each adds its own (margin, dims, ...) with default None.
-    --model names the start model, or with several_models the models to compare."""
+def parser(name: str, description: str, presets: dict, several_models: bool = False) -> argparse.ArgumentParser:
+    """The options every experiment has; each adds its own (margin, dims, ...) with default None, so
+    that the preset's value applies. --model names the start model, or with several_models the models
+    to compare. --help lists the presets."""
+    epilog = "presets (an option given replaces the preset's value):\n" + "\n".join(
+        f"  {preset}: " + ", ".join(f"{key}={value}" for key, value in values.items()) for preset, values in presets.items())
     p = argparse.ArgumentParser(prog=f"python -m minisbert.experiments {name}", description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the small preset (data/example, a few steps): minutes")
     p.add_argument("--data", default=None, help="a named dataset (scifact) or a folder")
     if several_models:

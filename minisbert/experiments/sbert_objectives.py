@@ -47,7 +47,7 @@ PRESETS = {
 
 
 def parse_args(argv=None):
-    p = runner.parser(NAME, __doc__)
+    p = runner.parser(NAME, __doc__, PRESETS)
     p.add_argument("--stsb", default=None, help="STS-B: the name stsb, or a folder with sts-{train,test}.csv")
     p.add_argument("--sick", default=None, help="SICK: the name sick, or a folder with SICK_train.txt ...")
     runner.training_options(p, "training examples per objective, drawn with the seed")

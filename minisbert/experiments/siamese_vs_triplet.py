@@ -68,7 +68,7 @@ PCA_TRIPLETS = 5  # drawn from the test triplets with the seed, the same five in
 
 
 def parse_args(argv=None):
-    p = runner.parser(NAME, __doc__)
+    p = runner.parser(NAME, __doc__, PRESETS)
     p.add_argument("--margin", type=float, default=None, help="triplet margin (default 5, as the paper)")
     runner.training_options(p, "training triplets, drawn with the seed (the Siamese models get two pairs from each)")
     return runner.parse(p, argv)
