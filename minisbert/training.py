@@ -1,4 +1,5 @@
-"""The pieces train.py is made of: training examples, hard-negative mining, batches, checkpoints.
+"""The pieces the training loop (fit.py) is made of: training examples, hard-negative mining, batches,
+checkpoints.
 
 Training data comes in three shapes, one per family of objectives (losses.py):
 - scored pairs (sentence1, sentence2, score in [0, 1]) for the Siamese regression losses;
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 from . import data as datasets
-from .evaluation import dataset_folder
+from .evaluation import CACHE_DIR, dataset_folder, encode_cached
 from .retrieval import search
 from .fileio import atomic_write
 
@@ -37,15 +38,17 @@ class Example:
 
 
 def mine_hard_negatives(model, retrieval: datasets.RetrievalData, top_k: int = 10, batch_size: int = 32,
-                        seed: int = 0) -> list:
+                        seed: int = 0, cache_dir: Path = None) -> list:
     """One triplet per judged (query, relevant document): the negative is drawn from the query's top_k
-    retrieved documents that are not judged relevant (seed 000 mines negatives from a retriever's
-    top results the same way). Uses cosine similarity with the model being trained."""
+    retrieved documents that are not judged relevant (the hard negatives Rygaard et al. train on,
+    "Distance Dilemma", section 2.1, were mined from retrievers' top results the same way). Uses
+    cosine similarity with `model`; the corpus embeddings are read from / written to `cache_dir`
+    (evaluation.encode_cached) when it is given, so evaluating the same model encodes nothing again."""
     doc_ids = list(retrieval.corpus)
     query_ids = [q for q in retrieval.queries if any(r > 0 for r in retrieval.qrels.get(q, {}).values())]
     if not query_ids:  # nothing judged relevant: no triplets (train.py then says there is no data)
         return []
-    corpus = model.encode([retrieval.corpus[d] for d in doc_ids], batch_size=batch_size)
+    corpus = encode_cached(model, [retrieval.corpus[d] for d in doc_ids], batch_size, cache_dir)
     queries = model.encode([retrieval.queries[q] for q in query_ids], batch_size=batch_size)
     k = min(top_k + max(len(retrieval.qrels[q]) for q in query_ids), len(doc_ids))
     _, indices = search(queries, corpus, k, score="cosine")  # (Q, k)
@@ -86,7 +89,9 @@ def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
     if shape == TRIPLETS and (folder / "triplets.tsv").is_file():
         return [Example((t.anchor, t.positive, t.negative)) for t in datasets.read_triplets_tsv(folder / "triplets.tsv")]
     if shape in (TRIPLETS, SCORED) and (folder / "qrels" / "train.tsv").is_file():
-        triplets = mine_hard_negatives(model, datasets.load_beir(folder, "train"), seed=seed)
+        # The corpus embeddings are shared with evaluate.py's cache: the start model's are often there.
+        triplets = mine_hard_negatives(model, datasets.load_beir(folder, "train"), seed=seed,
+                                       cache_dir=CACHE_DIR / "embeddings")
         if shape == TRIPLETS:
             return triplets
         return [Example((e.texts[0], e.texts[1]), 1.0) for e in triplets] + \
@@ -102,7 +107,7 @@ MSMARCO_CE_SCORES = "cross-encoder-ms-marco-*-scores.*"
 
 
 def msmarco_examples(folder: Path, shape: str, ce_margin: float = 3.0, seed: int = 0) -> list:
-    """Seed 000's training data from an MS MARCO folder: collection.tsv, queries.train.tsv, the
+    """Rygaard et al.'s training data from an MS MARCO folder: collection.tsv, queries.train.tsv, the
     hard-negatives file (msmarco-hard-negatives.jsonl[.gz]) and cross-encoder scores
     (cross-encoder-ms-marco-*-scores.{pkl.gz,json,tsv}).
 

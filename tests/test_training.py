@@ -1,4 +1,4 @@
-"""Tests for train.py and minisbert/training.py: fine-tuning end to end, on a tiny random model.
+"""Tests for train.py, minisbert/fit.py and minisbert/training.py: fine-tuning end to end, on a tiny random model.
 
 What "correct" means for training:
 - every objective (Siamese and triplet, each with cosine and euclidean; SBERT's softmax classifier;
@@ -42,6 +42,7 @@ import evaluate
 import minisbert
 import train
 from minisbert import data as datasets
+from minisbert import fit as fitting
 from minisbert import training
 from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
@@ -310,14 +311,14 @@ def record_checkpoints(monkeypatch) -> list:
 
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_model, tsv_data, tmp_path, monkeypatch):
     saved = record_checkpoints(monkeypatch)
-    compute_loss, calls = train.compute_loss, []
+    compute_loss, calls = fitting.compute_loss, []
 
     def nan_at_step_5(*args):
         calls.append(None)
         loss = compute_loss(*args)
         return loss * float("nan") if len(calls) == 5 else loss
 
-    monkeypatch.setattr(train, "compute_loss", nan_at_step_5)
+    monkeypatch.setattr(fitting, "compute_loss", nan_at_step_5)
     args = ["--data", str(tsv_data), "--epochs", "10", "--max-steps", "8", "--checkpoint-steps", "3"]
     output = tmp_path / "run"
     with pytest.raises(SystemExit) as stopped:
@@ -331,24 +332,24 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_model,
     assert not (output / "final").exists()
 
     # Resumed from step 3, the run logs step 4 again, once, as if it had never stopped.
-    monkeypatch.setattr(train, "compute_loss", compute_loss)
+    monkeypatch.setattr(fitting, "compute_loss", compute_loss)
     assert run_train(output, tiny_model, *args, "--resume") == run_train(tmp_path / "uninterrupted", tiny_model, *args)
 
 
 def test_a_fresh_run_does_not_append_to_the_log_of_a_run_that_never_saved_a_checkpoint(
         tiny_model, tsv_data, tmp_path, monkeypatch):
-    compute_loss, calls = train.compute_loss, []
+    compute_loss, calls = fitting.compute_loss, []
 
     def nan_at_step_3(*args):
         calls.append(None)
         return compute_loss(*args) * (float("nan") if len(calls) == 3 else 1)
 
-    monkeypatch.setattr(train, "compute_loss", nan_at_step_3)
+    monkeypatch.setattr(fitting, "compute_loss", nan_at_step_3)
     output, args = tmp_path / "run", ["--data", str(tsv_data), "--max-steps", "3"]
     with pytest.raises(SystemExit, match=r"loss became nan at step 3; .* \(step none written yet\)"):
         run_train(output, tiny_model, *args)
     assert [entry["step"] for entry in read_log(output)] == [1, 2]
-    monkeypatch.setattr(train, "compute_loss", compute_loss)
+    monkeypatch.setattr(fitting, "compute_loss", compute_loss)
     assert [entry["step"] for entry in run_train(output, tiny_model, *args)] == [1, 2, 3]
 
 

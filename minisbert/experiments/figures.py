@@ -1,0 +1,126 @@
+"""The experiments' figures, drawn with matplotlib when it is installed.
+
+matplotlib is an optional dependency that only this module imports, and only when a figure is drawn:
+without it an experiment still writes every table, and says how to get the figures (install
+matplotlib, then run the same command again: finished models are read back, not trained again).
+Each function takes plain numbers, as results.json holds them, and writes one PNG (about 100 KB).
+Checked in tests/test_experiments.py.
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+MISSING = ("figures need matplotlib, which is not installed: `pip install matplotlib`, then run the same "
+           "command again (finished models are read back, not trained again)")
+TRIPLET_COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink"]
+
+
+def available() -> bool:
+    try:
+        import matplotlib  # noqa: F401  (only asking whether it is there)
+    except ImportError:
+        return False
+    return True
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no window, no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+    print(f"figure: {path}")
+
+
+def running_mean(values: list, window: int) -> np.ndarray:
+    """The mean of each value and the window - 1 before it (fewer at the start)."""
+    sums = np.cumsum(np.concatenate([[0.0], values]))
+    ends = np.arange(1, len(values) + 1)
+    starts = np.maximum(ends - window, 0)
+    return (sums[ends] - sums[starts]) / (ends - starts)
+
+
+def loss_curves(path: Path, panels: dict) -> None:
+    """One panel per group ({"Siamese": {label: [loss per step]}, "Triplet": {...}}): each step's loss,
+    faint, and its running mean over a twentieth of the steps, as Rygaard et al.'s Fig. 3; a panel
+    whose curves differ in scale by more than 20 times gets a logarithmic loss axis."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
+    for ax, (title, curves) in zip(axes[0], panels.items()):
+        for colour, (label, losses) in zip(TRIPLET_COLOURS, curves.items()):
+            steps = np.arange(1, len(losses) + 1)
+            ax.plot(steps, losses, color=colour, alpha=0.25, linewidth=0.8)
+            ax.plot(steps, running_mean(losses, max(1, len(losses) // 20)), color=colour, linewidth=2, label=label)
+        values = np.concatenate([np.asarray(losses, dtype=float) for losses in curves.values()])
+        if values.min() > 0 and values.max() > 20 * values.min():  # curves of different scales, e.g. MSE on
+            ax.set_yscale("log")                                      # cosines beside MSE on distances
+        ax.set_title(f"{title} networks")
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    _save(fig, path)
+
+
+def pca_panels(path: Path, panels: dict) -> None:
+    """One panel per model ({label: {"query", "positive", "negative": [[x, y], ...], "explained": [r1, r2]}}):
+    each triplet in its own colour, the query a circle joined to its positive (triangle, solid line)
+    and its negative (cross, dashed line), as Rygaard et al.'s Fig. 2B."""
+    plt = _pyplot()
+    columns = min(len(panels), 3)
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.9 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (label, pca) in zip(axes.flat, panels.items()):
+        for i, (q, p, n) in enumerate(zip(pca["query"], pca["positive"], pca["negative"])):
+            colour = TRIPLET_COLOURS[i % len(TRIPLET_COLOURS)]
+            ax.plot([q[0], p[0]], [q[1], p[1]], color=colour, linewidth=1)
+            ax.plot([q[0], n[0]], [q[1], n[1]], color=colour, linewidth=1, linestyle="--")
+            ax.scatter(*q, color=colour, marker="o", s=50, edgecolors="black", linewidths=0.5, zorder=3)
+            ax.scatter(*p, color=colour, marker="^", s=50, zorder=3)
+            ax.scatter(*n, color=colour, marker="x", s=50, zorder=3)
+        ratio = pca["explained"]
+        ax.set_title(label)
+        ax.set_xlabel(f"PC1 ({100 * ratio[0]:.0f}% of variance)")
+        ax.set_ylabel(f"PC2 ({100 * ratio[1]:.0f}%)")
+        ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], color="grey", marker=m, linestyle=s, label=t)
+               for m, s, t in (("o", "", "query"), ("^", "-", "positive"), ("x", "--", "negative"))]
+    fig.legend(handles=handles, loc="lower right", ncol=3, fontsize="small")
+    _save(fig, path)
+
+
+def dims_figure(path: Path, dims: list, quality: dict, speed: dict, untrained: dict) -> None:
+    """Left: retrieval quality against the embedding size D ({metric label: [value per D]}), with the
+    untrained start model as dotted lines ({metric label: value}). Right: search speed against D
+    ({corpus label: [queries per second per D]})."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for colour, (label, values) in zip(TRIPLET_COLOURS, quality.items()):
+        left.plot(dims, values, marker="o", color=colour, label=label)
+        if label in untrained:
+            left.axhline(untrained[label], color=colour, linestyle=":", linewidth=1)
+    left.set_title("retrieval quality (dotted: start model, untrained)")
+    left.set_ylabel("score")
+    for colour, (label, values) in zip(TRIPLET_COLOURS, speed.items()):
+        right.plot(dims, values, marker="o", color=colour, label=label)
+    right.set_title("exact search speed")
+    right.set_ylabel("queries per second")
+    right.set_yscale("log")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(dims, [str(d) for d in dims])
+        ax.minorticks_off()
+        ax.set_xlabel("embedding size D")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    _save(fig, path)

@@ -1,0 +1,97 @@
+"""Choosing a model for your data: several models on one retrieval dataset, one table, the best marked.
+After Silveri, "Choosing the Right SBERT Model for Your Data with BEIR" (2024).
+
+    python -m minisbert.experiments model-selection --data scifact \\
+        --model all-MiniLM-L6-v2 msmarco-MiniLM-L6-cos-v5 runs/x bm25 jaccard
+    python -m minisbert.experiments model-selection --quick      # data/example: the default models
+
+The walk-through evaluates candidate models on the user's own data, in the BEIR layout (corpus,
+queries, qrels), and reads NDCG, MAP, Recall and Precision at k side by side. Here each model ranks
+the test split's corpus with --score (cosine by default; euclidean for models trained for it) and is
+scored with those four metrics at 1, 5 and 10; the best model in each column is marked in bold.
+
+A model is a known name (fetched on first use), a model directory, the output folder of train.py
+(its final/ model is used) or of an experiment's model (models/<name>/), or a lexical baseline: bm25,
+jaccard. Every name is checked before the first model is evaluated.
+
+Writes results.md (the table) and results.json. Checked in tests/test_experiments.py.
+"""
+
+import re
+from pathlib import Path
+
+from .. import data as datasets
+from ..evaluation import LEXICAL, dataset_folder
+from ..hub import resolve
+from . import runner
+
+NAME = "model-selection"
+PRESETS = {
+    "full": {"data": "scifact", "model": ["all-MiniLM-L6-v2", "bm25", "jaccard"], "score": "cosine",
+             "max_seq_length": None},
+    "quick": {"data": "example", "model": ["all-MiniLM-L6-v2", "bm25", "jaccard"], "score": "cosine",
+              "max_seq_length": None},
+}
+COLUMNS = [("NDCG", "ndcg"), ("MAP", "map"), ("Recall", "recall"), ("Precision", "precision")]
+
+
+def parse_args(argv=None):
+    p = runner.parser(NAME, __doc__, PRESETS, several_models=True)
+    p.add_argument("--score", choices=["cosine", "dot", "euclidean"], default=None,
+                   help="how the sentence encoders compare embeddings (default cosine)")
+    p.add_argument("--max-seq-length", type=int, default=None, help="tokens per text (default: each model's own)")
+    return runner.parse(p, argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    s = runner.settings_from(args, PRESETS)
+    # Every model is found (and fetched) before the first is evaluated: a typo fails in seconds.
+    models = {name: name if name in LEXICAL else model_directory(name) for name in s.model}
+    test = datasets.load_beir(dataset_folder(s.data), "test")
+    study = runner.Study(runner.output_folder(args, NAME), NAME, s)
+    print(f"{s.data} (test): {len(test.queries):,} queries, {len(test.corpus):,} documents")
+
+    def evaluate(source):
+        model = source if source in LEXICAL else runner.load_model(source, args.device, s.max_seq_length)
+        return {"scores": runner.retrieval_scores(model, test, s.score)}
+
+    results = {name: study.entry(entry_name(name), lambda folder, source=source: evaluate(source))
+               for name, source in models.items()}
+
+    header = ["model"] + [f"{title}@{k}" for title, _ in COLUMNS for k in runner.KS]
+    keys = [f"{key}@{k}" for _, key in COLUMNS for k in runner.KS]
+    best = {key: max(result["scores"][key] for result in results.values()) for key in keys}
+    rows = [[name] + [bold_if(result["scores"][key], best[key]) for key in keys] for name, result in results.items()]
+    markdown = "\n".join([
+        "# Model selection",
+        "",
+        "After Silveri, \"Choosing the Right SBERT Model for Your Data with BEIR\": candidate models on one "
+        "dataset, side by side. The best model in each column is in bold.",
+        "",
+        f"Data: {s.data}, test split: {len(test.queries):,} queries over {len(test.corpus):,} documents. Sentence "
+        f"encoders compare embeddings by {s.score}"
+        + (f", at most {s.max_seq_length} tokens per text. " if s.max_seq_length else ". ")
+        + runner.about_the_run(s, args.device or "default"),
+        "",
+        runner.markdown_table(header, rows),
+    ])
+    study.write_results({"settings": vars(s), "models": results}, markdown)
+
+
+def model_directory(name: str) -> Path:
+    """The folder of a known model (fetched on first use) or a model directory; for a train.py output
+    folder or an experiment's model folder, the final/ model inside it."""
+    folder = Path(name)
+    if folder.is_dir() and not (folder / "config.json").is_file() and (folder / "final").is_dir():
+        return folder / "final"
+    return resolve(name)
+
+
+def entry_name(model: str) -> str:
+    """A model name made safe as a folder name under models/."""
+    return re.sub(r"[^\w.-]+", "_", model).strip("_.")
+
+
+def bold_if(value: float, best: float) -> str:
+    return f"**{value:.4f}**" if value == best else f"{value:.4f}"

@@ -1,0 +1,283 @@
+"""What the experiments share: their command line, their output folder, and the steps each repeats.
+
+An experiment (one file beside this one) reads top to bottom like train.py: arguments, data, models,
+training, evaluation, report. Every model it trains or evaluates is one entry of the study; when an
+entry is finished its result is written, atomically, to OUTPUT/models/<name>/result.json, and a
+rerun with the same --output reads that file instead of doing the work again. A run killed between
+models therefore goes on with the models still missing, and one killed while a model trains goes on
+from that model's last checkpoint (fit.py).
+
+    OUTPUT/settings.json               the experiment and every setting it runs with
+    OUTPUT/models/<name>/              log.jsonl, checkpoint.pt, final/ (fit.py), result.json
+    OUTPUT/results.json, results.md    every number, and the tables
+    OUTPUT/*.png                       the figures (figures.py, when matplotlib is installed)
+
+Checked in tests/test_experiments.py.
+"""
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+import minisbert
+from .. import data as datasets
+from .. import metrics
+from ..evaluation import CACHE_DIR, dataset_folder, encode_cached, rank
+from ..fileio import read_json, write_json
+from ..fit import TrainingSettings, fit
+from ..training import Example, mine_hard_negatives
+
+KS = (1, 5, 10)  # the cutoffs Rygaard et al. report
+EMBEDDING_CACHE = CACHE_DIR / "embeddings"  # shared with evaluate.py: a corpus is encoded once per model
+CHECKPOINT_STEPS = 20  # a model killed while it trains loses at most this many steps
+METRIC_COLUMNS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("MRR", "mrr"), ("NDCG", "ndcg")]
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line: a preset (full, or --quick) with the options the user gave on top
+
+
+def parser(name: str, description: str, presets: dict, several_models: bool = False) -> argparse.ArgumentParser:
+    """The options every experiment has; each adds its own (margin, dims, ...) with default None, so
+    that the preset's value applies. --model names the start model, or with several_models the models
+    to compare. --help lists the presets."""
+    epilog = "presets (an option given replaces the preset's value):\n" + "\n".join(
+        f"  {preset}: " + ", ".join(f"{key}={value}" for key, value in values.items()) for preset, values in presets.items())
+    p = argparse.ArgumentParser(prog=f"python -m minisbert.experiments {name}", description=description,
+                                epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="the small preset (data/example, a few steps): minutes")
+    p.add_argument("--data", default=None, help="a named dataset (scifact) or a folder")
+    if several_models:
+        p.add_argument("--model", nargs="+", default=None, help="known names, model directories, bm25, jaccard")
+    else:
+        p.add_argument("--model", default=None, help="the start model: a known name or a model directory")
+    p.add_argument("--output", type=Path, default=None, help=f"default: runs/{name} (runs/{name}-quick)")
+    p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+    return p
+
+
+def training_options(p: argparse.ArgumentParser, examples_help: str) -> None:
+    """The options that size the training budget."""
+    p.add_argument("--examples", type=int, default=None, help=examples_help)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--max-seq-length", type=int, default=None, help="tokens per text, in training and search")
+
+
+def parse(p: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """The parsed options; a count that is not positive or a negative margin stops with a message."""
+    args = p.parse_args(argv)
+    for name in ("examples", "epochs", "batch_size", "max_seq_length", "synthetic"):
+        if getattr(args, name, None) is not None and getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if getattr(args, "margin", None) is not None and args.margin < 0:
+        p.error(f"--margin cannot be negative, got {args.margin}")
+    return args
+
+
+def settings_from(args: argparse.Namespace, presets: dict) -> argparse.Namespace:
+    """The preset's values (presets["quick"] with --quick, else presets["full"]), each replaced by
+    the option of the same name where the user gave one."""
+    preset = presets["quick" if args.quick else "full"]
+    chosen = {key: getattr(args, key) if getattr(args, key, None) is not None else value
+              for key, value in preset.items()}
+    return argparse.Namespace(**chosen)
+
+
+def output_folder(args: argparse.Namespace, name: str) -> Path:
+    return args.output or Path("runs") / (f"{name}-quick" if args.quick else name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The output folder: one finished result per model
+
+
+class Study:
+    def __init__(self, output: Path, experiment: str, settings: argparse.Namespace):
+        """Open OUTPUT for `experiment`; refuse a folder that holds a run with other settings, whose
+        finished models would otherwise be mixed into this run's table."""
+        self.output = Path(output)
+        wanted = json.loads(json.dumps({"experiment": experiment, **vars(settings)}, default=str))
+        path = self.output / "settings.json"
+        if path.is_file():
+            found = read_json(path)
+            if found != wanted:
+                differences = sorted(k for k in {**found, **wanted} if found.get(k) != wanted.get(k))
+                raise ValueError(f"{self.output} holds a run of {found.get('experiment')} with other settings "
+                                 f"(they differ in {differences}); run the same command as before to "
+                                 "continue it, or choose another --output")
+        else:
+            write_json(path, wanted)
+
+    def entry(self, name: str, make) -> dict:
+        """The result of model `name`: read back when an earlier run finished it, else make(folder),
+        written to models/<name>/result.json once complete."""
+        path = self.output / "models" / name / "result.json"
+        if path.is_file():
+            print(f"{name}: finished in an earlier run, read from {path}")
+            return read_json(path)
+        print(f"--- {name}")
+        result = make(path.parent)
+        write_json(path, result)
+        return result
+
+    def write_results(self, results: dict, markdown: str) -> None:
+        write_json(self.output / "results.json", results)
+        (self.output / "results.md").write_text(markdown, encoding="utf-8")
+        print(f"\n{markdown}\nresults: {self.output / 'results.md'}, {self.output / 'results.json'}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Models, data, training, evaluation
+
+
+def load_model(name: str, device: str | None, max_seq_length: int | None = None):
+    """A model by known name or folder, its inputs cut at max_seq_length tokens when given."""
+    model = minisbert.load(name, device=device)
+    if max_seq_length:
+        model.tokenizer.max_seq_length = min(max_seq_length, model.encoder.config.max_tokens)
+        model.tokenizer.rust.enable_truncation(model.tokenizer.max_seq_length)
+    return model
+
+
+def mined_triplets(data: str, split: str, start_model, seed: int) -> tuple:
+    """(the split, one triplet per judged (query, relevant document)) of a BEIR folder, the
+    negatives mined with the start model (training.mine_hard_negatives). The corpus embeddings this
+    takes are cached, so evaluating the start model afterwards encodes no document again."""
+    folder = dataset_folder(data)
+    retrieval = datasets.load_beir(folder, split)
+    triplets = mine_hard_negatives(start_model, retrieval, seed=seed, cache_dir=EMBEDDING_CACHE)
+    if not triplets:
+        raise ValueError(f"{folder}: qrels/{split}.tsv judges no document of corpus.jsonl relevant to a query "
+                         "of queries.jsonl, so there are no triplets to build")
+    return retrieval, triplets
+
+
+QUORA_FILE = "quora_duplicate_questions.tsv"
+
+
+def holds_quora(data: str) -> bool:
+    """Whether the data folder holds Quora's duplicate-question file."""
+    return (dataset_folder(data) / QUORA_FILE).is_file()
+
+
+def quora_data(data: str, seed: int) -> tuple:
+    """(training triplets, test split) from Quora's duplicate-question file, as Bagge et al. use it
+    (sections 2, 3.1, 3.2). The duplicate pairs are shuffled with the seed and split 80 / 15 / 5 % into
+    train, test and validation (not used here). A training triplet is a question, its duplicate, and
+    a question the file judges not to be its duplicate (a random question where it judges none). The
+    test split pools the questions of its pairs: each retrieves from the pool, where its duplicate is
+    the one relevant question; rank it with exclude_self, so that no question finds itself."""
+    rows = datasets.read_quora_duplicates(dataset_folder(data) / QUORA_FILE)
+    texts = {**{r.qid1: r.question1 for r in rows}, **{r.qid2: r.question2 for r in rows}}
+    not_duplicates = {}
+    for r in rows:
+        if not r.is_duplicate:
+            not_duplicates.setdefault(r.qid1, []).append(r.qid2)
+            not_duplicates.setdefault(r.qid2, []).append(r.qid1)
+    pairs = [(r.qid1, r.qid2) for r in rows if r.is_duplicate]
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    train, test = pairs[:int(0.8 * len(pairs))], pairs[int(0.8 * len(pairs)):int(0.95 * len(pairs))]
+    if not train or not test:
+        raise ValueError(f"{dataset_folder(data) / QUORA_FILE}: {len(pairs)} duplicate pairs are too few to split "
+                         "80 / 15 / 5 % into train, test and validation")
+    others = sorted(texts)
+    triplets = []
+    for question, duplicate in train:
+        negative = rng.choice(not_duplicates.get(question) or [q for q in others if q not in (question, duplicate)])
+        triplets.append(Example((texts[question], texts[duplicate], texts[negative])))
+    qrels = {}
+    for a, b in test:
+        qrels.setdefault(a, {})[b] = 1
+        qrels.setdefault(b, {})[a] = 1
+    pool = {q: texts[q] for q in qrels}
+    return triplets, datasets.RetrievalData(corpus=pool, queries=dict(pool), qrels=qrels)
+
+
+def subsample(examples: list, count: int | None, seed: int) -> list:
+    """`count` examples drawn with `seed` (all of them when count is None or larger)."""
+    if count is None or count >= len(examples):
+        return examples
+    return random.Random(seed).sample(examples, count)
+
+
+def as_scored_pairs(triplets: list) -> list:
+    """Each (query, positive, negative) as two scored pairs, one after the other: (query, positive, 1)
+    and (query, negative, 0)."""
+    return [Example((t.texts[0], text), label) for t in triplets for text, label in ((t.texts[1], 1.0), (t.texts[2], 0.0))]
+
+
+def train(model, examples: list, spec, folder: Path, settings: TrainingSettings, identity: dict,
+          classifier=None) -> dict:
+    """fit() into `folder` (from its checkpoint when a killed run left one), save folder/final, and
+    return what the report needs: training seconds, examples, steps and the loss of every step."""
+    torch.manual_seed(settings.seed)  # dropout draws the same numbers whichever models ran before
+    result = fit(model, examples, spec, folder, settings, identity=identity, classifier=classifier,
+                 resume=(folder / "checkpoint.pt").is_file())
+    model.save(folder / "final")
+    log = [json.loads(line) for line in (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()]
+    return {"seconds": result["training_seconds"], "examples": len(examples), "steps": result["steps"],
+            "loss": [entry["loss"] for entry in log]}
+
+
+def retrieval_scores(model, retrieval: datasets.RetrievalData, score: str = "cosine", exclude_self: bool = False) -> dict:
+    """Every metric at KS for `model` (a SentenceModel, or "bm25" / "jaccard") ranking the split's
+    corpus with `score` (cosine, dot or euclidean); exclude_self drops the document whose id is the query's."""
+    run = rank(model, retrieval, max(KS), score=score, cache_dir=EMBEDDING_CACHE, exclude_self=exclude_self)
+    return metrics.evaluate_run(run, retrieval.qrels, KS)
+
+
+def corpus_embeddings(model, retrieval: datasets.RetrievalData):
+    """The corpus embeddings (n, D) and {document text: row}; read from the cache that ranking filled."""
+    texts = list(retrieval.corpus.values())
+    return encode_cached(model, texts, cache_dir=EMBEDDING_CACHE), {text: row for row, text in enumerate(texts)}
+
+
+def timed(function, *args, repeats: int = 3) -> float:
+    """The fastest of `repeats` calls, in seconds (the others were slowed down by something else)."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function(*args)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def markdown_table(header: list, rows: list) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def metric_header(ks=KS) -> list:
+    return [f"{title}@{k}" for title, _ in METRIC_COLUMNS for k in ks]
+
+
+def metric_cells(scores: dict, ks=KS) -> list:
+    return [f"{scores[f'{key}@{k}']:.4f}" for _, key in METRIC_COLUMNS for k in ks]
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def about_the_run(settings: argparse.Namespace, device) -> str:
+    """One line with the date, the device and the CPU, for the report."""
+    cpu = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        text = cpuinfo.read_text()
+        flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+        cores = sum(line.startswith("processor") for line in text.splitlines())
+        simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+        cpu = f", {cores} CPU cores ({' '.join(simd) or 'no AVX2'})"
+    return f"Run on {time.strftime('%Y-%m-%d')}, device {device}{cpu}, torch {torch.__version__}."

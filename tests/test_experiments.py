@@ -1,0 +1,402 @@
+"""Tests for minisbert/experiments: each study end to end on a tiny random model, resuming, the PCA.
+
+What "correct" means for the experiment runner:
+- each experiment runs end to end on the tiny random BERT of tests/fixtures and data/example and
+  writes every file it promises: results.md with one row per model and one column per metric,
+  results.json with the same numbers, the figures as PNG files under 200 KB;
+- a rerun with the same --output trains and evaluates nothing again and writes the same results;
+- a run killed between models, or by Ctrl-C in the middle of a model's training, goes on with what
+  is missing and ends with exactly the results of an uninterrupted run (same scores, same losses);
+- without matplotlib every table is still written, with a line saying how to get the figures;
+- the PCA equals the reference: numpy's SVD of the centred matrix and the eigenvectors of the
+  covariance matrix, and the exact answer for points on a line;
+- bad input stops with a message naming it: an unknown experiment or model, a D larger than the
+  model's dimension, a folder without the split the experiment needs, an output folder that holds a
+  run with other settings.
+"""
+
+import json
+import os
+import shutil
+import signal
+
+import numpy as np
+import pytest
+
+from minisbert import training
+from minisbert.experiments import __main__ as command
+from minisbert.experiments import embedding_size, figures, model_selection, runner, sbert_objectives, siamese_vs_triplet
+from minisbert.experiments.pca import fit_pca
+
+from .conftest import FIXTURES, REPO
+
+TINY = FIXTURES / "tiny_bert"  # 2 layers, 32 dimensions, random weights, mean pooling
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.py
+
+
+@pytest.fixture(autouse=True)
+def embedding_cache(tmp_path, monkeypatch):
+    """Corpus embeddings go to the test's own folder, not the repository's cache."""
+    monkeypatch.setattr(runner, "EMBEDDING_CACHE", tmp_path / "cache")
+
+
+def run(module, output, *options) -> dict:
+    """`python -m minisbert.experiments NAME --quick --model TINY --output OUTPUT OPTIONS`, in-process."""
+    module.main(["--quick", "--model", str(TINY), "--device", "cpu", "--output", str(output), *options])
+    return json.loads((output / "results.json").read_text())
+
+
+def table_rows(markdown: str, first_column: str) -> list:
+    """The rows (lists of cells) of the markdown table whose header starts with `first_column`."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_column} |"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return [rows[0]] + rows[2:]  # the header, then the rows after the |---| line
+
+
+def assert_png(path):
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size < 200_000
+
+
+def without_timing(results: dict) -> dict:
+    """results.json less the wall-clock numbers, which differ from run to run."""
+    return {name: {key: value if key != "training" else {k: v for k, v in value.items() if k != "seconds"}
+                   for key, value in result.items()} for name, result in results["models"].items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# siamese-vs-triplet
+
+
+SVT_MODELS = ["siamese-cosine", "siamese-euclidean", "triplet-euclidean", "triplet-cosine"]
+
+
+@pytest.fixture(scope="module")
+def svt_run(tmp_path_factory):
+    """One uninterrupted quick run: the reference the resumed runs are compared with."""
+    output = tmp_path_factory.mktemp("svt") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "EMBEDDING_CACHE", output.parent / "cache")
+        results = run(siamese_vs_triplet, output)
+    return output, results
+
+
+def test_siamese_vs_triplet_writes_the_table_and_both_figures(svt_run):
+    output, results = svt_run
+    assert list(results["models"]) == ["bm25", "untrained", *SVT_MODELS]
+    rows = table_rows((output / "results.md").read_text(), "model")
+    metrics = [f"{m}@{k}" for m in ("Precision", "Accuracy", "MRR", "NDCG") for k in (1, 5, 10)]
+    assert rows[0] == ["model", "measure", *metrics]
+    assert [row[:2] for row in rows[1:]] == [
+        ["Siamese cosine", "cosine"], ["Siamese euclidean", "euclidean"], ["Triplet euclidean", "euclidean"],
+        ["Triplet cosine", "cosine"], ["start model, untrained", "cosine"], ["BM25", "bm25"]]
+    names = SVT_MODELS + ["untrained", "bm25"]
+    for name, row in zip(names, rows[1:]):  # the table shows what results.json holds
+        scores = results["models"][name]["scores"]
+        assert row[2:] == [f"{scores[f'{m}@{k}']:.4f}" for m in ("precision", "accuracy", "mrr", "ndcg") for k in (1, 5, 10)]
+    # data/example: 8 training triplets, 16 pairs; 2 epochs of batches of 4.
+    training_rows = table_rows((output / "results.md").read_text(), "model | training time")
+    assert [row[2:4] for row in training_rows[1:]] == [["16", "8"], ["16", "8"], ["8", "4"], ["8", "4"]]
+    for name in SVT_MODELS:
+        trained = results["models"][name]["training"]
+        assert len(trained["loss"]) == trained["steps"]
+        assert (output / "models" / name / "final" / "model.safetensors").is_file()
+        assert (output / "models" / name / "result.json").is_file()
+    assert "**Against the paper's finding**" in (output / "results.md").read_text()
+    for name in SVT_MODELS + ["untrained"]:  # five triplets in the first two components
+        pca = results["models"][name]["pca"]
+        assert [np.shape(pca[role]) for role in ("query", "positive", "negative")] == [(5, 2)] * 3
+        assert 0 < pca["explained"][1] <= pca["explained"][0] < 1
+    assert_png(output / "loss.png")
+    assert_png(output / "pca.png")
+
+
+def test_a_rerun_trains_and_evaluates_nothing(svt_run, tmp_path, monkeypatch):
+    reference, results = svt_run
+    output = tmp_path / "run"
+    shutil.copytree(reference, output)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a finished model was trained or evaluated again")
+
+    monkeypatch.setattr(runner, "fit", must_not_run)
+    monkeypatch.setattr(runner, "retrieval_scores", must_not_run)
+    assert run(siamese_vs_triplet, output) == results
+
+
+def test_a_run_killed_between_models_goes_on_with_the_remaining_ones(svt_run, tmp_path, monkeypatch):
+    _, expected = svt_run
+    output = tmp_path / "run"
+    train, trained = runner.train, []
+
+    def killed_at_the_third_model(model, examples, spec, folder, *args, **kwargs):
+        if len(trained) == 2:
+            raise SystemExit("killed")
+        trained.append(folder.name)
+        return train(model, examples, spec, folder, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "train", killed_at_the_third_model)
+    with pytest.raises(SystemExit, match="killed"):
+        run(siamese_vs_triplet, output)
+    assert trained == SVT_MODELS[:2]
+    assert not (output / "results.json").exists()
+
+    def counting(model, examples, spec, folder, *args, **kwargs):
+        trained.append(folder.name)
+        return train(model, examples, spec, folder, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "train", counting)
+    results = run(siamese_vs_triplet, output)
+    assert trained == SVT_MODELS  # the first two from the first run, the last two from the second
+    assert without_timing(results) == without_timing(expected)
+
+
+def test_ctrl_c_while_a_model_trains_resumes_from_its_checkpoint(svt_run, tmp_path, monkeypatch):
+    _, expected = svt_run
+    output = tmp_path / "run"
+    append_log, pressed = training.append_log, []
+
+    def ctrl_c_at_step_3_of_the_second_model(path, entry):
+        append_log(path, entry)
+        if path.parent.name == "siamese-euclidean" and entry["step"] == 3 and not pressed:
+            pressed.append(entry["step"])
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(training, "append_log", ctrl_c_at_step_3_of_the_second_model)
+    with pytest.raises(SystemExit) as stopped:
+        command.main(["siamese-vs-triplet", "--quick", "--model", str(TINY), "--device", "cpu", "--output", str(output)])
+    assert stopped.value.code == 130
+    assert training.load_checkpoint(output / "models" / "siamese-euclidean" / "checkpoint.pt")["step"] == 3
+    assert not (output / "models" / "siamese-euclidean" / "result.json").exists()
+    results = run(siamese_vs_triplet, output)
+    assert without_timing(results) == without_timing(expected)
+
+
+def test_without_matplotlib_the_tables_are_written_and_a_line_says_how_to_get_the_figures(
+        svt_run, tmp_path, monkeypatch):
+    output = tmp_path / "run"
+    shutil.copytree(svt_run[0], output)
+    for figure in output.glob("*.png"):
+        figure.unlink()
+    monkeypatch.setattr(figures, "available", lambda: False)
+    run(siamese_vs_triplet, output)
+    assert figures.MISSING in (output / "results.md").read_text()
+    assert len(table_rows((output / "results.md").read_text(), "model")) == 7
+    assert not list(output.glob("*.png"))
+
+
+def test_figures_need_only_their_own_module_to_import_matplotlib():
+    sources = {path.name: path.read_text() for path in (REPO / "minisbert").rglob("*.py")}
+    assert [name for name, text in sources.items() if "import matplotlib" in text] == ["figures.py"]
+
+
+# ---------------------------------------------------------------------------------------------
+# embedding-size, sbert-objectives, model-selection
+
+
+def test_embedding_size_writes_a_row_per_size_and_the_figure(tmp_path):
+    output = tmp_path / "run"
+    results = run(embedding_size, output, "--dims", "16", "8", "--synthetic", "300")
+    assert list(results["models"]) == ["jaccard", "untrained", "d16", "d8"]
+    rows = table_rows((output / "results.md").read_text(), "model")
+    assert rows[0] == ["model", "measure", "Accuracy@1", "Accuracy@5", "Accuracy@10", "NDCG@1", "NDCG@5", "NDCG@10",
+                       "queries/s, test corpus", "queries/s, 300 random", "training time", "steps"]
+    assert [row[:2] for row in rows[1:]] == [["D = 16", "euclidean"], ["D = 8", "euclidean"],
+                                           ["start model, untrained (D = 32)", "cosine"], ["Jaccard (words)", "jaccard"]]
+    for dim, row in zip((16, 8), rows[1:]):
+        assert row[2:8] == [f"{results['models'][f'd{dim}']['scores'][m]:.4f}" for m in embedding_size.QUALITY]
+        assert row[-1] == "4"  # 8 triplets, batches of 4, 2 epochs
+        assert np.load(output / "models" / f"d{dim}" / "corpus.npy").shape == (48, dim)  # each model has its own size
+    speed = results["search_speed"]
+    assert len(speed["test"]) == len(speed["synthetic"]) == 2 and min(speed["test"] + speed["synthetic"]) > 0
+    assert_png(output / "dims.png")
+
+
+def test_a_size_larger_than_the_model_dimension_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"--dims 64 is larger than the 32 dimensions of .*tiny_bert: the projection "
+                                         r"reduces the size, so choose D <= 32"):
+        run(embedding_size, tmp_path / "run", "--dims", "16", "64")
+    assert not (tmp_path / "run").exists()
+
+
+def write_quora(folder, duplicates: int = 20):
+    """quora_duplicate_questions.tsv: `duplicates` duplicate pairs, each first question also paired with
+    a question judged not its duplicate."""
+    folder.mkdir()
+    lines = ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"]
+    for i in range(duplicates):
+        a, b, c = 3 * i + 1, 3 * i + 2, 3 * i + 3
+        lines.append(f"{2 * i}\t{a}\t{b}\tis the {i} man eating\tdoes the {i} man eat food\t1")
+        lines.append(f"{2 * i + 1}\t{a}\t{c}\tis the {i} man eating\tis the {i} dog walking\t0")
+    (folder / "quora_duplicate_questions.tsv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_quora_duplicates_split_80_15_5_with_the_files_own_negatives(tmp_path):
+    triplets, test = runner.quora_data(str(write_quora(tmp_path / "quora")), seed=3)
+    assert len(triplets) == 16 and len(test.qrels) == 2 * 3  # 80 % and 15 % of 20 pairs; both questions query
+    for anchor, positive, negative in (t.texts for t in triplets):
+        number = anchor.split()[2]
+        assert (positive, negative) == (f"does the {number} man eat food", f"is the {number} dog walking")
+    for question, judged in test.qrels.items():
+        (duplicate,) = judged
+        assert test.qrels[duplicate] == {question: 1} and test.queries[question] == test.corpus[question]
+    assert not {t.texts[0] for t in triplets} & set(test.queries.values())  # no test question is trained on
+
+
+def test_embedding_size_reads_quoras_layout_and_no_question_finds_itself(tmp_path):
+    results = run(embedding_size, tmp_path / "run", "--data", str(write_quora(tmp_path / "quora")), "--dims", "8")
+    assert list(results["models"]) == ["jaccard", "untrained", "d8"]
+    # 3 test pairs pooled into 6 questions. By word-set Jaccard, "is the 3 man eating" is nearer the two
+    # other "is the N man eating" (4 words of 6 shared) than its duplicate "does the 3 man eat food"
+    # (3 of 8), which is nearer than the other two "does the N man eat food" (2 of 8); the same holds
+    # the other way round. So every duplicate ranks 3rd, MRR 1/3; had a question found itself
+    # (Jaccard 1), the duplicate would rank 4th.
+    assert results["models"]["jaccard"]["scores"]["mrr@10"] == pytest.approx(1 / 3)
+
+
+def write_sts_and_sick(folder):
+    """Tiny STS-B (sts-*.csv: score in column 5, sentences in 6 and 7) and SICK (SICK_*.txt) folders."""
+    pairs = [("a man is eating food", "a man is eating a piece of bread", 3.8, "ENTAILMENT"),
+             ("a girl walks in the park", "the girl is eating", 1.2, "NEUTRAL"),
+             ("they play with a dog", "a dog and a cat play", 2.5, "NEUTRAL"),
+             ("the baby is carrying bread", "a baby carries a piece of bread", 4.6, "ENTAILMENT"),
+             ("a man walks in the park", "nobody walks in the park", 1.0, "CONTRADICTION"),
+             ("the cat is quick", "a quick cat", 4.0, "ENTAILMENT")]
+    (folder / "stsb").mkdir(parents=True)
+    (folder / "sick").mkdir()
+    for split in ("train", "dev", "test"):
+        (folder / "stsb" / f"sts-{split}.csv").write_text(
+            "".join(f"main-captions\tMSRvid\t2012\t{i:04d}\t{score * 5 / 4.6:.3f}\t{a}\t{b}\n"
+                    for i, (a, b, score, _) in enumerate(pairs)))
+    header = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
+    for name in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
+        (folder / "sick" / name).write_text(header + "".join(f"{i}\t{a}\t{b}\t{score}\t{label}\n"
+                                                             for i, (a, b, score, label) in enumerate(pairs)))
+    return folder / "stsb", folder / "sick"
+
+
+def test_sbert_objectives_writes_one_row_per_objective(tmp_path):
+    stsb, sick = write_sts_and_sick(tmp_path / "data")
+    output = tmp_path / "run"
+    results = run(sbert_objectives, output, "--stsb", str(stsb), "--sick", str(sick), "--batch-size", "4")
+    assert list(results["models"]) == ["untrained", "classification", "regression", "mnrl"]
+    rows = table_rows((output / "results.md").read_text(), "model")
+    assert rows[0] == ["model", "trained on", "STS-B test Spearman", "example test NDCG@10", "training time",
+                       "examples", "steps"]
+    assert [row[0] for row in rows[1:]] == ["start model, untrained", "classification (softmax)",
+                                            "regression (cosine MSE)", "MNRL, hard negatives"]
+    assert [row[5:] for row in rows[2:]] == [["6", "2"], ["6", "2"], ["8", "2"]]  # 6 pairs, 8 mined triplets; batch 4
+    for name, row in zip(results["models"], rows[1:]):
+        scores = results["models"][name]["scores"]
+        assert row[2:4] == [f"{scores['spearman']:.4f}", f"{scores['ndcg@10']:.4f}"]
+        assert -1 <= scores["spearman"] <= 1 and 0 <= scores["ndcg@10"] <= 1
+
+
+def test_model_selection_marks_the_best_model_in_each_column(svt_run, tmp_path):
+    output = tmp_path / "run"
+    trained = svt_run[0] / "models" / "triplet-cosine"  # an experiment's model folder: its final/ is used
+    models = [str(TINY), str(trained), "bm25", "jaccard"]
+    module_args = ["--quick", "--device", "cpu", "--output", str(output), "--model", *models]
+    model_selection.main(module_args)
+    results = json.loads((output / "results.json").read_text())["models"]
+    assert list(results) == models
+    assert results[str(trained)]["scores"] == svt_run[1]["models"]["triplet-cosine"]["scores"]  # cosine, as it was trained
+    rows = table_rows((output / "results.md").read_text(), "model")
+    assert rows[0][:4] == ["model", "NDCG@1", "NDCG@5", "NDCG@10"] and len(rows[0]) == 13
+    for column, key in enumerate([f"{m}@{k}" for m in ("ndcg", "map", "recall", "precision") for k in (1, 5, 10)], 1):
+        best = max(result["scores"][key] for result in results.values())
+        for name, row in zip(models, rows[1:]):
+            value = results[name]["scores"][key]
+            assert row[column] == (f"**{value:.4f}**" if value == best else f"{value:.4f}")
+
+
+def test_model_selection_checks_every_model_before_evaluating_any(tmp_path):
+    with pytest.raises(ValueError, match="'no-such-model' is neither a model directory nor a known model name"):
+        model_selection.main(["--quick", "--output", str(tmp_path / "run"), "--model", str(TINY), "bm25", "no-such-model"])
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# PCA
+
+
+def test_pca_equals_the_svd_of_the_centred_matrix_and_the_covariance_eigenvectors():
+    points = np.random.default_rng(0).normal(size=(50, 6)) @ np.diag([5.0, 3.0, 2.0, 1.0, 0.5, 0.1])
+    pca = fit_pca(points, k=3)
+    centred = points - points.mean(axis=0)
+    _, singular_values, vt = np.linalg.svd(centred, full_matrices=False)
+    eigenvalues, eigenvectors = np.linalg.eigh(np.cov(points, rowvar=False))  # ascending
+    for i in range(3):  # each direction up to its sign, which fit_pca fixes: largest |coordinate| positive
+        reference = vt[i] * np.sign(vt[i][np.abs(vt[i]).argmax()])
+        np.testing.assert_allclose(pca.components[i].numpy(), reference, atol=1e-12)
+        eigenvector = eigenvectors[:, -1 - i] * np.sign(eigenvectors[np.abs(eigenvectors[:, -1 - i]).argmax(), -1 - i])
+        np.testing.assert_allclose(pca.components[i].numpy(), eigenvector, atol=1e-10)
+    np.testing.assert_allclose(pca.explained_variance.numpy(), singular_values[:3] ** 2 / 49, rtol=1e-12)
+    np.testing.assert_allclose(pca.explained_variance.numpy(), eigenvalues[::-1][:3], rtol=1e-10)
+    np.testing.assert_allclose(pca.explained_ratio.numpy(), singular_values[:3] ** 2 / (singular_values**2).sum())
+    np.testing.assert_allclose(pca.project(points), centred @ pca.components.numpy().T, atol=1e-12)
+
+
+def test_pca_of_points_on_a_line_finds_the_line():
+    t = np.array([-2.0, -1.0, 0.0, 1.0, 2.0])
+    points = np.array([1.0, 1.0]) + t[:, None] * np.array([0.6, -0.8])  # on the line through (1, 1), direction (3, -4) / 5
+    pca = fit_pca(points, k=1)
+    np.testing.assert_allclose(pca.components[0].numpy(), [-0.6, 0.8], atol=1e-15)  # -0.8 < 0: flipped
+    np.testing.assert_allclose(pca.explained_variance.numpy(), [np.var(t, ddof=1)], rtol=1e-14)  # 2.5
+    np.testing.assert_allclose(pca.explained_ratio.numpy(), [1.0])
+    np.testing.assert_allclose(pca.project(points)[:, 0], -t, atol=1e-14)
+
+
+def test_pca_refuses_too_few_points_or_too_many_components():
+    with pytest.raises(ValueError, match="a PCA with k=2 components needs at least 2 points"):
+        fit_pca(np.ones((1, 4)), k=2)
+    with pytest.raises(ValueError, match="got 3 points of dimension 2"):
+        fit_pca(np.ones((3, 2)), k=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_an_unknown_experiment_is_refused_with_the_list(capsys):
+    with pytest.raises(SystemExit, match="unknown experiment 'siamese-vs-quadruplet'; choose one of siamese-vs-triplet"):
+        command.main(["siamese-vs-quadruplet"])
+
+
+def test_an_unknown_model_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(SystemExit, match="'no-such-model' is neither a model directory nor a known model name"):
+        command.main(["siamese-vs-triplet", "--quick", "--model", "no-such-model", "--output", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
+
+
+def test_data_without_a_train_split_is_refused(tmp_path):
+    folder = tmp_path / "data"
+    shutil.copytree(REPO / "data" / "example", folder)
+    (folder / "qrels" / "train.tsv").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no qrels for split 'train': .* \(splits found: \['dev', 'test'\]\)"):
+        run(siamese_vs_triplet, tmp_path / "run", "--data", str(folder))
+
+
+def test_an_output_folder_with_other_settings_is_refused(svt_run, tmp_path):
+    output = tmp_path / "run"
+    shutil.copytree(svt_run[0], output)
+    with pytest.raises(ValueError, match=r"holds a run of siamese-vs-triplet with other settings \(they differ in "
+                                         r"\['margin'\]\); run the same command as before"):
+        run(siamese_vs_triplet, output, "--margin", "1")
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--margin", "-1", "--margin cannot be negative, got -1.0"),
+    ("--examples", "0", "--examples must be positive, got 0"),
+])
+def test_a_bad_option_is_refused(option, value, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run(siamese_vs_triplet, tmp_path / "run", option, value)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
