@@ -188,7 +188,7 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
 def compute_loss(spec: LossSpec, embeddings: list, batch: list, margin: float, classifier=None):
     """Call the loss function with what its signature needs (see losses.select_loss)."""
     kwargs = {}
-    if spec.name.startswith("triplet"):
+    if spec.takes_margin:
         kwargs["margin"] = margin
     if classifier is not None:
         kwargs["classifier"] = classifier

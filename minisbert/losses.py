@@ -213,6 +213,7 @@ class LossSpec:
     function: Callable[..., Tensor]  # one of the loss functions above
     n_texts: int  # embedding batches per example, passed first and in order: 2 (pair) or 3 (triplet)
     label_kind: str | None  # "score" (float in [0, 1]), "class" (int label), or None (no labels)
+    takes_margin: bool = False  # the function needs margin=... (the triplet losses)
 
 
 ARCHS = ("siamese", "triplet")
@@ -224,8 +225,8 @@ LOSS_NAMES = (None, "softmax", "mnrl")
 _LOSS_TABLE = {
     ("siamese", "cosine", None): LossSpec("siamese-cosine", siamese_cosine_mse_loss, 2, "score"),
     ("siamese", "euclidean", None): LossSpec("siamese-euclidean", siamese_euclidean_mse_loss, 2, "score"),
-    ("triplet", "cosine", None): LossSpec("triplet-cosine", triplet_cosine_loss, 3, None),
-    ("triplet", "euclidean", None): LossSpec("triplet-euclidean", triplet_euclidean_loss, 3, None),
+    ("triplet", "cosine", None): LossSpec("triplet-cosine", triplet_cosine_loss, 3, None, takes_margin=True),
+    ("triplet", "euclidean", None): LossSpec("triplet-euclidean", triplet_euclidean_loss, 3, None, takes_margin=True),
     ("siamese", "cosine", "softmax"): LossSpec("softmax", softmax_loss, 2, "class"),
     ("siamese", "cosine", "mnrl"): LossSpec("mnrl", multiple_negatives_ranking_loss, 2, None),
     ("triplet", "cosine", "mnrl"): LossSpec("mnrl-hard-negatives", multiple_negatives_ranking_loss, 3, None),
@@ -238,7 +239,7 @@ def select_loss(arch: str, metric: str, loss: str | None = None) -> LossSpec:
     "softmax" or "mnrl".
 
     Call it as spec.function(*embeddings, labels) when spec.label_kind is set, else
-    spec.function(*embeddings); triplet losses also need margin=..., softmax classifier=...,
+    spec.function(*embeddings); spec.takes_margin says it needs margin=...; softmax needs classifier=...,
     and MNRL takes an optional scale=....
     """
     for value, valid, what in ((arch, ARCHS, "arch"), (metric, METRICS, "metric"), (loss, LOSS_NAMES, "loss")):
