@@ -5,8 +5,9 @@
     embeddings = model.encode(["A man is eating food.", "A man is eating a piece of bread."])
 
 Files, one concept each: config (model shape), encoder (the transformer), weights (checkpoint names),
-tokenizer, pooling, model (encode/save/load), hub (fetching weights), losses, optim, data,
-retrieval, metrics, lexical (BM25, Jaccard).
+tokenizer, pooling, model (encode/save/load), hub (which weights, from where), download (one file,
+checked), losses, optim, datasets/ (readers, and where each dataset is found), retrieval, metrics,
+lexical (BM25, Jaccard).
 """
 
 
