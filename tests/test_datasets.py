@@ -1,6 +1,8 @@
 """What "correct" means for the dataset readers: each format read from a small file written here,
-malformed lines reported with file and line, hostile pickles refused, named datasets found in the
-documented order, and downloads checked before they are accepted (against a local HTTP server)."""
+malformed lines (and bytes that are not UTF-8) reported with file and line, hostile pickles refused,
+a question/answer CSV converted once and whole, named datasets found in the documented order, a
+folder recognised by the files of any layout the readers know (itself or as <name>/), and downloads
+checked before they are accepted (against a local HTTP server, tests/http_server.py)."""
 
 import gzip
 import hashlib

@@ -57,7 +57,8 @@ def read_trec_qrels(path: str | Path) -> dict[str, dict[str, int]]:
         if not fields:
             continue
         if len(fields) != 4:
-            raise malformed(path, line_number, f"expected 4 fields (qid, iteration, docid, relevance), found {len(fields)}")
+            raise malformed(path, line_number,
+                            f"expected 4 fields (qid, iteration, docid, relevance), found {len(fields)}")
         query_id, _, doc_id, relevance = fields
         judged = qrels.setdefault(query_id, {})
         if doc_id in judged:
@@ -127,7 +128,8 @@ def read_cross_encoder_scores(path: str | Path) -> dict[str, dict[str, float]]:
         table = {}
         for line_number, fields in tab_rows(path):
             if len(fields) != 3:
-                raise malformed(path, line_number, f"expected 3 tab-separated fields (qid, pid, score), found {len(fields)}")
+                raise malformed(path, line_number,
+                                f"expected 3 tab-separated fields (qid, pid, score), found {len(fields)}")
             table.setdefault(fields[0], {})[fields[1]] = number(path, line_number, fields[2], float, "score")
     else:
         raise ValueError(f"{path}: unknown cross-encoder score format; expected .pkl(.gz), .json(.gz) or .tsv(.gz)")

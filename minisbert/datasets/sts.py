@@ -63,7 +63,8 @@ def read_stsb(folder: str | Path, split: str) -> list[ScoredPair]:
 
 def _stsb_pair(path: Path, line_number: int, fields: list[str], score_at: int) -> ScoredPair:
     if len(fields) < score_at + 3:
-        raise malformed(path, line_number, f"expected at least {score_at + 3} tab-separated fields, found {len(fields)}")
+        raise malformed(path, line_number,
+                        f"expected at least {score_at + 3} tab-separated fields, found {len(fields)}")
     score = number(path, line_number, fields[score_at], float, "score")
     return ScoredPair(fields[score_at + 1], fields[score_at + 2], score)
 
