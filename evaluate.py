@@ -4,6 +4,8 @@
     python evaluate.py --data scifact --split test                 # NDCG@10 0.6451 published by MTEB
     python evaluate.py --model all-MiniLM-L6-v2 bm25 runs/x/final --data scifact
     python evaluate.py --task sts --data stsb                      # Spearman 0.8203
+    python evaluate.py --task sts --data ~/stsbenchmark            # your own copy: sts-*.csv or SICK_*.txt
+    python evaluate.py --model all-MiniLM-L6-v2 bm25 --data questions.csv   # your question,answer rows
     python evaluate.py --run run.trec --qrels qrels.txt --k 10     # score a TREC run, as trec_eval does
 
 Prints Precision, Accuracy, Recall, MRR, NDCG and MAP at each k for every model; writes the numbers to
@@ -18,10 +20,9 @@ import sys
 from pathlib import Path
 
 import minisbert
-from minisbert import data as datasets
-from minisbert import metrics
-from minisbert.evaluation import CACHE_DIR, LEXICAL, dataset_folder, rank, sts_correlations
-from minisbert.weights import write_json
+from minisbert import datasets, metrics
+from minisbert.evaluation import CACHE_DIR, LEXICAL, rank, sts_correlations
+from minisbert.fileio import write_json
 
 METRIC_ROWS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("Recall", "recall"),
                ("MRR", "mrr"), ("NDCG", "ndcg"), ("MAP", "map")]
@@ -31,13 +32,15 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", nargs="+", default=["all-MiniLM-L6-v2"],
                    help="model names or directories (a train.py output such as runs/x/final), or bm25 / jaccard")
-    p.add_argument("--data", default="example", help="example, scifact, stsb, sick, or a folder")
+    p.add_argument("--data", default="example",
+                   help="example, scifact, stsb, sick, a folder holding one of their layouts (itself or as "
+                        "<name>/), a folder with pairs.tsv, or a CSV file with columns question and answer")
     p.add_argument("--split", default=None, help="default: test (SICK: all 9,927 pairs)")
     p.add_argument("--k", nargs="+", type=int, default=[1, 5, 10])
     p.add_argument("--score", choices=["cosine", "dot", "euclidean"], default="cosine")
     p.add_argument("--definitions", choices=["st", "trec"], default="st")
     p.add_argument("--task", choices=["retrieval", "sts"], default=None,
-                   help="default: sts for stsb and sick, else retrieval")
+                   help="default: sts for STS-B and SICK (by name or folder), else retrieval")
     p.add_argument("--exclude-self", action="store_true", help="drop hits whose document id equals the query id")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default=None)
@@ -53,12 +56,13 @@ def parse_args(argv=None):
         p.error(f"--k values must be positive, got {args.k}")
     if (args.run is None) != (args.qrels is None):
         p.error("--run and --qrels go together")
+    sts = datasets.sts_name(args.data) if args.task != "retrieval" else None
     if args.task is None:
-        args.task = "sts" if args.data in ("stsb", "sick") else "retrieval"
+        args.task = "sts" if sts else "retrieval"
     if args.task == "sts" and args.run is None and any(name in LEXICAL for name in args.model):
         p.error(f"{', '.join(LEXICAL)} are retrieval baselines; --task sts needs sentence-embedding models")
     if args.split is None:
-        args.split = "all" if args.data == "sick" else "test"
+        args.split = "all" if sts == "sick" else "test"
     return args
 
 
@@ -85,7 +89,11 @@ def main(argv=None):
             results[name] = sts_correlations(model, pairs)
             print(f"{name:40s} spearman {results[name]['spearman']:.4f}  pearson {results[name]['pearson']:.4f}")
     else:
-        folder = dataset_folder(args.data)
+        if args.data.lower().endswith(".csv"):  # question,answer rows, converted once into the cache
+            folder = datasets.qa_csv_folder(args.data, CACHE_DIR / "qa-csv")
+            print(f"{args.data}: one query per question, its answer the relevant document (BEIR layout in {folder})")
+        else:
+            folder = datasets.retrieval_folder(args.data)
         retrieval = datasets.load_beir(folder, args.split)
         if not retrieval.corpus or not retrieval.queries:
             raise ValueError(f"{folder}: nothing to evaluate: {len(retrieval.corpus)} documents in corpus.jsonl and "
@@ -124,14 +132,14 @@ def file_label(text: str) -> str:
 
 
 def sts_pairs(data: str, split: str) -> list:
-    """STS-B or SICK gold pairs by name, or pairs.tsv (scores in [0, 1]) from a folder."""
-    if data == "stsb":
-        return datasets.load_stsb(split)
-    if data == "sick":
-        return datasets.load_sick(split)
-    folder = dataset_folder(data)
+    """STS-B or SICK gold pairs (by name, or from a folder holding either), or pairs.tsv (scores
+    in [0, 1]) from a folder."""
+    if datasets.sts_name(data):
+        return datasets.load_sts(data, split)
+    folder = datasets.dataset_folder(data)
     if not (folder / "pairs.tsv").is_file():
-        sys.exit(f"--task sts needs stsb, sick, or a folder with pairs.tsv; {folder} has none")
+        sys.exit(f"--task sts needs stsb, sick, a folder holding STS-B (sts-*.csv, stsbenchmark.tsv.gz) or SICK "
+                 f"(SICK_*.txt) files, or a folder with pairs.tsv; {folder} has none of them")
     return datasets.read_pairs_tsv(folder / "pairs.tsv")
 
 

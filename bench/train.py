@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minisbert  # noqa: E402
 from bench.peer import add_peer_python_option, check_peer_python, cpu_summary, run_peer  # noqa: E402
 from minisbert import training  # noqa: E402
-from minisbert.data import read_stsb, to_unit_score  # noqa: E402
+from minisbert.datasets import read_stsb, to_unit_score  # noqa: E402
 from minisbert.hub import resolve  # noqa: E402
 from minisbert.losses import select_loss  # noqa: E402
 from minisbert.optim import AdamW, LinearWarmupDecay, clip_grad_norm_, weight_decay_groups  # noqa: E402

@@ -6,8 +6,10 @@
 
 Files, one concept each: config (model shape), encoder (the transformer), weights (checkpoint names),
 tokenizer, pooling, model (encode/save/load), st_directory (the sentence-transformers layout), hub
-(fetching weights), losses, optim, data, retrieval, metrics, lexical (BM25, Jaccard). Speed
-machinery sits beside the plain code in minisbert/fast/.
+(which weights, from where), download (one file, checked), losses, optim, fit (the training loop),
+datasets/ (readers, and where each dataset is found), retrieval, metrics, lexical (BM25, Jaccard),
+evaluation, experiments/ (the papers' studies). Speed machinery sits beside the plain code in
+minisbert/fast/.
 """
 
 

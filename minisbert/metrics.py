@@ -24,7 +24,7 @@ sentence-transformers 6.2 numbers in tests/fixtures/metric_reference.json) and a
 hand-computed examples in tests/test_metrics.py.
 
 Also here: Pearson and Spearman correlation (STS benchmarks) and the TREC run file reader and
-writer (qrels files are read by data.py).
+writer (qrels files are read by datasets/beir.py and datasets/msmarco.py).
 """
 
 import math

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from . import data as datasets
-from .evaluation import CACHE_DIR, dataset_folder, encode_cached
+from . import datasets
+from .evaluation import CACHE_DIR, encode_cached
 from .retrieval import search
 from .fileio import atomic_write
 
@@ -68,20 +68,22 @@ def mine_hard_negatives(model, retrieval: datasets.RetrievalData, top_k: int = 1
 def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
     """Examples of `shape` from a dataset: `stsb`, `sick`, `scifact`, `example`, or a folder.
 
-    Folders may hold pairs.tsv (scored pairs), triplets.tsv, MS MARCO files (`msmarco_examples`), or
-    a BEIR layout (triplets mined from qrels/train.tsv with `model`). STS-B and SICK give scored pairs scaled to [0, 1]; SICK also gives
-    labelled pairs from its entailment judgments.
+    Folders may hold STS-B or SICK (themselves or as stsb/, sick/), pairs.tsv (scored pairs),
+    triplets.tsv, MS MARCO files (`msmarco_examples`), or a BEIR layout (triplets mined from
+    qrels/train.tsv with `model`). STS-B and SICK give scored pairs scaled to [0, 1]; SICK also
+    gives labelled pairs from its entailment judgments.
     """
-    if data in ("stsb", "sick"):
-        pairs = datasets.load_stsb("train") if data == "stsb" else datasets.load_sick("train")
+    sts = datasets.sts_name(data)
+    if sts:
+        pairs = datasets.load_sts(data, "train")
         if shape == SCORED:
-            return [Example((p.sentence1, p.sentence2), datasets.to_unit_score(data, p.score)) for p in pairs]
-        if shape == LABELLED and data == "sick":
+            return [Example((p.sentence1, p.sentence2), datasets.to_unit_score(sts, p.score)) for p in pairs]
+        if shape == LABELLED and sts == "sick":
             return [Example((p.sentence1, p.sentence2), datasets.ENTAILMENT_LABELS.index(p.label))
                     for p in pairs]
         raise ValueError(f"dataset {data!r} has no {shape}; it has scored pairs"
-                         + (" and labelled pairs (--loss softmax)" if data == "sick" else ""))
-    folder = dataset_folder(data)
+                         + (" and labelled pairs (--loss softmax)" if sts == "sick" else ""))
+    folder = datasets.dataset_folder(data)
     if shape in (TRIPLETS, SCORED) and (folder / "collection.tsv").is_file():
         return msmarco_examples(folder, shape, seed=seed)
     if shape == SCORED and (folder / "pairs.tsv").is_file():

@@ -57,3 +57,13 @@ def minilm():
     import minisbert
 
     return minisbert.load("all-MiniLM-L6-v2", device="cpu")
+
+
+@pytest.fixture
+def server():
+    """A local HTTP server (tests/http_server.py) serving what the test puts in `server.files`."""
+    from .http_server import FakeServer
+
+    fake = FakeServer()
+    yield fake
+    fake.close()

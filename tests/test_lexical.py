@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from minisbert import data, lexical
+from minisbert import datasets, lexical
 
 # avgdl = (3 + 2 + 4) / 3 = 3, N = 3
 CORPUS = ["Apple banana, apple.", "banana cherry", "cherry cherry cherry date"]
@@ -118,7 +118,7 @@ def test_jaccard_search_and_matrix():
 
 @pytest.mark.slow
 def test_bm25_on_scifact_test(data_mirror):
-    scifact = data.load_beir(data_mirror / "scifact", "test")
+    scifact = datasets.load_beir(data_mirror / "scifact", "test")
     doc_ids = list(scifact.corpus)
     _, indices = lexical.BM25(list(scifact.corpus.values())).search(list(scifact.queries.values()), k=10)
     ndcg = []

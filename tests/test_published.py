@@ -9,7 +9,7 @@ The published values and their source are listed in tests/fixtures/README.md.
 
 import pytest
 
-from minisbert import data as datasets
+from minisbert import datasets
 from minisbert import metrics
 from minisbert.evaluation import rank, sts_correlations
 

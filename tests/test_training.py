@@ -41,7 +41,7 @@ import torch
 import evaluate
 import minisbert
 import train
-from minisbert import data as datasets
+from minisbert import datasets
 from minisbert import fit as fitting
 from minisbert import training
 from minisbert.config import EncoderConfig
@@ -131,14 +131,16 @@ def beir_data(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def fake_sick(monkeypatch):
-    """--data sick reads SICK_PAIRS, for training (split train) and for the dev score (split trial)."""
+    """--data sick reads SICK_PAIRS, for training (split train) and for the dev score (split dev,
+    which is SICK's trial split)."""
     splits = []
 
-    def load_sick(split="all", folder=None, download=True):
+    def load_sts(data, split):
+        assert data == "sick"
         splits.append(split)
         return list(SICK_PAIRS)
 
-    monkeypatch.setattr(datasets, "load_sick", load_sick)
+    monkeypatch.setattr(datasets, "load_sts", load_sts)
     return splits
 
 
@@ -177,7 +179,7 @@ def test_each_objective_lowers_its_loss(name, objective, examples, tiny_model, t
     steps = 10 * -(-examples // 4)  # 10 epochs of ceil(examples / 4) batches
     assert [entry["step"] for entry in log] == list(range(1, steps + 1))
     assert json.loads((output / "summary.json").read_text())["loss"] == name
-    assert set(fake_sick) == ({"train", "trial"} if "sick" in objective else set())  # SICK's dev split is trial
+    assert set(fake_sick) == ({"train", "dev"} if "sick" in objective else set())
     means = epoch_means(log)
     assert len(means) == 10
     assert means[-1] < 0.5 * means[0], f"{name}: mean loss per epoch {means}"

@@ -20,7 +20,7 @@ Writes results.md (the table) and results.json. Checked in tests/test_experiment
 import re
 from pathlib import Path
 
-from .. import data as datasets
+from .. import datasets
 from ..evaluation import LEXICAL, dataset_folder
 from ..hub import resolve
 from . import runner

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import minisbert
-from .. import data as datasets
+from .. import datasets
 from .. import metrics
 from ..evaluation import CACHE_DIR, dataset_folder, encode_cached, rank
 from ..fileio import read_json, write_json

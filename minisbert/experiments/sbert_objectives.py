@@ -23,7 +23,7 @@ Writes to OUTPUT (runner.py describes the folder): results.md (the table), resul
 Checked in tests/test_experiments.py.
 """
 
-from .. import data as datasets
+from .. import datasets
 from ..evaluation import dataset_folder, sts_correlations
 from ..fit import TrainingSettings
 from ..losses import SoftmaxClassifier, select_loss
