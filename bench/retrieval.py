@@ -3,26 +3,33 @@
 For each corpus size it times, side by side in one run, on random L2-normalised float32 data
 (fixed seed):
     minisbert search, score="dot" and score="cosine" (cosine also normalises every chunk), with
-        their defaults (on a CPU with native bfloat16, blocks are screened in bfloat16), and
-        score="dot" with bf16_screen=False (every block in float32)
+        their defaults (the fast path; on a CPU with native bfloat16, blocks are screened in
+        bfloat16), score="dot" with bf16_screen=False (every block in float32), and, if asked
+        for, score="dot" with fast=False (the plain path: every block sorted)
     plain torch.topk(queries @ corpus.T)    (chunked over queries only if the full score matrix
                                             would not fit in --plain-budget-gb; it says so)
-    sentence_transformers.util.semantic_search (cosine; when installed)
-    faiss.IndexFlatIP                       (inner product; when installed; its index holds a
+    sentence_transformers.util.semantic_search (cosine; when importable)
+    faiss.IndexFlatIP                       (inner product; when importable; its index holds a
                                             copy of the corpus)
 Timing runs all methods in one process, interleaved round by round (method A, B, C, A, B, C,
 ...), so that a change in the load of a shared machine hits them alike; the best round is
-reported. Peak memory is measured in a fresh subprocess per method, one search each: the peak
-resident set (VmHWM, reset just before the search) minus the resident set at that moment, or
-torch.cuda.max_memory_allocated on a GPU. Every method's top-k is compared with minisbert's for
-the same score function.
+reported, with the range over rounds. Peak memory is measured in a fresh subprocess per method,
+one search each: the peak resident set (VmHWM, reset just before the search) minus the resident
+set at that moment, or torch.cuda.max_memory_allocated on a GPU. Every method's top-k is compared
+with minisbert's for the same score function. The CPU's vector extensions are printed with the
+figures, since the ratios depend on them (the bfloat16 screen needs AVX512-BF16 or AMX).
+
+faiss and sentence-transformers are never dependencies of minisbert. Give the Python of an
+environment that has them (and torch and numpy) with --peer-python or MINISBERT_PEER_PYTHON: the
+benchmark then runs itself under that Python, so that every method shares one process.
 
 On CUDA it also reports the fraction of the memory-bandwidth roofline for an 8.8M x 768 float16
-corpus (MS MARCO size, REFERENCE.md section 5) when the GPU has room for it; the bandwidth is
---bandwidth-gbs or, if not given, measured with a device-to-device copy.
+corpus (the size of the MS MARCO passage collection, 8,841,823 passages, Nguyen et al. 2016,
+"MS MARCO: A Human Generated MAchine Reading COmprehension Dataset") when the GPU has room for
+it; the bandwidth is --bandwidth-gbs or, if not given, measured with a device-to-device copy.
 
-Run (the peer environment has faiss and sentence-transformers):
-    PYTHONPATH=. /work/hfenv/bin/python bench/retrieval.py --sizes 200000 1000000
+Run:
+    python bench/retrieval.py --peer-python /path/to/peer-env/bin/python --sizes 200000 1000000
 """
 
 import argparse
@@ -36,10 +43,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-METHODS = ("minisbert-dot", "minisbert-cosine", "minisbert-float32", "plain", "semantic_search", "faiss")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # minisbert from this checkout
+
+METHODS = (
+    "minisbert-dot", "minisbert-cosine", "minisbert-float32", "minisbert-plain", "plain",
+    "semantic_search", "faiss",
+)
+# The plain path sorts every block; it is timed only when asked for with --methods.
+DEFAULT_METHODS = tuple(m for m in METHODS if m != "minisbert-plain")
 LABELS = {
     "minisbert-dot": 'minisbert search(score="dot")',
     "minisbert-float32": 'minisbert (dot, bf16_screen=False)',
+    "minisbert-plain": 'minisbert (dot, fast=False)',
     "minisbert-cosine": 'minisbert search(score="cosine")',
     "plain": "torch.topk(q @ C.T)",
     "semantic_search": "sentence-transformers semantic_search",
@@ -50,11 +65,13 @@ SAME_SCORE_AS = {
     "minisbert-dot": "minisbert-dot",
     "minisbert-cosine": "minisbert-cosine",
     "minisbert-float32": "minisbert-dot",
+    "minisbert-plain": "minisbert-dot",
     "plain": "minisbert-dot",
     "semantic_search": "minisbert-cosine",
     "faiss": "minisbert-dot",
 }
 MSMARCO_DOCS, MSMARCO_DIM, MSMARCO_QUERIES = 8_841_823, 768, 200
+PEER_HINT = "pass --peer-python or set MINISBERT_PEER_PYTHON to a Python that has it"
 
 
 def main() -> None:
@@ -69,7 +86,10 @@ def main() -> None:
     parser.add_argument(
         "--devices", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     )
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS)
+    parser.add_argument("--peer-python", default=os.environ.get("MINISBERT_PEER_PYTHON"),
+                        help="Python of an environment with faiss and sentence-transformers; the "
+                             "benchmark runs itself under it (default: $MINISBERT_PEER_PYTHON)")
     parser.add_argument("--plain-budget-gb", type=float, default=None,
                         help="largest score matrix the plain method may build "
                              "(default: a quarter of free memory)")
@@ -84,15 +104,43 @@ def main() -> None:
     if args.worker:
         print(json.dumps(run_one(args)))
         return
+    if args.peer_python:
+        run_under(args.peer_python)
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average at start "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{sys.executable}: torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(cpu_summary())
+    print(f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for device in args.devices:
         for size in args.sizes:
             compare(args, size, device)
         if device == "cuda":
             roofline(args)
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def run_under(python: str) -> None:
+    """Run this benchmark under `python` (the peer environment's), unless this process already
+    is that Python."""
+    try:
+        prefix = subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as error:
+        sys.exit(f"--peer-python / MINISBERT_PEER_PYTHON {python!r} does not run: {error}")
+    if Path(prefix).resolve() != Path(sys.prefix).resolve():
+        os.execv(python, [python, __file__, *sys.argv[1:]])
+
+
+def cpu_summary() -> str:
+    """The CPU model and which of the vector extensions that decide these figures it has."""
+    from minisbert.fast.retrieval import cpu_flags
+
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    model = names[0] if names else "unknown CPU"
+    flags = cpu_flags()
+    shown = {"avx2": "avx2", "avx512f": "avx512f", "avx512_bf16": "avx512_bf16", "amx": "amx_bf16"}
+    listed = ", ".join(f"{name} {'yes' if flag in flags else 'no'}" for name, flag in shown.items())
+    return f"CPU: {model}, {os.cpu_count()} cores; {listed}"
 
 
 def compare(args, size: int, device: str) -> None:
@@ -119,23 +167,29 @@ def compare(args, size: int, device: str) -> None:
             seconds[method].append(time.perf_counter() - start)
     del prepared, queries, corpus
 
-    print(f"{'method':40s} {'queries/s':>10s} {'peak extra MB':>14s}  {'same top-k':>10s}")
+    print(f"{'method':40s} {'queries/s':>10s} {'(slowest round)':>15s} {'peak extra MB':>14s}  "
+          f"{'same top-k':>10s}")
     throughput = {}
     for method, timings in seconds.items():
         throughput[method] = args.queries / min(timings)
+        slowest = args.queries / max(timings)
         reference = indices.get(SAME_SCORE_AS[method])
         agreement = "" if reference is None else f"{(indices[method] == reference).all(axis=1).mean():.1%}"
         memory = peak_memory_in_subprocess(args, method, size, device)
         note = notes[method]
         if isinstance(memory, str):
             memory, note = float("nan"), f"{note} {memory}"
-        print(f"{LABELS[method]:40s} {throughput[method]:10.1f} {memory:14.1f}  {agreement:>6s}  {note}")
+        print(f"{LABELS[method]:40s} {throughput[method]:10.1f} {slowest:15.1f} {memory:14.1f}  "
+              f"{agreement:>6s}  {note}")
     ratios = [("minisbert-dot", "faiss"), ("minisbert-cosine", "semantic_search"), ("minisbert-dot", "plain"),
-              ("minisbert-dot", "minisbert-float32")]
-    shown = [f"{a} / {b}: {throughput[a] / throughput[b]:.2f}x"
-             for a, b in ratios if a in throughput and b in throughput]
-    if shown:
-        print("throughput ratios: " + "; ".join(shown))
+              ("minisbert-dot", "minisbert-float32"), ("minisbert-dot", "minisbert-plain")]
+    print("throughput ratios, best round over best round (range of the same-round ratios):")
+    for a, b in ratios:
+        if a in throughput and b in throughput:
+            paired = [seconds[b][i] / seconds[a][i] for i in range(args.repeats)]
+            print(f"  {a} / {b}: {throughput[a] / throughput[b]:.2f}x ({min(paired):.2f}x to "
+                  f"{max(paired):.2f}x)")
+    print(cpu_summary())
 
 
 def peak_memory_in_subprocess(args, method: str, size: int, device: str) -> float | str:
@@ -171,6 +225,8 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
 
         if method == "minisbert-float32":
             return (lambda q: search(q, corpus, k, score="dot", bf16_screen=False)[1]), "", 0.0
+        if method == "minisbert-plain":
+            return (lambda q: search(q, corpus, k, score="dot", fast=False)[1]), "", 0.0
         score = method.split("-")[1]
         return (lambda q: search(q, corpus, k, score=score)[1]), "", 0.0
     if method == "plain":
@@ -189,7 +245,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
         try:
             from sentence_transformers import util
         except ImportError:
-            return None, "sentence-transformers not installed", 0.0
+            return None, f"sentence-transformers not importable here; {PEER_HINT}", 0.0
 
         def semantic_search(q):
             hits = util.semantic_search(q, corpus, top_k=k)
@@ -200,7 +256,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
         try:
             import faiss
         except ImportError:
-            return None, "faiss not installed", 0.0
+            return None, f"faiss not importable here; {PEER_HINT}", 0.0
         before = _memory_baseline_mb(torch.device("cpu"))
         index = faiss.IndexFlatIP(corpus.shape[1])
         index.add(corpus.numpy())

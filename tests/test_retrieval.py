@@ -200,24 +200,42 @@ def test_empty_query_set_gives_empty_results(path):
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("chunk_sizes", [(5, 17), (17, 5), (64, 1000)])
 def test_plain_and_fast_return_the_same_top_k(score, chunk_sizes):
-    # Random rows (whose scores almost never tie), rows repeated from them (exact ties within
-    # and across chunks), and self-matches to drop: 203 rows, 47 queries, so neither chunk size
-    # divides N or Q.
+    # 203 rows and 47 queries, so neither chunk size divides N or Q. Rows 150 on repeat earlier
+    # rows (ties within and across chunks), and 7 queries are corpus rows whose self-match is
+    # dropped. The entries are multiples of 1/8 (cosine: see two_norm_embeddings), so every score
+    # is exact in float32 whatever the order of the sums: the two paths must agree exactly.
     generator = torch.Generator().manual_seed(12)
-    corpus = torch.randn(203, 24, generator=generator)
+    if score == "cosine":
+        corpus = two_norm_embeddings(203, 24, generator)
+        queries = two_norm_embeddings(40, 24, generator)
+    else:
+        corpus = torch.randint(-16, 17, (203, 24), generator=generator) / 8
+        queries = torch.randint(-16, 17, (40, 24), generator=generator) / 8
     corpus[150:] = corpus[torch.randint(0, 150, (53,), generator=generator)]
-    queries = torch.cat([torch.randn(40, 24, generator=generator), corpus[[0, 7, 151, 160, 170, 200, 202]]])
+    self_rows = [0, 7, 151, 160, 170, 200, 202]
+    queries = torch.cat([queries, corpus[self_rows]])
     ids = {
-        "query_ids": [f"q{i}" for i in range(40)] + ["d0", "d7", "d151", "d160", "d170", "d200", "d202"],
+        "query_ids": [f"q{i}" for i in range(40)] + [f"d{i}" for i in self_rows],
         "corpus_ids": [f"d{i}" for i in range(203)],
     }
     query_chunk_size, corpus_chunk_size = chunk_sizes
     chunks = {"query_chunk_size": query_chunk_size, "corpus_chunk_size": corpus_chunk_size}
-    plain = search(queries, corpus, 12, score=score, **chunks, **ids, fast=False)
+    plain_scores, plain_indices = search(queries, corpus, 12, score=score, **chunks, **ids, fast=False)
+    assert torch.equal(plain_indices, brute_force_without_self(queries, corpus, 12, score, self_rows))
     for bf16_screen in (False, True):
-        fast = search(queries, corpus, 12, score=score, **chunks, **ids, bf16_screen=bf16_screen)
-        assert torch.equal(fast[1], plain[1])
-        torch.testing.assert_close(fast[0], plain[0], rtol=1e-6, atol=1e-6)
+        scores, indices = search(queries, corpus, 12, score=score, **chunks, **ids, bf16_screen=bf16_screen)
+        assert torch.equal(indices, plain_indices)
+        assert torch.equal(scores, plain_scores)
+
+
+def brute_force_without_self(queries, corpus, k, score, self_rows):
+    """brute_force's indices, dropping query 40 + i's own row self_rows[i]."""
+    _, order = brute_force(queries, corpus, corpus.shape[0], score)
+    expected = []
+    for query, row in enumerate(order.tolist()):
+        own = self_rows[query - 40] if query >= 40 else None
+        expected.append([i for i in row if i != own][:k])
+    return torch.tensor(expected)
 
 
 def test_bf16_screen_needs_the_fast_path():
@@ -356,6 +374,23 @@ def test_crowded_scores_fall_back_to_float32_blocks_and_back_off(monkeypatch):
     # the wait before the next; every chunk is merged in float32.
     assert screens == [None, None, None]
     assert len(float32_blocks) == 8
+
+
+def test_fast_path_leaves_the_thread_count_as_it_was():
+    # The fast path filters each block on one thread and sets the count back, also when a
+    # corpus row in a later chunk is refused midway.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        corpus = torch.randn(300, 8)
+        search(torch.randn(5, 8), corpus, 3, corpus_chunk_size=64)
+        assert torch.get_num_threads() == 2
+        corpus[250, 0] = float("nan")
+        with pytest.raises(ValueError, match="corpus row 250"):
+            search(torch.randn(5, 8), corpus, 3, corpus_chunk_size=64)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ---- rows at the edges of float32 ----------------------------------------------------------

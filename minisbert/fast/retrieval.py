@@ -7,13 +7,20 @@ minisbert/search_inputs.py and documents the arguments, score functions and the 
 Why it is fast on a CPU. The matrix product costs 2·Q·N·d FLOP and is compute-bound when the
 query chunk is large (BLAS-3), so the time to beat is the product itself; choosing the k best must
 add little. Sorting every block, as the plain path does, or calling `torch.topk` on it, would cost
-about a quarter as much as the product that made the block. Instead each block row is cut into
-groups of 64 columns and each group reduced to its maximum (one vectorised pass that costs about
-1% of the product), and only groups whose maximum beats that query's current k-th best score are
-looked into. After the first chunks the k-th best is high and almost every group is skipped: for
-random data a query gains about k·ln(N / corpus_chunk_size) new entries over a whole pass. The
-score blocks are written into one reused buffer, so the allocator does not hand back fresh,
-page-faulting memory for every block.
+about a quarter as much as the product that made the block. Instead each query's column of the
+block is cut into groups of 64 corpus rows and each group reduced to its maximum (one vectorised
+pass that costs about 1% of the product), and only groups whose maximum beats that query's
+current k-th best score are looked into. After the first chunks the k-th best is high and almost
+every group is skipped: for random data a query gains about k·ln(N / corpus_chunk_size) new
+entries over a whole pass. Three details, each measured (bench/retrieval.py, on a 2-core AVX2
+CPU):
+- blocks are laid out (corpus rows, queries), (Nc, d) @ (d, Qc): MKL computes that product 3 to
+  9% faster than (Qc, d) @ (d, Nc), with the same bits at the default block sizes;
+- the work between two products (checking a chunk, filtering and merging a block: a dozen small
+  operations) runs on one thread (`_one_thread`); spread over two threads, each operation waits
+  for both, which on a busy machine made the search up to twice as slow;
+- the score blocks are written into one reused buffer, so the allocator does not hand back
+  fresh, page-faulting memory for every block.
 
 Screening. Most of the product is spent on scores that cannot enter the top-k. Where the CPU
 multiplies bfloat16 natively (AVX512-BF16 or AMX), a bfloat16 product runs about three times as
@@ -31,6 +38,9 @@ float32 block's in the last bits (see the tie note in minisbert/retrieval.py).
 
 Tested identical to the plain path, and against brute force, in tests/test_retrieval.py.
 """
+
+import contextlib
+import functools
 
 import torch
 
@@ -56,20 +66,21 @@ def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.T
     # Running best per query, kept sorted by (score desc, index asc).
     top_scores = torch.full((num_queries, k), -torch.inf, device=device)  # (Q, k)
     top_indices = torch.full_like(top_scores, -1, dtype=torch.long)  # (Q, k)
-    # One reusable buffer for the score blocks. Its width is rounded up to whole groups; columns
-    # past the chunk hold -inf.
-    width = -(-min(corpus_chunk_size, num_docs) // GROUP_SIZE) * GROUP_SIZE
-    block_buffer = torch.empty(min(query_chunk_size, num_queries) * width, device=device)
+    # One reusable buffer for the score blocks, which are laid out (corpus rows, queries): one
+    # column per query. Its height is rounded up to whole groups; rows past the chunk hold -inf.
+    height = -(-min(corpus_chunk_size, num_docs) // GROUP_SIZE) * GROUP_SIZE
+    block_buffer = torch.empty(height * min(query_chunk_size, num_queries), device=device)
     # Cosine scores unit rows, written into one reusable buffer.
     unit_buffer = None
     if score == "cosine":
         unit_buffer = torch.empty(min(corpus_chunk_size, num_docs), queries.shape[1], device=device)
     if bf16_screen is None:
         bf16_screen = device.type == "cpu" and _cpu_has_native_bf16()
-    screen = _Screen(queries, score, query_chunk_size, width) if bf16_screen else None
+    screen = _Screen(queries, score, query_chunk_size, height) if bf16_screen else None
 
     for doc_start in range(0, num_docs, corpus_chunk_size):
-        chunk, sizes = inputs.corpus_chunk(doc_start, out=unit_buffer)  # (Nc, d), (Nc,)
+        with _one_thread(device):
+            chunk, sizes = inputs.corpus_chunk(doc_start, out=unit_buffer)  # (Nc, d), (Nc,)
         if screen is not None:
             screen.load_chunk(chunk, _largest_norm(sizes, score, chunk.shape[1]), sizes)
         for query_start in range(0, num_queries, query_chunk_size):
@@ -79,17 +90,19 @@ def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.T
                 rows, inputs.excluded, doc_start, top_scores[rows], top_indices[rows]
             ):
                 continue
-            block = block_buffer[: query_chunk.shape[0] * width].view(-1, width)  # (Qc, W)
-            scores = block[:, : chunk.shape[0]]  # (Qc, Nc), a view into the block
+            block = block_buffer[: height * query_chunk.shape[0]].view(height, -1)  # (H, Qc)
+            scores = block[: chunk.shape[0]]  # (Nc, Qc), a view into the block
+            # (Nc, d) @ (d, Qc) rather than (Qc, d) @ (d, Nc): see the module docstring.
             if score == "euclidean":
-                torch.addmm(-sizes[None, :], query_chunk, chunk.T, alpha=2, out=scores)
+                torch.addmm(-sizes[:, None], chunk, query_chunk.T, alpha=2, out=scores)
             else:
-                torch.mm(query_chunk, chunk.T, out=scores)
-            if chunk.shape[0] < width:
-                block[:, chunk.shape[0] :] = -torch.inf
-            if inputs.excluded is not None:
-                drop_excluded(scores, inputs.excluded, query_start, doc_start)
-            _merge_block(block, doc_start, top_scores[rows], top_indices[rows])
+                torch.mm(chunk, query_chunk.T, out=scores)
+            with _one_thread(device):
+                if chunk.shape[0] < height:
+                    block[chunk.shape[0] :] = -torch.inf
+                if inputs.excluded is not None:
+                    drop_excluded(scores.T, inputs.excluded, query_start, doc_start)
+                _merge_block(block, doc_start, top_scores[rows], top_indices[rows])
     return top_scores, top_indices
 
 
@@ -107,35 +120,59 @@ def _largest_norm(sizes: torch.Tensor, score: str, dim: int) -> torch.Tensor:
 def _merge_block(
     block: torch.Tensor, doc_start: int, top_scores: torch.Tensor, top_indices: torch.Tensor
 ) -> None:
-    """Merge one (Qc, W) score block, W a multiple of GROUP_SIZE, into the running (Qc, k) top-k,
-    in place.
+    """Merge one (H, Qc) score block (corpus rows, queries; H a multiple of GROUP_SIZE) into the
+    running (Qc, k) top-k, in place.
 
-    A score enters only if it is strictly above its row's current k-th best: an equal score
+    A score enters only if it is strictly above its query's current k-th best: an equal score
     cannot, because its corpus index is higher than every index already held. To find those few
-    scores without comparing every one, each row is cut into groups of GROUP_SIZE columns, each
-    group reduced to its maximum, and only groups whose maximum beats the k-th best are opened.
+    scores without comparing every one, each column is cut into groups of GROUP_SIZE corpus rows,
+    each group reduced to its maximum, and only groups whose maximum beats the k-th best are
+    opened.
     """
     k = top_scores.shape[1]
     kth = top_scores[:, -1]  # (Qc,)
     floor = _entry_floor(block, kth, k)  # (Qc,) or None
-    groups = block.view(block.shape[0], -1, GROUP_SIZE)  # (Qc, W / G, G)
-    group_maxima = groups.amax(dim=2)  # (Qc, W / G)
-    promising = group_maxima > kth[:, None]  # (Qc, W / G)
+    groups = block.view(-1, GROUP_SIZE, block.shape[1])  # (H / G, G, Qc)
+    group_maxima = groups.amax(dim=1)  # (H / G, Qc)
+    promising = group_maxima > kth  # (H / G, Qc)
     if floor is not None:
-        promising &= group_maxima >= floor[:, None]
-    rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,)
+        promising &= group_maxima >= floor
+    rows, group = promising.T.nonzero(as_tuple=True)  # (P,), (P,) query, group
     if rows.numel() == 0:
         return
-    values = groups[rows, group]  # (P, G)
+    values = groups[group, :, rows]  # (P, G)
     enters = values > kth[rows, None]  # (P, G)
     if floor is not None:
         enters &= values >= floor[rows, None]
     pair, offset = enters.nonzero(as_tuple=True)  # (M,), (M,)
-    # nonzero() lists (row, group) pairs row by row with groups ascending, and offsets ascending
-    # within a group, so the candidates are sorted by row, then by corpus index.
+    # nonzero() lists (query, group) pairs query by query with groups ascending, and offsets
+    # ascending within a group, so the candidates are sorted by query, then by corpus index.
     cand_rows = rows[pair]  # (M,)
     cand_cols = group[pair] * GROUP_SIZE + offset  # (M,)
     _merge_candidates(cand_rows, cand_cols + doc_start, values[pair, offset], top_scores, top_indices)
+
+
+@contextlib.contextmanager
+def _one_thread(device: torch.device):
+    """Run the torch operations inside on one CPU thread.
+
+    Each operation that torch spreads over several threads ends by waiting for all of them, and
+    on a machine busy with other work a thread may wait a whole scheduling period for a core.
+    Measured on a 2-core AVX2 CPU at a load of 7: comparing 1000 x 128 numbers took 0.15 ms on one
+    thread and 11 ms on two. The work between two matrix products is a dozen such operations
+    and little arithmetic, so it runs on one thread; the products keep every thread. The count
+    is set back on the way out (torch.set_num_threads sets this thread's count, and the default
+    for threads that start using torch meanwhile).
+    """
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _merge_candidates(
@@ -355,31 +392,36 @@ def _error_bounds(
 
 
 def _cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); read from Linux's
-    /proc/cpuinfo, so False elsewhere."""
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
+    return not cpu_flags().isdisjoint({"avx512_bf16", "amx_bf16"})
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux's /proc/cpuinfo lists them (avx2, avx512_bf16, ...);
+    empty elsewhere."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
                 if line.startswith("flags"):
-                    flags = line.split(":", 1)[1].split()
-                    return "avx512_bf16" in flags or "amx_bf16" in flags
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return False
+    return frozenset()
 
 
 def _entry_floor(block: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor | None:
-    """(Qc,) lowest score that may enter from this block, or None if there is no floor.
+    """(Qc,) lowest score that may enter from this (H, Qc) block, or None if there is no floor.
 
-    Only needed for rows whose running top-k is not full yet (kth = -inf, in the first chunk):
+    Only needed for queries whose running top-k is not full yet (kth = -inf, in the first chunk):
     there every finite score beats kth, so the block's own k-th best bounds the candidates.
     Ties at that value all stay candidates, so the stable sort still sees every contender.
     """
     not_full = torch.isneginf(kth)
-    if block.shape[1] <= k or not not_full.any():
+    if block.shape[0] <= k or not not_full.any():
         return None
     if not_full.all():  # the usual case: the first chunk; spares a copy of the block
-        return block.topk(k, dim=1).values[:, -1]
+        return block.topk(k, dim=0).values[-1]
     floor = torch.full_like(kth, -torch.inf)
-    floor[not_full] = block[not_full].topk(k, dim=1).values[:, -1]
+    floor[not_full] = block[:, not_full].topk(k, dim=0).values[-1]
     return floor
