@@ -11,17 +11,19 @@ For each corpus size it times, side by side in one run, on random L2-normalised 
     sentence_transformers.util.semantic_search (cosine; when importable)
     faiss.IndexFlatIP                       (inner product; when importable; its index holds a
                                             copy of the corpus)
-Timing runs all methods in one process, interleaved round by round (method A, B, C, A, B, C,
-...), so that a change in the load of a shared machine hits them alike; the best round is
-reported, with the range over rounds. Peak memory is measured in a fresh subprocess per method,
+Timing interleaves the methods round by round (method A, B, C, A, B, C, ...), so that a change
+in the load of a shared machine hits them alike; the best round is reported, with the slowest,
+and each ratio with the range of the same-round ratios. Peak memory is measured in a fresh subprocess per method,
 one search each: the peak resident set (VmHWM, reset just before the search) minus the resident
 set at that moment, or torch.cuda.max_memory_allocated on a GPU. Every method's top-k is compared
 with minisbert's for the same score function. The CPU's vector extensions are printed with the
 figures, since the ratios depend on them (the bfloat16 screen needs AVX512-BF16 or AMX).
 
-faiss and sentence-transformers are never dependencies of minisbert. Give the Python of an
-environment that has them (and torch and numpy) with --peer-python or MINISBERT_PEER_PYTHON: the
-benchmark then runs itself under that Python, so that every method shares one process.
+faiss and sentence-transformers are never dependencies of minisbert: they run in a child process
+of the peer environment's Python, named by --peer-python or MINISBERT_PEER_PYTHON (bench/peer.py),
+which reads the same data (written once to shared memory), builds its index once and searches
+when asked, taking turns with minisbert's methods in this process. Without a peer Python they
+are skipped.
 
 On CUDA it also reports the fraction of the memory-bandwidth roofline for an 8.8M x 768 float16
 corpus (the size of the MS MARCO passage collection, 8,841,823 passages, Nguyen et al. 2016,
@@ -30,13 +32,16 @@ it; the bandwidth is --bandwidth-gbs or, if not given, measured with a device-to
 
 Run:
     python bench/retrieval.py --peer-python /path/to/peer-env/bin/python --sizes 200000 1000000
+    MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/retrieval.py --sizes 200000
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,6 +49,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # minisbert from this checkout
+from bench.peer import add_peer_python_option, check_peer_python, cpu_summary  # noqa: E402
 
 METHODS = (
     "minisbert-dot", "minisbert-cosine", "minisbert-float32", "minisbert-plain", "plain",
@@ -71,7 +77,8 @@ SAME_SCORE_AS = {
     "faiss": "minisbert-dot",
 }
 MSMARCO_DOCS, MSMARCO_DIM, MSMARCO_QUERIES = 8_841_823, 768, 200
-PEER_HINT = "pass --peer-python or set MINISBERT_PEER_PYTHON to a Python that has it"
+# Run by the peer environment's Python, in a child process (see Peer).
+PEER_METHODS = ("semantic_search", "faiss")
 
 
 def main() -> None:
@@ -87,15 +94,14 @@ def main() -> None:
         "--devices", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     )
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS)
-    parser.add_argument("--peer-python", default=os.environ.get("MINISBERT_PEER_PYTHON"),
-                        help="Python of an environment with faiss and sentence-transformers; the "
-                             "benchmark runs itself under it (default: $MINISBERT_PEER_PYTHON)")
+    add_peer_python_option(parser)
     parser.add_argument("--plain-budget-gb", type=float, default=None,
                         help="largest score matrix the plain method may build "
                              "(default: a quarter of free memory)")
     parser.add_argument("--bandwidth-gbs", type=float, default=None,
                         help="GPU peak memory bandwidth for the roofline (default: measure with a copy)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one method, print JSON
+    parser.add_argument("--serve-peer", help=argparse.SUPPRESS)  # internal: a data folder; see Peer
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -104,11 +110,13 @@ def main() -> None:
     if args.worker:
         print(json.dumps(run_one(args)))
         return
-    if args.peer_python:
-        run_under(args.peer_python)
+    if args.serve_peer:
+        serve_peer(args)
+        return
+    check_peer_python(parser, args.peer_python)
 
-    print(f"{sys.executable}: torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(cpu_summary())
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; peer: {args.peer_python or 'none'}")
+    print(f"CPU: {cpu_summary()}")
     print(f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for device in args.devices:
         for size in args.sizes:
@@ -118,53 +126,46 @@ def main() -> None:
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def run_under(python: str) -> None:
-    """Run this benchmark under `python` (the peer environment's), unless this process already
-    is that Python."""
-    try:
-        prefix = subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError) as error:
-        sys.exit(f"--peer-python / MINISBERT_PEER_PYTHON {python!r} does not run: {error}")
-    if Path(prefix).resolve() != Path(sys.prefix).resolve():
-        os.execv(python, [python, __file__, *sys.argv[1:]])
-
-
-def cpu_summary() -> str:
-    """The CPU model and which of the vector extensions that decide these figures it has."""
-    from minisbert.fast.retrieval import cpu_flags
-
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
-    model = names[0] if names else "unknown CPU"
-    flags = cpu_flags()
-    shown = {"avx2": "avx2", "avx512f": "avx512f", "avx512_bf16": "avx512_bf16", "amx": "amx_bf16"}
-    listed = ", ".join(f"{name} {'yes' if flag in flags else 'no'}" for name, flag in shown.items())
-    return f"CPU: {model}, {os.cpu_count()} cores; {listed}"
-
-
 def compare(args, size: int, device: str) -> None:
     print(f"\nN = {size:,} x d = {args.dim}, {args.queries:,} queries, k = {args.k}, {device}")
-    methods = [m for m in args.methods if device == "cpu" or m not in ("semantic_search", "faiss")]
+    methods = [m for m in args.methods if device == "cpu" or m not in PEER_METHODS]
     queries, corpus = make_data(size, args.dim, args.queries, torch.device(device))
     prepared, notes = {}, {}
     for method in methods:
-        search_fn, notes[method], _ = prepare(method, queries, corpus, args)
-        if search_fn is None:
-            print(f"{LABELS[method]:40s} skipped: {notes[method]}")
+        if method in PEER_METHODS:
             continue
-        search_fn(queries[:10])  # warm up
-        prepared[method] = search_fn
+        prepared[method], notes[method], _ = prepare(method, queries, corpus, args)
+        prepared[method](queries[:10])  # warm up
+    peer = None
+    wanted = [m for m in methods if m in PEER_METHODS]
+    if wanted and args.peer_python is None:
+        print(f"{', '.join(LABELS[m] for m in wanted)}: skipped, no peer environment "
+              f"(--peer-python or $MINISBERT_PEER_PYTHON)")
+    elif wanted:
+        peer = Peer(args, queries, corpus, wanted)
+        for method in wanted:
+            if method in peer.skipped:
+                print(f"{LABELS[method]:40s} skipped: {peer.skipped[method]}")
+            else:
+                prepared[method], notes[method] = peer.searcher(method), peer.notes[method]
 
     seconds = {method: [] for method in prepared}
     indices = {}
-    for _ in range(args.repeats):
-        for method, search_fn in prepared.items():
-            _synchronize(corpus.device)
-            start = time.perf_counter()
-            indices[method] = np.asarray(torch.as_tensor(search_fn(queries)).cpu())
-            _synchronize(corpus.device)
-            seconds[method].append(time.perf_counter() - start)
+    try:
+        for _ in range(args.repeats):
+            for method, search_fn in prepared.items():
+                _synchronize(corpus.device)
+                start = time.perf_counter()
+                found = search_fn(queries)
+                _synchronize(corpus.device)
+                elapsed = time.perf_counter() - start
+                if method in PEER_METHODS:  # timed by the peer itself, without the hand-over
+                    found, elapsed = found
+                indices[method] = np.asarray(torch.as_tensor(found).cpu())
+                seconds[method].append(elapsed)
+    finally:
+        if peer is not None:
+            peer.close()
     del prepared, queries, corpus
 
     print(f"{'method':40s} {'queries/s':>10s} {'(slowest round)':>15s} {'peak extra MB':>14s}  "
@@ -183,18 +184,84 @@ def compare(args, size: int, device: str) -> None:
               f"{agreement:>6s}  {note}")
     ratios = [("minisbert-dot", "faiss"), ("minisbert-cosine", "semantic_search"), ("minisbert-dot", "plain"),
               ("minisbert-dot", "minisbert-float32"), ("minisbert-dot", "minisbert-plain")]
-    print("throughput ratios, best round over best round (range of the same-round ratios):")
-    for a, b in ratios:
-        if a in throughput and b in throughput:
-            paired = [seconds[b][i] / seconds[a][i] for i in range(args.repeats)]
-            print(f"  {a} / {b}: {throughput[a] / throughput[b]:.2f}x ({min(paired):.2f}x to "
-                  f"{max(paired):.2f}x)")
-    print(cpu_summary())
+    shown = [(a, b) for a, b in ratios if a in throughput and b in throughput]
+    if shown:
+        print("throughput ratios, best round over best round (range of the same-round ratios):")
+    for a, b in shown:
+        paired = [seconds[b][i] / seconds[a][i] for i in range(args.repeats)]
+        print(f"  {a} / {b}: {throughput[a] / throughput[b]:.2f}x ({min(paired):.2f}x to {max(paired):.2f}x)")
+    print(f"CPU: {cpu_summary()}")
+
+
+class Peer:
+    """faiss and sentence-transformers, served by a child process of the peer environment's Python
+    (see serve_peer), on the same data, written once to shared memory."""
+
+    def __init__(self, args, queries: torch.Tensor, corpus: torch.Tensor, methods: list):
+        self.folder = Path(tempfile.mkdtemp(prefix="minisbert-bench-", dir=_shared_memory_folder()))
+        np.save(self.folder / "queries.npy", queries.numpy())
+        np.save(self.folder / "corpus.npy", corpus.numpy())
+        arguments = ["--serve-peer", str(self.folder), "--k", str(args.k), "--methods", *methods]
+        self.process = subprocess.Popen([str(args.peer_python), __file__, *arguments], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+        started = self.answer()
+        self.notes, self.skipped = started["notes"], started["skipped"]
+
+    def answer(self) -> dict:
+        for line in self.process.stdout:
+            if line.startswith("peer: "):
+                return json.loads(line[len("peer: "):])
+        raise SystemExit(f"the peer process ended (exit status {self.process.wait()}); its error is "
+                         "printed above")
+
+    def searcher(self, method: str):
+        """A function queries -> ((Q, k) indices, seconds the peer's search took)."""
+        def search_fn(queries):
+            self.process.stdin.write(f"{method}\n")
+            self.process.stdin.flush()
+            seconds = self.answer()["seconds"]
+            return np.load(self.folder / "indices.npy"), seconds
+        return search_fn
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+        shutil.rmtree(self.folder)
+
+
+def serve_peer(args) -> None:
+    """The peer's side, run by the peer environment's Python: load the data, prepare each method
+    once, then for each method named on stdin search all queries, save the indices and answer
+    with the time on a line of its own ("peer: {...}"; libraries may print other lines)."""
+    folder = Path(args.serve_peer)
+    queries = torch.from_numpy(np.load(folder / "queries.npy"))
+    corpus = torch.from_numpy(np.load(folder / "corpus.npy"))
+    prepared, notes, skipped = {}, {}, {}
+    for method in args.methods:
+        try:
+            prepared[method], notes[method], _ = prepare(method, queries, corpus, args)
+        except ImportError as error:
+            skipped[method] = f"not importable in the peer environment: {error}"
+            continue
+        prepared[method](queries[:10])  # warm up
+    print("peer: " + json.dumps({"notes": notes, "skipped": skipped}), flush=True)
+    for line in sys.stdin:
+        start = time.perf_counter()
+        found = prepared[line.strip()](queries)
+        seconds = time.perf_counter() - start
+        np.save(folder / "indices.npy", np.asarray(found))
+        print("peer: " + json.dumps({"seconds": seconds}), flush=True)
+
+
+def _shared_memory_folder() -> str | None:
+    """/dev/shm where it exists, so that handing the data over writes nothing to disk."""
+    return "/dev/shm" if Path("/dev/shm").is_dir() else None
 
 
 def peak_memory_in_subprocess(args, method: str, size: int, device: str) -> float | str:
     """Extra peak memory (MB) of one search in a fresh process, or the reason it failed."""
-    command = [sys.executable, __file__, "--worker", method, "--size", str(size), "--device", device,
+    python = args.peer_python if method in PEER_METHODS else sys.executable
+    command = [str(python), __file__, "--worker", method, "--size", str(size), "--device", device,
                "--dim", str(args.dim), "--queries", str(args.queries), "--k", str(args.k),
                "--plain-budget-gb", str(args.plain_budget_gb)]
     finished = subprocess.run(command, capture_output=True, text=True)
@@ -217,8 +284,7 @@ def run_one(args) -> dict:
 
 
 def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
-    """Return (function queries -> (Q, k) indices, note, MB its setup took), or (None, reason, 0)
-    to skip."""
+    """Return (function queries -> (Q, k) indices, note, MB its setup took)."""
     k = args.k
     if method.startswith("minisbert"):
         from minisbert.retrieval import search
@@ -242,10 +308,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
         return (lambda q: torch.cat([torch.topk(part @ corpus.T, k, dim=1).indices
                                      for part in q.split(rows_that_fit)])), note, 0.0
     if method == "semantic_search":
-        try:
-            from sentence_transformers import util
-        except ImportError:
-            return None, f"sentence-transformers not importable here; {PEER_HINT}", 0.0
+        from sentence_transformers import util
 
         def semantic_search(q):
             hits = util.semantic_search(q, corpus, top_k=k)
@@ -253,10 +316,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
 
         return semantic_search, "default chunk sizes", 0.0
     if method == "faiss":
-        try:
-            import faiss
-        except ImportError:
-            return None, f"faiss not importable here; {PEER_HINT}", 0.0
+        import faiss
         before = _memory_baseline_mb(torch.device("cpu"))
         index = faiss.IndexFlatIP(corpus.shape[1])
         index.add(corpus.numpy())
