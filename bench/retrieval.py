@@ -3,43 +3,64 @@
 For each corpus size it times, side by side in one run, on random L2-normalised float32 data
 (fixed seed):
     minisbert search, score="dot" and score="cosine" (cosine also normalises every chunk), with
-        their defaults (on a CPU with native bfloat16, blocks are screened in bfloat16), and
-        score="dot" with bf16_screen=False (every block in float32)
+        their defaults (the fast path; on a CPU with native bfloat16, blocks are screened in
+        bfloat16), score="dot" with bf16_screen=False (every block in float32), and, if asked
+        for, score="dot" with fast=False (the plain path: every block sorted)
     plain torch.topk(queries @ corpus.T)    (chunked over queries only if the full score matrix
                                             would not fit in --plain-budget-gb; it says so)
-    sentence_transformers.util.semantic_search (cosine; when installed)
-    faiss.IndexFlatIP                       (inner product; when installed; its index holds a
+    sentence_transformers.util.semantic_search (cosine; when importable)
+    faiss.IndexFlatIP                       (inner product; when importable; its index holds a
                                             copy of the corpus)
-Timing runs all methods in one process, interleaved round by round (method A, B, C, A, B, C,
-...), so that a change in the load of a shared machine hits them alike; the best round is
-reported. Peak memory is measured in a fresh subprocess per method, one search each: the peak
-resident set (VmHWM, reset just before the search) minus the resident set at that moment, or
-torch.cuda.max_memory_allocated on a GPU. Every method's top-k is compared with minisbert's for
-the same score function.
+Timing interleaves the methods round by round (method A, B, C, A, B, C, ...), so that a change
+in the load of a shared machine hits them alike; the best round is reported, with the slowest,
+and each ratio with the range of the same-round ratios. Peak memory is measured in a fresh subprocess per method,
+one search each: the peak resident set (VmHWM, reset just before the search) minus the resident
+set at that moment, or torch.cuda.max_memory_allocated on a GPU. Every method's top-k is compared
+with minisbert's for the same score function. The CPU's vector extensions are printed with the
+figures, since the ratios depend on them (the bfloat16 screen needs AVX512-BF16 or AMX).
+
+faiss and sentence-transformers are never dependencies of minisbert: they run in a child process
+of the peer environment's Python, named by --peer-python or MINISBERT_PEER_PYTHON (bench/peer.py),
+which reads the same data (written once to shared memory), builds its index once and searches
+when asked, taking turns with minisbert's methods in this process. Without a peer Python they
+are skipped.
 
 On CUDA it also reports the fraction of the memory-bandwidth roofline for an 8.8M x 768 float16
-corpus (MS MARCO size, REFERENCE.md section 5) when the GPU has room for it; the bandwidth is
---bandwidth-gbs or, if not given, measured with a device-to-device copy.
+corpus (the size of the MS MARCO passage collection, 8,841,823 passages, Nguyen et al. 2016,
+"MS MARCO: A Human Generated MAchine Reading COmprehension Dataset") when the GPU has room for
+it; the bandwidth is --bandwidth-gbs or, if not given, measured with a device-to-device copy.
 
-Run (the peer environment has faiss and sentence-transformers):
-    PYTHONPATH=. /work/hfenv/bin/python bench/retrieval.py --sizes 200000 1000000
+Run:
+    python bench/retrieval.py --peer-python /path/to/peer-env/bin/python --sizes 200000 1000000
+    MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/retrieval.py --sizes 200000
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-METHODS = ("minisbert-dot", "minisbert-cosine", "minisbert-float32", "plain", "semantic_search", "faiss")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # minisbert from this checkout
+from bench.peer import add_peer_python_option, check_peer_python, cpu_summary  # noqa: E402
+
+METHODS = (
+    "minisbert-dot", "minisbert-cosine", "minisbert-float32", "minisbert-plain", "plain",
+    "semantic_search", "faiss",
+)
+# The plain path sorts every block; it is timed only when asked for with --methods.
+DEFAULT_METHODS = tuple(m for m in METHODS if m != "minisbert-plain")
 LABELS = {
     "minisbert-dot": 'minisbert search(score="dot")',
     "minisbert-float32": 'minisbert (dot, bf16_screen=False)',
+    "minisbert-plain": 'minisbert (dot, fast=False)',
     "minisbert-cosine": 'minisbert search(score="cosine")',
     "plain": "torch.topk(q @ C.T)",
     "semantic_search": "sentence-transformers semantic_search",
@@ -50,11 +71,14 @@ SAME_SCORE_AS = {
     "minisbert-dot": "minisbert-dot",
     "minisbert-cosine": "minisbert-cosine",
     "minisbert-float32": "minisbert-dot",
+    "minisbert-plain": "minisbert-dot",
     "plain": "minisbert-dot",
     "semantic_search": "minisbert-cosine",
     "faiss": "minisbert-dot",
 }
 MSMARCO_DOCS, MSMARCO_DIM, MSMARCO_QUERIES = 8_841_823, 768, 200
+# Run by the peer environment's Python, in a child process (see Peer).
+PEER_METHODS = ("semantic_search", "faiss")
 
 
 def main() -> None:
@@ -69,13 +93,15 @@ def main() -> None:
     parser.add_argument(
         "--devices", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     )
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS)
+    add_peer_python_option(parser)
     parser.add_argument("--plain-budget-gb", type=float, default=None,
                         help="largest score matrix the plain method may build "
                              "(default: a quarter of free memory)")
     parser.add_argument("--bandwidth-gbs", type=float, default=None,
                         help="GPU peak memory bandwidth for the roofline (default: measure with a copy)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one method, print JSON
+    parser.add_argument("--serve-peer", help=argparse.SUPPRESS)  # internal: a data folder; see Peer
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -84,9 +110,14 @@ def main() -> None:
     if args.worker:
         print(json.dumps(run_one(args)))
         return
+    if args.serve_peer:
+        serve_peer(args)
+        return
+    check_peer_python(parser, args.peer_python)
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average at start "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; peer: {args.peer_python or 'none'}")
+    print(f"CPU: {cpu_summary()}")
+    print(f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for device in args.devices:
         for size in args.sizes:
             compare(args, size, device)
@@ -97,50 +128,140 @@ def main() -> None:
 
 def compare(args, size: int, device: str) -> None:
     print(f"\nN = {size:,} x d = {args.dim}, {args.queries:,} queries, k = {args.k}, {device}")
-    methods = [m for m in args.methods if device == "cpu" or m not in ("semantic_search", "faiss")]
+    methods = [m for m in args.methods if device == "cpu" or m not in PEER_METHODS]
     queries, corpus = make_data(size, args.dim, args.queries, torch.device(device))
     prepared, notes = {}, {}
     for method in methods:
-        search_fn, notes[method], _ = prepare(method, queries, corpus, args)
-        if search_fn is None:
-            print(f"{LABELS[method]:40s} skipped: {notes[method]}")
+        if method in PEER_METHODS:
             continue
-        search_fn(queries[:10])  # warm up
-        prepared[method] = search_fn
+        prepared[method], notes[method], _ = prepare(method, queries, corpus, args)
+        prepared[method](queries[:10])  # warm up
+    peer = None
+    wanted = [m for m in methods if m in PEER_METHODS]
+    if wanted and args.peer_python is None:
+        print(f"{', '.join(LABELS[m] for m in wanted)}: skipped, no peer environment "
+              f"(--peer-python or $MINISBERT_PEER_PYTHON)")
+    elif wanted:
+        peer = Peer(args, queries, corpus, wanted)
+        for method in wanted:
+            if method in peer.skipped:
+                print(f"{LABELS[method]:40s} skipped: {peer.skipped[method]}")
+            else:
+                prepared[method], notes[method] = peer.searcher(method), peer.notes[method]
 
     seconds = {method: [] for method in prepared}
     indices = {}
-    for _ in range(args.repeats):
-        for method, search_fn in prepared.items():
-            _synchronize(corpus.device)
-            start = time.perf_counter()
-            indices[method] = np.asarray(torch.as_tensor(search_fn(queries)).cpu())
-            _synchronize(corpus.device)
-            seconds[method].append(time.perf_counter() - start)
+    try:
+        for _ in range(args.repeats):
+            for method, search_fn in prepared.items():
+                _synchronize(corpus.device)
+                start = time.perf_counter()
+                found = search_fn(queries)
+                _synchronize(corpus.device)
+                elapsed = time.perf_counter() - start
+                if method in PEER_METHODS:  # timed by the peer itself, without the hand-over
+                    found, elapsed = found
+                indices[method] = np.asarray(torch.as_tensor(found).cpu())
+                seconds[method].append(elapsed)
+    finally:
+        if peer is not None:
+            peer.close()
     del prepared, queries, corpus
 
-    print(f"{'method':40s} {'queries/s':>10s} {'peak extra MB':>14s}  {'same top-k':>10s}")
+    print(f"{'method':40s} {'queries/s':>10s} {'(slowest round)':>15s} {'peak extra MB':>14s}  "
+          f"{'same top-k':>10s}")
     throughput = {}
     for method, timings in seconds.items():
         throughput[method] = args.queries / min(timings)
+        slowest = args.queries / max(timings)
         reference = indices.get(SAME_SCORE_AS[method])
         agreement = "" if reference is None else f"{(indices[method] == reference).all(axis=1).mean():.1%}"
         memory = peak_memory_in_subprocess(args, method, size, device)
         note = notes[method]
         if isinstance(memory, str):
             memory, note = float("nan"), f"{note} {memory}"
-        print(f"{LABELS[method]:40s} {throughput[method]:10.1f} {memory:14.1f}  {agreement:>6s}  {note}")
+        print(f"{LABELS[method]:40s} {throughput[method]:10.1f} {slowest:15.1f} {memory:14.1f}  "
+              f"{agreement:>6s}  {note}")
     ratios = [("minisbert-dot", "faiss"), ("minisbert-cosine", "semantic_search"), ("minisbert-dot", "plain"),
-              ("minisbert-dot", "minisbert-float32")]
-    shown = [f"{a} / {b}: {throughput[a] / throughput[b]:.2f}x"
-             for a, b in ratios if a in throughput and b in throughput]
+              ("minisbert-dot", "minisbert-float32"), ("minisbert-dot", "minisbert-plain")]
+    shown = [(a, b) for a, b in ratios if a in throughput and b in throughput]
     if shown:
-        print("throughput ratios: " + "; ".join(shown))
+        print("throughput ratios, best round over best round (range of the same-round ratios):")
+    for a, b in shown:
+        paired = [seconds[b][i] / seconds[a][i] for i in range(args.repeats)]
+        print(f"  {a} / {b}: {throughput[a] / throughput[b]:.2f}x ({min(paired):.2f}x to {max(paired):.2f}x)")
+    print(f"CPU: {cpu_summary()}")
+
+
+class Peer:
+    """faiss and sentence-transformers, served by a child process of the peer environment's Python
+    (see serve_peer), on the same data, written once to shared memory."""
+
+    def __init__(self, args, queries: torch.Tensor, corpus: torch.Tensor, methods: list):
+        self.folder = Path(tempfile.mkdtemp(prefix="minisbert-bench-", dir=_shared_memory_folder()))
+        np.save(self.folder / "queries.npy", queries.numpy())
+        np.save(self.folder / "corpus.npy", corpus.numpy())
+        arguments = ["--serve-peer", str(self.folder), "--k", str(args.k), "--methods", *methods]
+        self.process = subprocess.Popen([str(args.peer_python), __file__, *arguments], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+        started = self.answer()
+        self.notes, self.skipped = started["notes"], started["skipped"]
+
+    def answer(self) -> dict:
+        for line in self.process.stdout:
+            if line.startswith("peer: "):
+                return json.loads(line[len("peer: "):])
+        raise SystemExit(f"the peer process ended (exit status {self.process.wait()}); its error is "
+                         "printed above")
+
+    def searcher(self, method: str):
+        """A function queries -> ((Q, k) indices, seconds the peer's search took)."""
+        def search_fn(queries):
+            self.process.stdin.write(f"{method}\n")
+            self.process.stdin.flush()
+            seconds = self.answer()["seconds"]
+            return np.load(self.folder / "indices.npy"), seconds
+        return search_fn
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+        shutil.rmtree(self.folder)
+
+
+def serve_peer(args) -> None:
+    """The peer's side, run by the peer environment's Python: load the data, prepare each method
+    once, then for each method named on stdin search all queries, save the indices and answer
+    with the time on a line of its own ("peer: {...}"; libraries may print other lines)."""
+    folder = Path(args.serve_peer)
+    queries = torch.from_numpy(np.load(folder / "queries.npy"))
+    corpus = torch.from_numpy(np.load(folder / "corpus.npy"))
+    prepared, notes, skipped = {}, {}, {}
+    for method in args.methods:
+        try:
+            prepared[method], notes[method], _ = prepare(method, queries, corpus, args)
+        except ImportError as error:
+            skipped[method] = f"not importable in the peer environment: {error}"
+            continue
+        prepared[method](queries[:10])  # warm up
+    print("peer: " + json.dumps({"notes": notes, "skipped": skipped}), flush=True)
+    for line in sys.stdin:
+        start = time.perf_counter()
+        found = prepared[line.strip()](queries)
+        seconds = time.perf_counter() - start
+        np.save(folder / "indices.npy", np.asarray(found))
+        print("peer: " + json.dumps({"seconds": seconds}), flush=True)
+
+
+def _shared_memory_folder() -> str | None:
+    """/dev/shm where it exists, so that handing the data over writes nothing to disk."""
+    return "/dev/shm" if Path("/dev/shm").is_dir() else None
 
 
 def peak_memory_in_subprocess(args, method: str, size: int, device: str) -> float | str:
     """Extra peak memory (MB) of one search in a fresh process, or the reason it failed."""
-    command = [sys.executable, __file__, "--worker", method, "--size", str(size), "--device", device,
+    python = args.peer_python if method in PEER_METHODS else sys.executable
+    command = [str(python), __file__, "--worker", method, "--size", str(size), "--device", device,
                "--dim", str(args.dim), "--queries", str(args.queries), "--k", str(args.k),
                "--plain-budget-gb", str(args.plain_budget_gb)]
     finished = subprocess.run(command, capture_output=True, text=True)
@@ -163,14 +284,15 @@ def run_one(args) -> dict:
 
 
 def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
-    """Return (function queries -> (Q, k) indices, note, MB its setup took), or (None, reason, 0)
-    to skip."""
+    """Return (function queries -> (Q, k) indices, note, MB its setup took)."""
     k = args.k
     if method.startswith("minisbert"):
         from minisbert.retrieval import search
 
         if method == "minisbert-float32":
             return (lambda q: search(q, corpus, k, score="dot", bf16_screen=False)[1]), "", 0.0
+        if method == "minisbert-plain":
+            return (lambda q: search(q, corpus, k, score="dot", fast=False)[1]), "", 0.0
         score = method.split("-")[1]
         return (lambda q: search(q, corpus, k, score=score)[1]), "", 0.0
     if method == "plain":
@@ -186,10 +308,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
         return (lambda q: torch.cat([torch.topk(part @ corpus.T, k, dim=1).indices
                                      for part in q.split(rows_that_fit)])), note, 0.0
     if method == "semantic_search":
-        try:
-            from sentence_transformers import util
-        except ImportError:
-            return None, "sentence-transformers not installed", 0.0
+        from sentence_transformers import util
 
         def semantic_search(q):
             hits = util.semantic_search(q, corpus, top_k=k)
@@ -197,10 +316,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
 
         return semantic_search, "default chunk sizes", 0.0
     if method == "faiss":
-        try:
-            import faiss
-        except ImportError:
-            return None, "faiss not installed", 0.0
+        import faiss
         before = _memory_baseline_mb(torch.device("cpu"))
         index = faiss.IndexFlatIP(corpus.shape[1])
         index.add(corpus.numpy())

@@ -1,19 +1,35 @@
-"""Tests for minisbert.retrieval.search.
+"""Tests for minisbert.retrieval.search, its plain path (chunked_search, merge_top_k), its fast path
+(minisbert/fast/retrieval.py) and the input checks they share (minisbert/search_inputs.py).
 
 "Correct" means: the same rows, in the same order, as brute force (the full score matrix in
 float64 and a stable sort, so equal scores go to the lower corpus index), whatever the chunk sizes,
-with scores equal to the brute-force scores up to float32 rounding.
+with scores equal to the brute-force scores up to float32 rounding; and the same for every path:
+the plain one, the fast one, and the fast one with bfloat16 screening forced on (on a CPU without
+native bfloat16, torch still computes the bfloat16 product, only slowly).
 """
+
+import re
 
 import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from minisbert import retrieval
-from minisbert.retrieval import search
+from minisbert.fast import retrieval as fast_retrieval
+from minisbert.retrieval import merge_top_k, search
 
 SCORES = ("cosine", "dot", "euclidean")
+PATHS = {
+    "plain": {"fast": False},
+    "fast": {"fast": True, "bf16_screen": False},
+    "fast-screened": {"fast": True, "bf16_screen": True},
+}
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    """search's keyword arguments choosing one path; every test that takes it runs on each."""
+    return PATHS[request.param]
 
 
 def brute_force(queries, corpus, k, score):
@@ -59,19 +75,19 @@ def two_norm_embeddings(rows, dim, generator):
 # ---- worked examples -----------------------------------------------------------------------
 
 
-def test_worked_example_each_score():
+def test_worked_example_each_score(path):
     queries = torch.tensor([[1.0, 0.0]])
     corpus = torch.tensor([[3.0, 4.0], [2.0, 0.0], [0.0, -1.0]])
     # cosine: (3*1 + 4*0) / 5 = 0.6;  2 / 2 = 1.0;  0 / 1 = 0.0  -> rows 1, 0, 2
-    scores, indices = search(queries, corpus, 3, score="cosine")
+    scores, indices = search(queries, corpus, 3, score="cosine", **path)
     assert indices.tolist() == [[1, 0, 2]]
     torch.testing.assert_close(scores, torch.tensor([[1.0, 0.6, 0.0]]))
     # dot: 3, 2, 0 -> rows 0, 1, 2
-    scores, indices = search(queries, corpus, 3, score="dot")
+    scores, indices = search(queries, corpus, 3, score="dot", **path)
     assert indices.tolist() == [[0, 1, 2]]
     torch.testing.assert_close(scores, torch.tensor([[3.0, 2.0, 0.0]]))
     # euclidean: |(1,0)-(3,4)| = sqrt(4+16) = 4.472;  |(1,0)-(2,0)| = 1;  |(1,0)-(0,-1)| = sqrt(2)
-    scores, indices = search(queries, corpus, 3, score="euclidean")
+    scores, indices = search(queries, corpus, 3, score="euclidean", **path)
     assert indices.tolist() == [[1, 2, 0]]
     torch.testing.assert_close(scores, torch.tensor([[1.0, 2.0**0.5, 20.0**0.5]]))
 
@@ -79,7 +95,6 @@ def test_worked_example_each_score():
 # ---- agreement with brute force ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bf16_screen", [False, True])
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize(
     "k, query_chunk_size, corpus_chunk_size",
@@ -92,66 +107,67 @@ def test_worked_example_each_score():
         (7, 1024, 8192),  # the CPU defaults: a single block here
     ],
 )
-def test_random_matches_brute_force(score, k, query_chunk_size, corpus_chunk_size, bf16_screen):
+def test_random_matches_brute_force(score, k, query_chunk_size, corpus_chunk_size, path):
     generator = torch.Generator().manual_seed(0)
     queries = torch.randn(23, 16, generator=generator)
     corpus = torch.randn(101, 16, generator=generator)
     assert_matches_brute_force(
         queries, corpus, k, score, query_chunk_size=query_chunk_size,
-        corpus_chunk_size=corpus_chunk_size, bf16_screen=bf16_screen,
+        corpus_chunk_size=corpus_chunk_size, **path,
     )
 
 
 @pytest.mark.parametrize("score", SCORES)
-def test_k_larger_than_corpus_returns_whole_corpus_ranked(score):
+def test_k_larger_than_corpus_returns_whole_corpus_ranked(score, path):
     generator = torch.Generator().manual_seed(1)
     queries = torch.randn(6, 8, generator=generator)
     corpus = torch.randn(11, 8, generator=generator)
-    scores, indices = search(queries, corpus, 50, score=score, query_chunk_size=5, corpus_chunk_size=4)
+    chunks = {"query_chunk_size": 5, "corpus_chunk_size": 4}
+    scores, indices = search(queries, corpus, 50, score=score, **chunks, **path)
     assert scores.shape == indices.shape == (6, 11)
     assert all(sorted(row) == list(range(11)) for row in indices.tolist())
-    assert_matches_brute_force(queries, corpus, 50, score, query_chunk_size=5, corpus_chunk_size=4)
+    assert_matches_brute_force(queries, corpus, 50, score, **chunks, **path)
 
 
-@pytest.mark.parametrize("bf16_screen", [False, True])
+def tied_problem(score, generator, num_docs=60):
+    """Corpus rows drawn from 7 distinct vectors: every score is shared by many rows, spread over
+    several chunks, and is exact in float32 (see integer_embeddings, two_norm_embeddings)."""
+    make = two_norm_embeddings if score == "cosine" else integer_embeddings
+    distinct = make(7, 8, generator)
+    corpus = distinct[torch.randint(0, 7, (num_docs,), generator=generator)]
+    return make(13, 8, generator), corpus
+
+
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("k", [1, 4, 20, 200])
 @pytest.mark.parametrize("chunk_sizes", [(5, 17), (3, 4), (64, 64)])
-def test_ties_go_to_lower_index_across_chunks(score, k, chunk_sizes, bf16_screen):
-    generator = torch.Generator().manual_seed(2)
-    make = two_norm_embeddings if score == "cosine" else integer_embeddings
-    distinct = make(7, 8, generator)
-    # 60 corpus rows drawn from 7 distinct vectors: every score is shared by many rows, spread
-    # over several chunks.
-    corpus = distinct[torch.randint(0, 7, (60,), generator=generator)]
-    queries = make(13, 8, generator)
+def test_ties_go_to_lower_index_across_chunks(score, k, chunk_sizes, path):
+    queries, corpus = tied_problem(score, torch.Generator().manual_seed(2))
     query_chunk_size, corpus_chunk_size = chunk_sizes
     scores, indices = search(
-        queries, corpus, k, score=score, bf16_screen=bf16_screen,
-        query_chunk_size=query_chunk_size, corpus_chunk_size=corpus_chunk_size,
+        queries, corpus, k, score=score, query_chunk_size=query_chunk_size,
+        corpus_chunk_size=corpus_chunk_size, **path,
     )
     expected_scores, expected_indices = brute_force(queries, corpus, k, score)
     assert torch.equal(indices, expected_indices)
     torch.testing.assert_close(scores.double(), expected_scores)
 
 
-def test_all_equal_scores_return_first_rows_in_order():
+def test_all_equal_scores_return_first_rows_in_order(path):
     corpus = torch.ones(50, 4)
-    scores, indices = search(torch.ones(3, 4), corpus, 10, score="dot", corpus_chunk_size=7)
+    scores, indices = search(torch.ones(3, 4), corpus, 10, score="dot", corpus_chunk_size=7, **path)
     assert indices.tolist() == [list(range(10))] * 3
     assert torch.all(scores == 4.0)
 
 
-@pytest.mark.parametrize("bf16_screen", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("score", SCORES)
-def test_half_precision_corpus_scored_in_float32(dtype, score, bf16_screen):
+def test_half_precision_corpus_scored_in_float32(dtype, score, path):
     generator = torch.Generator().manual_seed(3)
     queries = torch.randn(9, 32, generator=generator)
     corpus = torch.randn(70, 32, generator=generator).to(dtype)
     scores, indices = search(
-        queries, corpus, 5, score=score, query_chunk_size=4, corpus_chunk_size=17,
-        bf16_screen=bf16_screen,
+        queries, corpus, 5, score=score, query_chunk_size=4, corpus_chunk_size=17, **path
     )
     assert scores.dtype == torch.float32
     # The reference sees the same half-precision values, upcast.
@@ -160,22 +176,117 @@ def test_half_precision_corpus_scored_in_float32(dtype, score, bf16_screen):
     torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
 
 
-def test_numpy_in_numpy_out_torch_otherwise():
+def test_numpy_in_numpy_out_torch_otherwise(path):
     generator = np.random.default_rng(4)
     queries = generator.standard_normal((5, 8)).astype(np.float32)
     corpus = generator.standard_normal((20, 8)).astype(np.float32)
-    scores, indices = search(queries, corpus, 3)
+    scores, indices = search(queries, corpus, 3, **path)
     assert isinstance(scores, np.ndarray) and isinstance(indices, np.ndarray)
     assert scores.dtype == np.float32 and indices.dtype == np.int64
-    torch_scores, torch_indices = search(torch.from_numpy(queries), corpus, 3)
+    torch_scores, torch_indices = search(torch.from_numpy(queries), corpus, 3, **path)
     assert isinstance(torch_scores, torch.Tensor)
     np.testing.assert_array_equal(torch_indices.numpy(), indices)
     np.testing.assert_allclose(torch_scores.numpy(), scores)
 
 
-def test_empty_query_set_gives_empty_results():
-    scores, indices = search(torch.zeros(0, 4), torch.randn(10, 4), 3)
+def test_empty_query_set_gives_empty_results(path):
+    scores, indices = search(torch.zeros(0, 4), torch.randn(10, 4), 3, **path)
     assert scores.shape == indices.shape == (0, 3)
+
+
+# ---- plain and fast agree ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("score", SCORES)
+@pytest.mark.parametrize("chunk_sizes", [(5, 17), (17, 5), (64, 1000)])
+def test_plain_and_fast_return_the_same_top_k(score, chunk_sizes):
+    # 203 rows and 47 queries, so neither chunk size divides N or Q. Rows 150 on repeat earlier
+    # rows (ties within and across chunks), and 7 queries are corpus rows whose self-match is
+    # dropped. The entries are multiples of 1/8 (cosine: see two_norm_embeddings), so every score
+    # is exact in float32 whatever the order of the sums: the two paths must agree exactly.
+    generator = torch.Generator().manual_seed(12)
+    if score == "cosine":
+        corpus = two_norm_embeddings(203, 24, generator)
+        queries = two_norm_embeddings(40, 24, generator)
+    else:
+        corpus = torch.randint(-16, 17, (203, 24), generator=generator) / 8
+        queries = torch.randint(-16, 17, (40, 24), generator=generator) / 8
+    corpus[150:] = corpus[torch.randint(0, 150, (53,), generator=generator)]
+    self_rows = [0, 7, 151, 160, 170, 200, 202]
+    queries = torch.cat([queries, corpus[self_rows]])
+    ids = {
+        "query_ids": [f"q{i}" for i in range(40)] + [f"d{i}" for i in self_rows],
+        "corpus_ids": [f"d{i}" for i in range(203)],
+    }
+    query_chunk_size, corpus_chunk_size = chunk_sizes
+    chunks = {"query_chunk_size": query_chunk_size, "corpus_chunk_size": corpus_chunk_size}
+    plain_scores, plain_indices = search(queries, corpus, 12, score=score, **chunks, **ids, fast=False)
+    assert torch.equal(plain_indices, brute_force_without_self(queries, corpus, 12, score, self_rows))
+    for bf16_screen in (False, True):
+        scores, indices = search(queries, corpus, 12, score=score, **chunks, **ids, bf16_screen=bf16_screen)
+        assert torch.equal(indices, plain_indices)
+        assert torch.equal(scores, plain_scores)
+
+
+def brute_force_without_self(queries, corpus, k, score, self_rows):
+    """brute_force's indices, dropping query 40 + i's own row self_rows[i]."""
+    _, order = brute_force(queries, corpus, corpus.shape[0], score)
+    expected = []
+    for query, row in enumerate(order.tolist()):
+        own = self_rows[query - 40] if query >= 40 else None
+        expected.append([i for i in row if i != own][:k])
+    return torch.tensor(expected)
+
+
+def test_bf16_screen_needs_the_fast_path():
+    with pytest.raises(ValueError, match="bf16_screen=True needs the fast path"):
+        search(torch.randn(3, 4), torch.randn(10, 4), 2, bf16_screen=True, fast=False)
+
+
+# ---- merging top-k lists -------------------------------------------------------------------
+
+
+def test_merge_top_k_orders_by_score_then_index():
+    # Query 0: the two lists share the score 0.5 and neither holds only lower indices.
+    # Query 1: padding (-1, -inf) goes after every real entry.
+    scores = torch.tensor([[0.75, 0.5, 0.125], [0.625, -torch.inf, -torch.inf]])
+    indices = torch.tensor([[4, 8, 2], [3, -1, -1]])
+    other_scores = torch.tensor([[0.5, 0.5], [0.25, -torch.inf]])
+    other_indices = torch.tensor([[6, 9], [11, -1]])
+    merged_scores, merged_indices = merge_top_k(scores, indices, other_scores, other_indices, 4)
+    assert merged_indices.tolist() == [[4, 6, 8, 9], [3, 11, -1, -1]]
+    assert merged_scores.tolist() == [[0.75, 0.5, 0.5, 0.5], [0.625, 0.25, -torch.inf, -torch.inf]]
+    # Distances: smaller is better, padding is +inf.
+    distances = torch.tensor([[1.0, 2.0, torch.inf]])
+    other_distances = torch.tensor([[2.0, 0.5]])
+    merged, merged_indices = merge_top_k(
+        distances, torch.tensor([[7, 5, -1]]), other_distances, torch.tensor([[3, 9]]), 5, largest=False
+    )
+    assert merged_indices.tolist() == [[9, 7, 3, 5, -1]]
+    assert merged.tolist() == [[0.5, 1.0, 2.0, 2.0, torch.inf]]
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_merging_shard_results_equals_searching_the_whole_corpus(score):
+    # Search three shards of the corpus on their own, make their indices global and merge them,
+    # in an order that puts higher indices first: the result is the search of the whole corpus.
+    queries, corpus = tied_problem(score, torch.Generator().manual_seed(13), num_docs=90)
+    k = 15
+    expected = search(queries, corpus, k, score=score)
+    shards = [(60, 90), (0, 25), (25, 60)]
+    merged_scores, merged_indices = None, None
+    for start, end in shards:
+        shard_scores, shard_indices = search(queries, corpus[start:end], k, score=score)
+        shard_indices = shard_indices + start
+        if merged_scores is None:
+            merged_scores, merged_indices = shard_scores, shard_indices
+        else:
+            merged_scores, merged_indices = merge_top_k(
+                merged_scores, merged_indices, shard_scores, shard_indices, k,
+                largest=score != "euclidean",
+            )
+    assert torch.equal(merged_indices, expected[1])
+    torch.testing.assert_close(merged_scores, expected[0])
 
 
 # ---- screening with a bfloat16 product --------------------------------------------------------
@@ -199,11 +310,11 @@ def test_error_bound_holds_and_is_nearly_reached():
     query_norms = torch.linalg.vector_norm(queries, dim=1)
     largest_norm = torch.linalg.vector_norm(corpus, dim=1).amax()
     # The bfloat16 output's own rounding is added separately, as _upper_bounds does.
-    u = retrieval.BF16_UNIT
+    u = fast_retrieval.BF16_UNIT
 
     approximate = (queries.bfloat16() @ corpus.bfloat16().T).double()  # (Q, N)
     exact = queries.double() @ corpus.double().T  # (Q, N)
-    bound = retrieval._error_bounds(query_norms, largest_norm, d, False).double()[:, None]
+    bound = fast_retrieval._error_bounds(query_norms, largest_norm, d, False).double()[:, None]
     assert ((approximate - exact).abs() <= bound + u / (1 - u) * approximate.abs()).all()
 
     # Euclidean: [2q, -1] . [c, |c|^2] = 2 q.c - |c|^2, the ranking key.
@@ -212,13 +323,13 @@ def test_error_bound_holds_and_is_nearly_reached():
     long_corpus = torch.cat([corpus, squared[:, None]], dim=1)
     approximate = (long_queries.bfloat16() @ long_corpus.bfloat16().T).double()  # (Q, N)
     exact = 2 * queries.double() @ corpus.double().T - corpus.double().pow(2).sum(1)  # (Q, N)
-    bound = retrieval._error_bounds(query_norms, largest_norm, d, True).double()[:, None]
+    bound = fast_retrieval._error_bounds(query_norms, largest_norm, d, True).double()[:, None]
     assert ((approximate - exact).abs() <= bound + u / (1 - u) * approximate.abs()).all()
 
     # In the worst case the error is nearly 2u |q| |c|. The bound, with the norms of this pair,
     # (2u + u^2 + 4 gamma)(1 + 2 gamma)^2 (1.01) |q| |c|, holds and is at most 5% above it.
     worst_norm = torch.linalg.vector_norm(worst_q)
-    worst_bound = retrieval._error_bounds(worst_norm, worst_norm, d, False)
+    worst_bound = fast_retrieval._error_bounds(worst_norm, worst_norm, d, False)
     worst_approximate = (worst_q.bfloat16() @ worst_c.bfloat16().T).double()
     worst_error = worst_q.double() @ worst_c.double().T - worst_approximate
     assert 0.95 * worst_bound < worst_error <= worst_bound + u / (1 - u) * worst_approximate.abs()
@@ -246,7 +357,7 @@ def test_screening_skips_most_float32_blocks_and_matches_brute_force(score, monk
     corpus *= (0.5 + torch.rand(20_000, 1, generator=generator) / 2) / torch.linalg.vector_norm(
         corpus, dim=1, keepdim=True
     )  # norms between 0.5 and 1
-    float32_blocks = count_calls(monkeypatch, retrieval, "_merge_block")
+    float32_blocks = count_calls(monkeypatch, fast_retrieval, "_merge_block")
     assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=2_000, bf16_screen=True)
     # Of 10 chunks, the first fills each row's top-k in float32; a second can fail to screen
     # (its k-th best is still low) and make the third wait. The other seven are screened.
@@ -255,8 +366,8 @@ def test_screening_skips_most_float32_blocks_and_matches_brute_force(score, monk
 
 def test_crowded_scores_fall_back_to_float32_blocks_and_back_off(monkeypatch):
     # Every score is equal, so nothing can be ruled out.
-    screens = count_calls(monkeypatch, retrieval._Screen, "_candidates")
-    float32_blocks = count_calls(monkeypatch, retrieval, "_merge_block")
+    screens = count_calls(monkeypatch, fast_retrieval._Screen, "_candidates")
+    float32_blocks = count_calls(monkeypatch, fast_retrieval, "_merge_block")
     scores, indices = search(torch.ones(3, 4), torch.ones(800, 4), 5, corpus_chunk_size=100, bf16_screen=True)
     assert indices.tolist() == [[0, 1, 2, 3, 4]] * 3
     # Chunk 0 fills the top-k. Screens are tried on chunks 1, 3 and 7, each failure doubling
@@ -265,25 +376,121 @@ def test_crowded_scores_fall_back_to_float32_blocks_and_back_off(monkeypatch):
     assert len(float32_blocks) == 8
 
 
-@pytest.mark.parametrize("bf16_screen", [False, True])
-def test_tiny_rows_have_true_cosines(bf16_screen):
+def test_fast_path_leaves_the_thread_count_as_it_was():
+    # The fast path filters each block on one thread and sets the count back, also when a
+    # corpus row in a later chunk is refused midway.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        corpus = torch.randn(300, 8)
+        search(torch.randn(5, 8), corpus, 3, corpus_chunk_size=64)
+        assert torch.get_num_threads() == 2
+        corpus[250, 0] = float("nan")
+        with pytest.raises(ValueError, match="corpus row 250"):
+            search(torch.randn(5, 8), corpus, 3, corpus_chunk_size=64)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ---- rows at the edges of float32 ----------------------------------------------------------
+
+
+def test_tiny_rows_have_true_cosines(path):
     # Squares of entries near 1e-30 underflow in float32; the norm must not come out as zero.
     generator = torch.Generator().manual_seed(11)
     queries = torch.randn(5, 8, generator=generator)
     corpus = torch.randn(300, 8, generator=generator)
     scaled = corpus * torch.where(torch.arange(300) % 2 == 0, 1e-30, 1.0)[:, None]
-    scores, indices = search(queries * 1e-30, scaled, 7, corpus_chunk_size=64, bf16_screen=bf16_screen)
+    scores, indices = search(queries * 1e-30, scaled, 7, corpus_chunk_size=64, **path)
     expected_scores, expected_indices = brute_force(queries, corpus, 7, "cosine")
     assert torch.equal(indices, expected_indices)
     torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
 
 
+def test_huge_rows_have_true_cosines(path):
+    # Squares of entries near 1e30 overflow in float32 (the norm of such a 384-long row would come
+    # out as inf, and every cosine as 0); the rows are finite, so their cosines are well defined.
+    generator = torch.Generator().manual_seed(14)
+    queries = torch.randn(6, 384, generator=generator)
+    corpus = torch.randn(200, 384, generator=generator)
+    huge_queries = queries * torch.tensor([1e30, 1.0, 1e30, 1e-30, 1e30, 1.0])[:, None]
+    huge_corpus = corpus * torch.where(torch.arange(200) % 3 == 0, 1e30, 1.0)[:, None]
+    scores, indices = search(huge_queries, huge_corpus, 9, corpus_chunk_size=64, **path)
+    expected_scores, expected_indices = brute_force(queries, corpus, 9, "cosine")
+    assert torch.equal(indices, expected_indices)
+    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_huge_query_rows_with_dot_scores_in_range_are_exact(path):
+    # Entries of 1e30 in 384 dims: finite, with a norm (2e31) that fits float32; against rows of
+    # norm about 20 every dot product fits too, so the ranking is the true one.
+    generator = torch.Generator().manual_seed(15)
+    queries = torch.randn(4, 384, generator=generator) * torch.tensor([1e30, 1.0, 1e30, 1.0])[:, None]
+    corpus = torch.randn(150, 384, generator=generator)
+    scores, indices = search(queries, corpus, 6, score="dot", corpus_chunk_size=40, **path)
+    expected_scores, expected_indices = brute_force(queries, corpus, 6, "dot")
+    assert torch.equal(indices, expected_indices)
+    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=0.0)
+
+
+@pytest.mark.parametrize("huge", ["queries", "corpus"])
+def test_squared_norm_overflow_is_refused_for_euclidean(huge, path):
+    # The distance needs |q|² and |c|²: with entries of 1e30 (or 1e19: 384 squares of 1e38) they
+    # overflow, for a query row as for a corpus row.
+    for value in (1e30, 1e19):
+        queries, corpus = torch.randn(5, 384), torch.randn(50, 384)
+        row = 3 if huge == "queries" else 41
+        {"queries": queries, "corpus": corpus}[huge][row] = value
+        with pytest.raises(ValueError, match=f"{huge} row {row} contains NaN or inf, or values too large"):
+            search(queries, corpus, 4, score="euclidean", corpus_chunk_size=16, **path)
+
+
+@pytest.mark.parametrize(
+    "score, entry, norm",
+    [
+        # 384 entries of 1e18: the norm, 1.96e19, fits float32; q·c = -384e36 does not.
+        ("dot", 1e18, "1.96e+19"),
+        # 384 entries of 5e17: |q|² = 9.6e37 fits; |q - c|² = 384 (1e18)² does not.
+        ("euclidean", 5e17, "9.8e+18"),
+    ],
+)
+def test_scores_that_could_overflow_are_refused(score, entry, norm, path):
+    queries, corpus = torch.randn(4, 384), torch.randn(60, 384)
+    queries[2] = entry
+    corpus[33] = -entry
+    message = f"queries row 2 (norm {norm}) and corpus row 33 (norm {norm}) may score beyond float32"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        search(queries, corpus, 4, score=score, corpus_chunk_size=16, **path)
+    # The same rows with cosine are fine: cosines lie in [-1, 1].
+    scores, indices = search(queries, corpus, 4, score="cosine", corpus_chunk_size=16, **path)
+    assert indices[2, -1] != 33 and torch.isfinite(scores).all()
+
+
+@pytest.mark.parametrize("score", SCORES)
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_embeddings_are_named(score, bad_value, path):
+    corpus = torch.randn(30, 4)
+    corpus[22, 1] = bad_value
+    with pytest.raises(ValueError, match="corpus row 22 contains NaN or inf"):
+        search(torch.randn(3, 4), corpus, 2, score=score, corpus_chunk_size=8, **path)
+    queries = torch.randn(3, 4)
+    queries[2, 0] = bad_value
+    with pytest.raises(ValueError, match="queries row 2 contains NaN or inf"):
+        search(queries, torch.randn(30, 4), 2, score=score, **path)
+    # A bad entry among huge ones (whose norm is measured again after scaling) is found too.
+    # Euclidean refuses squares beyond float32, so its huge entries are smaller.
+    queries = torch.full((3, 4), 1e15 if score == "euclidean" else 1e30)
+    queries[1, 3] = bad_value
+    with pytest.raises(ValueError, match="queries row 1 contains NaN or inf"):
+        search(queries, torch.randn(30, 4), 2, score=score, **path)
+
+
 # ---- dropping self-matches -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bf16_screen", [False, True])
 @pytest.mark.parametrize("score", SCORES)
-def test_self_matches_are_dropped_and_replaced(score, bf16_screen):
+def test_self_matches_are_dropped_and_replaced(score, path):
     generator = torch.Generator().manual_seed(5)
     corpus = torch.randn(40, 8, generator=generator)
     query_rows = [3, 17, 39, 0]
@@ -292,7 +499,7 @@ def test_self_matches_are_dropped_and_replaced(score, bf16_screen):
     query_ids = [f"doc{i}" for i in query_rows]
     scores, indices = search(
         queries, corpus, 5, score=score, query_ids=query_ids, corpus_ids=corpus_ids,
-        query_chunk_size=3, corpus_chunk_size=6, bf16_screen=bf16_screen,
+        query_chunk_size=3, corpus_chunk_size=6, **path,
     )
     # Reference: brute force over 6 results, then remove the query's own row.
     _, expected = brute_force(queries, corpus, 6, score)
@@ -303,7 +510,7 @@ def test_self_matches_are_dropped_and_replaced(score, bf16_screen):
     assert torch.isfinite(scores).all()
 
 
-def test_rows_filling_up_at_different_chunks():
+def test_rows_filling_up_at_different_chunks(path):
     # Query 0's id matches corpus rows 0-2, so after the first chunk (rows 0-3) its top-3 holds
     # one row while query 1's is full: the next chunk merges full and unfilled rows together.
     generator = torch.Generator().manual_seed(8)
@@ -311,7 +518,8 @@ def test_rows_filling_up_at_different_chunks():
     queries = torch.randn(2, 4, generator=generator)
     corpus_ids = ["a", "a", "a"] + [f"d{i}" for i in range(3, 12)]
     scores, indices = search(
-        queries, corpus, 3, score="dot", query_ids=["a", "z"], corpus_ids=corpus_ids, corpus_chunk_size=4
+        queries, corpus, 3, score="dot", query_ids=["a", "z"], corpus_ids=corpus_ids,
+        corpus_chunk_size=4, **path,
     )
     all_scores = queries.double() @ corpus.double().T  # (2, 12)
     all_scores[0, :3] = -torch.inf
@@ -319,15 +527,14 @@ def test_rows_filling_up_at_different_chunks():
     assert torch.equal(indices, expected)
 
 
-def test_too_few_rows_left_are_padded():
+def test_too_few_rows_left_are_padded(path):
     corpus = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    scores, indices = search(corpus, corpus, 2, score="dot", query_ids=["a", "b"], corpus_ids=["a", "b"])
+    ids = {"query_ids": ["a", "b"], "corpus_ids": ["a", "b"]}
+    scores, indices = search(corpus, corpus, 2, score="dot", **ids, **path)
     # Each query may only return the other row; the second slot is padding.
     assert indices.tolist() == [[1, -1], [0, -1]]
     assert scores[:, 1].tolist() == [-float("inf")] * 2
-    distances, indices = search(
-        corpus, corpus, 2, score="euclidean", query_ids=["a", "b"], corpus_ids=["a", "b"]
-    )
+    distances, indices = search(corpus, corpus, 2, score="euclidean", **ids, **path)
     assert indices.tolist() == [[1, -1], [0, -1]]
     assert distances[:, 1].tolist() == [float("inf")] * 2
 
@@ -353,23 +560,10 @@ def test_too_few_rows_left_are_padded():
         ({"query_ids": ["a"], "corpus_ids": list("abcdefghij")}, "got 1 query_ids for 3 queries"),
     ],
 )
-def test_bad_input_raises_clear_error(kwargs, message):
+def test_bad_input_raises_clear_error(kwargs, message, path):
     arguments = {"queries": torch.randn(3, 4), "corpus": torch.randn(10, 4), "k": 2} | kwargs
     with pytest.raises(ValueError, match=message):
-        search(**arguments)
-
-
-@pytest.mark.parametrize("score", SCORES)
-@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), -float("inf")])
-def test_non_finite_embeddings_are_named(score, bad_value):
-    corpus = torch.randn(30, 4)
-    corpus[22, 1] = bad_value
-    with pytest.raises(ValueError, match="corpus row 22 contains NaN or inf"):
-        search(torch.randn(3, 4), corpus, 2, score=score, corpus_chunk_size=8)
-    queries = torch.randn(3, 4)
-    queries[2, 0] = bad_value
-    with pytest.raises(ValueError, match="queries row 2 contains NaN or inf"):
-        search(queries, torch.randn(30, 4), 2)
+        search(**arguments, **path)
 
 
 # ---- memory ------------------------------------------------------------------------------
@@ -407,9 +601,8 @@ def _tensors(value):
             yield from _tensors(item)
 
 
-@pytest.mark.parametrize("bf16_screen", [False, True])
 @pytest.mark.parametrize("score", SCORES)
-def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, bf16_screen):
+def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, path):
     generator = torch.Generator().manual_seed(6)
     queries = torch.randn(64, 16, generator=generator)
     largest = {}
@@ -417,14 +610,15 @@ def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, bf16_sc
         corpus = torch.randn(num_docs, 16, generator=generator)
         with LargestNewTensor() as recorder:
             search(
-                queries, corpus, 5, score=score, query_chunk_size=32, corpus_chunk_size=256,
-                bf16_screen=bf16_screen,
+                queries, corpus, 5, score=score, query_chunk_size=32, corpus_chunk_size=256, **path
             )
         largest[num_docs] = recorder.largest_bytes
-    # The biggest thing ever allocated is the float32 score block (32 x 256 x 4 bytes = 32 KiB),
-    # for a 2,000-row corpus and a 10 times larger one alike; the full score matrix would be
+    # The biggest thing ever allocated is the same for a 2,000-row corpus and a 10 times larger
+    # one: the float32 score block (32 x 256 x 4 bytes = 32 KiB) on the fast path, the int64
+    # column order of its sort (64 KiB) on the plain one. The full score matrix would be
     # 64 x 20,000 x 4 bytes = 5 MB.
-    assert largest == {2_000: 32 * 256 * 4, 20_000: 32 * 256 * 4}
+    block = 32 * 256 * (4 if path["fast"] else 8)
+    assert largest == {2_000: block, 20_000: block}
 
 
 # ---- GPU ---------------------------------------------------------------------------------
@@ -432,12 +626,14 @@ def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, bf16_sc
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("score", SCORES)
-def test_cuda_matches_cpu(score):
+def test_cuda_matches_cpu(score, path):
     generator = torch.Generator().manual_seed(7)
     queries = torch.randn(50, 32, generator=generator)
     corpus = torch.randn(3_000, 32, generator=generator)
-    cpu_scores, cpu_indices = search(queries, corpus, 10, score=score, corpus_chunk_size=700)
-    gpu_scores, gpu_indices = search(queries, corpus.cuda().half(), 10, score=score, corpus_chunk_size=700)
+    cpu_scores, cpu_indices = search(queries, corpus, 10, score=score, corpus_chunk_size=700, **path)
+    gpu_scores, gpu_indices = search(
+        queries, corpus.cuda().half(), 10, score=score, corpus_chunk_size=700, **path
+    )
     expected_scores, expected_indices = brute_force(queries, corpus.half().float(), 10, score)
     assert gpu_indices.device.type == "cuda"
     assert torch.equal(gpu_indices.cpu(), expected_indices)

@@ -1,0 +1,427 @@
+"""Exact top-k search, fast: the same top-k as the plain `chunked_search` in
+minisbert/retrieval.py (score a block, take its top-k, merge), with less work per block.
+
+Called by `minisbert.retrieval.search` (its default, fast=True), which checks the inputs with
+minisbert/search_inputs.py and documents the arguments, score functions and the tie rule.
+
+Why it is fast on a CPU. The matrix product costs 2·Q·N·d FLOP and is compute-bound when the
+query chunk is large (BLAS-3), so the time to beat is the product itself; choosing the k best must
+add little. Sorting every block, as the plain path does, or calling `torch.topk` on it, would cost
+about a quarter as much as the product that made the block. Instead each query's column of the
+block is cut into groups of 64 corpus rows and each group reduced to its maximum (one vectorised
+pass that costs about 1% of the product), and only groups whose maximum beats that query's
+current k-th best score are looked into. After the first chunks the k-th best is high and almost
+every group is skipped: for random data a query gains about k·ln(N / corpus_chunk_size) new
+entries over a whole pass. Three details, each measured (bench/retrieval.py, on a 2-core AVX2
+CPU):
+- blocks are laid out (corpus rows, queries), (Nc, d) @ (d, Qc): MKL computes that product 3 to
+  9% faster than (Qc, d) @ (d, Nc), with the same bits at the default block sizes;
+- the work between two products (checking a chunk, filtering and merging a block: a dozen small
+  operations) runs on one thread (`_one_thread`); spread over two threads, each operation waits
+  for both, which on a busy machine made the search up to twice as slow;
+- the score blocks are written into one reused buffer, so the allocator does not hand back
+  fresh, page-faulting memory for every block.
+
+Screening. Most of the product is spent on scores that cannot enter the top-k. Where the CPU
+multiplies bfloat16 natively (AVX512-BF16 or AMX), a bfloat16 product runs about three times as
+fast as a float32 one, and it is accurate enough to rule those scores out: a proven bound on its
+error (`_error_bounds`, about 2·2^-8 |q| |c|) turns each approximate score into an upper bound on
+the exact one. Once a query's top-k is full, only the entries whose upper bound beats its k-th
+best are scored in float32, one dot product each, and only those can enter. The top-k is the
+same as without screening. Where the scores are too crowded for the bound to rule out enough,
+the block is computed in float32 instead (see `_Screen`).
+
+Ties. The running top-k is kept sorted by (score descending, index ascending); a later chunk
+only holds higher indices, so a new score must be strictly better than the running k-th to enter,
+and merges use a stable sort. Scores rescored one by one after screening may differ from the
+float32 block's in the last bits (see the tie note in minisbert/retrieval.py).
+
+Tested identical to the plain path, and against brute force, in tests/test_retrieval.py.
+"""
+
+import contextlib
+import functools
+
+import torch
+
+from ..search_inputs import TINY, SearchInputs, drop_excluded, row_norms
+
+# Columns per group in the first, coarse filter of each block (see _merge_block).
+GROUP_SIZE = 64
+# Candidates scored at once after screening (see _Screen): 1024 x 384 float32 rows take 1.5 MB.
+RESCORE_PIECE = 1024
+# Unit roundoffs: rounding to bfloat16 (8 significant bits) or float32 (24) moves a value by at
+# most this fraction of itself.
+BF16_UNIT = 2.0**-8
+F32_UNIT = 2.0**-24
+
+
+def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (Q, k) scores (ranking keys 2 q·c - |c|² for euclidean) and corpus indices, best
+    first, as `minisbert.retrieval.chunked_search` returns them. bf16_screen: see `search`."""
+    queries, score, device = inputs.queries, inputs.score, inputs.device
+    num_queries, num_docs, k = queries.shape[0], inputs.corpus.shape[0], inputs.k
+    query_chunk_size, corpus_chunk_size = inputs.query_chunk_size, inputs.corpus_chunk_size
+
+    # Running best per query, kept sorted by (score desc, index asc).
+    top_scores = torch.full((num_queries, k), -torch.inf, device=device)  # (Q, k)
+    top_indices = torch.full_like(top_scores, -1, dtype=torch.long)  # (Q, k)
+    # One reusable buffer for the score blocks, which are laid out (corpus rows, queries): one
+    # column per query. Its height is rounded up to whole groups; rows past the chunk hold -inf.
+    height = -(-min(corpus_chunk_size, num_docs) // GROUP_SIZE) * GROUP_SIZE
+    block_buffer = torch.empty(height * min(query_chunk_size, num_queries), device=device)
+    # Cosine scores unit rows, written into one reusable buffer.
+    unit_buffer = None
+    if score == "cosine":
+        unit_buffer = torch.empty(min(corpus_chunk_size, num_docs), queries.shape[1], device=device)
+    if bf16_screen is None:
+        bf16_screen = device.type == "cpu" and _cpu_has_native_bf16()
+    screen = _Screen(queries, score, query_chunk_size, height) if bf16_screen else None
+
+    for doc_start in range(0, num_docs, corpus_chunk_size):
+        with _one_thread(device):
+            chunk, sizes = inputs.corpus_chunk(doc_start, out=unit_buffer)  # (Nc, d), (Nc,)
+        if screen is not None:
+            screen.load_chunk(chunk, _largest_norm(sizes, score, chunk.shape[1]), sizes)
+        for query_start in range(0, num_queries, query_chunk_size):
+            query_chunk = queries[query_start : query_start + query_chunk_size]  # (Qc, d)
+            rows = slice(query_start, query_start + query_chunk.shape[0])
+            if screen is not None and screen.merge(
+                rows, inputs.excluded, doc_start, top_scores[rows], top_indices[rows]
+            ):
+                continue
+            block = block_buffer[: height * query_chunk.shape[0]].view(height, -1)  # (H, Qc)
+            scores = block[: chunk.shape[0]]  # (Nc, Qc), a view into the block
+            # (Nc, d) @ (d, Qc) rather than (Qc, d) @ (d, Nc): see the module docstring.
+            if score == "euclidean":
+                torch.addmm(-sizes[:, None], chunk, query_chunk.T, alpha=2, out=scores)
+            else:
+                torch.mm(chunk, query_chunk.T, out=scores)
+            with _one_thread(device):
+                if chunk.shape[0] < height:
+                    block[chunk.shape[0] :] = -torch.inf
+                if inputs.excluded is not None:
+                    drop_excluded(scores.T, inputs.excluded, query_start, doc_start)
+                _merge_block(block, doc_start, top_scores[rows], top_indices[rows])
+    return top_scores, top_indices
+
+
+def _largest_norm(sizes: torch.Tensor, score: str, dim: int) -> torch.Tensor:
+    """An upper bound on the norms of a chunk's rows as scored, from their (Nc,) sizes."""
+    if score == "cosine":
+        # Unit rows (or zero), up to the float32 rounding of the norm and of the division.
+        return torch.tensor(1 + 2 * (dim + 2) * F32_UNIT)
+    if score == "euclidean":
+        # The sizes are squared norms; 2^-100 stands in for squares that underflowed to zero.
+        return (sizes.amax() + 2.0**-100).sqrt()
+    return sizes.amax()
+
+
+def _merge_block(
+    block: torch.Tensor, doc_start: int, top_scores: torch.Tensor, top_indices: torch.Tensor
+) -> None:
+    """Merge one (H, Qc) score block (corpus rows, queries; H a multiple of GROUP_SIZE) into the
+    running (Qc, k) top-k, in place.
+
+    A score enters only if it is strictly above its query's current k-th best: an equal score
+    cannot, because its corpus index is higher than every index already held. To find those few
+    scores without comparing every one, each column is cut into groups of GROUP_SIZE corpus rows,
+    each group reduced to its maximum, and only groups whose maximum beats the k-th best are
+    opened.
+    """
+    k = top_scores.shape[1]
+    kth = top_scores[:, -1]  # (Qc,)
+    floor = _entry_floor(block, kth, k)  # (Qc,) or None
+    groups = block.view(-1, GROUP_SIZE, block.shape[1])  # (H / G, G, Qc)
+    group_maxima = groups.amax(dim=1)  # (H / G, Qc)
+    promising = group_maxima > kth  # (H / G, Qc)
+    if floor is not None:
+        promising &= group_maxima >= floor
+    rows, group = promising.T.nonzero(as_tuple=True)  # (P,), (P,) query, group
+    if rows.numel() == 0:
+        return
+    values = groups[group, :, rows]  # (P, G)
+    enters = values > kth[rows, None]  # (P, G)
+    if floor is not None:
+        enters &= values >= floor[rows, None]
+    pair, offset = enters.nonzero(as_tuple=True)  # (M,), (M,)
+    # nonzero() lists (query, group) pairs query by query with groups ascending, and offsets
+    # ascending within a group, so the candidates are sorted by query, then by corpus index.
+    cand_rows = rows[pair]  # (M,)
+    cand_cols = group[pair] * GROUP_SIZE + offset  # (M,)
+    _merge_candidates(cand_rows, cand_cols + doc_start, values[pair, offset], top_scores, top_indices)
+
+
+@contextlib.contextmanager
+def _one_thread(device: torch.device):
+    """Run the torch operations inside on one CPU thread.
+
+    Each operation that torch spreads over several threads ends by waiting for all of them, and
+    on a machine busy with other work a thread may wait a whole scheduling period for a core.
+    Measured on a 2-core AVX2 CPU at a load of 7: comparing 1000 x 128 numbers took 0.15 ms on one
+    thread and 11 ms on two. The work between two matrix products is a dozen such operations
+    and little arithmetic, so it runs on one thread; the products keep every thread. The count
+    is set back on the way out (torch.set_num_threads sets this thread's count, and the default
+    for threads that start using torch meanwhile).
+    """
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _merge_candidates(
+    cand_rows: torch.Tensor,
+    cand_indices: torch.Tensor,
+    cand_values: torch.Tensor,
+    top_scores: torch.Tensor,
+    top_indices: torch.Tensor,
+) -> None:
+    """Merge (M,) candidates, sorted by row and then by corpus index, all with higher corpus
+    indices than any already held, into the running (Qc, k) top-k, in place."""
+    if cand_rows.numel() == 0:
+        return
+    k = top_scores.shape[1]
+    # Lay the candidates out as a padded (A, width) matrix, one line per row that gains any.
+    active, line, per_line = torch.unique_consecutive(
+        cand_rows, return_inverse=True, return_counts=True
+    )  # (A,), (M,), (A,)
+    slot = torch.arange(line.numel(), device=line.device) - (per_line.cumsum(0) - per_line)[line]
+    width = int(per_line.max())
+    new_scores = torch.full((active.numel(), width), -torch.inf, device=line.device)
+    new_scores[line, slot] = cand_values
+    new_indices = torch.full_like(new_scores, -1, dtype=torch.long)
+    new_indices[line, slot] = cand_indices
+
+    # Running entries come first and hold lower indices, new ones follow in index order, so a
+    # stable descending sort orders equal scores by ascending index.
+    scores = torch.cat([top_scores[active], new_scores], dim=1)  # (A, k + width)
+    indices = torch.cat([top_indices[active], new_indices], dim=1)  # (A, k + width)
+    scores, order = scores.sort(dim=1, descending=True, stable=True)
+    top_scores[active] = scores[:, :k]
+    top_indices[active] = indices.gather(1, order[:, :k])
+
+
+class _Screen:
+    """Screening with a bfloat16 matrix product: find the few entries of a block that can enter
+    the running top-k without computing the block in float32.
+
+    The block is computed from bfloat16 copies of the queries and the chunk. `_error_bounds`
+    bounds how far each approximate score can lie from the float32 score, which turns it into an
+    upper bound on that score. Only the entries whose upper bound beats their row's k-th best are
+    scored in float32, one dot product each, and merged. An entry left out provably scores at
+    most the k-th best, so the top-k is the same as with the float32 block.
+
+    For euclidean the ranking key 2 q·c - |c|² is one dot product of longer vectors,
+    [2q, -1]·[c, |c|²], so it is screened the same way.
+    """
+
+    def __init__(self, queries: torch.Tensor, score: str, query_chunk_size: int, width: int):
+        self.queries = queries  # (Q, d), float32, unit rows for cosine
+        self.euclidean = score == "euclidean"
+        self.query_norms = row_norms(queries)  # (Q,)
+        if self.euclidean:
+            queries = torch.cat([2 * queries, -torch.ones_like(queries[:, :1])], dim=1)  # (Q, d + 1)
+        self.queries_bf16 = queries.to(torch.bfloat16)  # (Q, d'), d' = d + 1 for euclidean
+        rows = min(query_chunk_size, queries.shape[0])
+        bf16 = {"dtype": torch.bfloat16, "device": queries.device}
+        self.block_buffer = torch.empty(rows * width, **bf16)
+        self.chunk_buffer = torch.empty(width, queries.shape[1], **bf16)
+        self.width = width
+        # Per query chunk (keyed by its first row): screens failed in a row, and blocks left to
+        # compute in float32 before trying again. Each failure doubles the wait, so scores too
+        # crowded to screen cost few wasted bfloat16 products.
+        self.failures: dict[int, int] = {}
+        self.wait: dict[int, int] = {}
+
+    def load_chunk(
+        self, chunk: torch.Tensor, largest_norm: torch.Tensor, squared_norms: torch.Tensor | None
+    ) -> None:
+        """Take the next (Nc, d) float32 corpus chunk, as scored (unit rows for cosine), an upper
+        bound on its row norms, and (for euclidean) its (Nc,) float32 squared row norms."""
+        self.chunk = chunk
+        self.chunk_bf16 = self.chunk_buffer[: chunk.shape[0]]  # (Nc, d')
+        self.chunk_bf16[:, : chunk.shape[1]] = chunk
+        self.largest_norm = largest_norm
+        if self.euclidean:
+            self.chunk_bf16[:, -1] = squared_norms
+
+    def merge(
+        self,
+        rows: slice,
+        excluded: torch.Tensor | None,
+        doc_start: int,
+        top_scores: torch.Tensor,
+        top_indices: torch.Tensor,
+    ) -> bool:
+        """Merge the block of query `rows` against the loaded chunk into the running (Qc, k)
+        top-k, in place, and return True; or return False, changing nothing, when the screen
+        would not save work: some row's top-k is not full yet (it has no k-th best to beat), or
+        too many entries survive it.
+        """
+        kth = top_scores[:, -1]  # (Qc,)
+        if not torch.isfinite(kth).all():
+            return False
+        if self.wait.get(rows.start, 0) > 0:
+            self.wait[rows.start] -= 1
+            return False
+        candidates = self._candidates(rows, excluded, doc_start, kth)
+        if candidates is None:
+            self.failures[rows.start] = self.failures.get(rows.start, 0) + 1
+            self.wait[rows.start] = 2 ** self.failures[rows.start] - 1
+            return False
+        self.failures[rows.start] = 0
+        cand_rows, cand_cols = candidates
+        exact = self._rescore(rows, cand_rows, cand_cols)  # (M,)
+        enters = exact > kth[cand_rows]
+        _merge_candidates(
+            cand_rows[enters], cand_cols[enters] + doc_start, exact[enters], top_scores, top_indices
+        )
+        return True
+
+    def _candidates(
+        self, rows: slice, excluded: torch.Tensor | None, doc_start: int, kth: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(M,) block rows and (M,) chunk columns of the entries that may beat the (Qc,) k-th
+        best scores, sorted by row and then by column; None if too many survive."""
+        num_rows, num_docs = kth.shape[0], self.chunk.shape[0]
+        approximate = self.block_buffer[: num_rows * self.width].view(num_rows, self.width)
+        torch.mm(self.queries_bf16[rows], self.chunk_bf16.T, out=approximate[:, :num_docs])
+        if num_docs < self.width:
+            approximate[:, num_docs:] = -torch.inf
+        if excluded is not None:
+            drop_excluded(approximate[:, :num_docs], excluded, rows.start, doc_start)
+        error = _error_bounds(
+            self.query_norms[rows], self.largest_norm, self.chunk.shape[1], self.euclidean
+        )  # (Qc,)
+
+        # Group maxima without a float pass over the block: the bits of a non-negative bfloat16
+        # read as int16 order the same way as its value, and every negative value reads as a
+        # negative int16. A group whose largest int16 is negative holds only values <= 0, so
+        # it is given the maximum 0, which can only make it look more promising.
+        groups = approximate.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
+        largest_bits = groups.view(torch.int16).amax(dim=2).clamp_min(0)  # (Qc, W / G)
+        group_maxima = largest_bits.view(torch.bfloat16).float()  # (Qc, W / G)
+        # Written as "not <=" so that a NaN (from an overflowing bound) keeps an entry in.
+        promising = ~(_upper_bounds(group_maxima, error[:, None]) <= kth[:, None])  # (Qc, W / G)
+        block_rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,)
+        # Past these sizes the float32 block is the cheaper way. Measured on a 2-core CPU: each
+        # entry of a float32 block costs about 6 ns (2·384 FLOP), each opened entry about 1 ns,
+        # and each candidate scored on its own about 0.3 µs, mostly gathering its two rows.
+        block_entries = num_rows * self.width
+        if block_rows.numel() * GROUP_SIZE * 4 > block_entries:
+            return None
+        values = groups[block_rows, group].float()  # (P, G)
+        survives = ~(_upper_bounds(values, error[block_rows, None]) <= kth[block_rows, None])
+        pair, offset = survives.nonzero(as_tuple=True)  # (M,), (M,)
+        if pair.numel() * 128 > block_entries:
+            return None
+        # nonzero() lists (row, group) pairs row by row with groups ascending, and offsets
+        # ascending within a group, so the candidates come sorted by row, then by column.
+        return block_rows[pair], group[pair] * GROUP_SIZE + offset
+
+    def _rescore(self, rows: slice, cand_rows: torch.Tensor, cand_cols: torch.Tensor) -> torch.Tensor:
+        """(M,) float32 scores (ranking keys for euclidean) of the candidates, a piece at a time
+        to keep the gathered rows small and in cache."""
+        exact = torch.empty(cand_rows.shape[0], device=cand_rows.device)  # (M,)
+        query_chunk = self.queries[rows]  # (Qc, d)
+        for start in range(0, cand_rows.shape[0], RESCORE_PIECE):
+            part = slice(start, start + RESCORE_PIECE)
+            query_rows = query_chunk.index_select(0, cand_rows[part])  # (m, d)
+            doc_rows = self.chunk.index_select(0, cand_cols[part])  # (m, d)
+            if self.euclidean:
+                query_rows = 2 * query_rows - doc_rows  # 2 q·c - |c|² = (2q - c)·c
+            exact[part] = torch.linalg.vecdot(query_rows, doc_rows)
+        return exact
+
+
+def _upper_bounds(approximate: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
+    """Upper bounds on the exact scores of entries whose bfloat16 scores are `approximate`,
+    given `error` from _error_bounds."""
+    # The bfloat16 block rounds its float32 sums once more, so a sum lies within
+    # u / (1 - u) |approximate| of the value returned. Written with sign() so that -inf stays
+    # -inf.
+    output_rounding = BF16_UNIT / (1 - BF16_UNIT) * 1.01
+    return approximate * (1 + output_rounding * approximate.sign()) + error
+
+
+def _summation_error(dim: int) -> float:
+    """γ = d·v / (1 - d·v): a float32 sum of d terms is off by at most γ times the sum of their
+    absolute values (v = F32_UNIT; Higham, Accuracy and Stability of Numerical Algorithms,
+    section 3.1)."""
+    return dim * F32_UNIT / (1 - dim * F32_UNIT)
+
+
+def _error_bounds(
+    query_norms: torch.Tensor, largest_norm: torch.Tensor, dim: int, euclidean: bool
+) -> torch.Tensor:
+    """(Qc,) bounds on |s̃ - s| for every row c of a chunk, where s̃ is the float32 sum of
+    q̃·c̃ (q and c rounded to bfloat16) and s is q·c as `_Screen._rescore` computes it in float32,
+    for d-long queries with norms `query_norms` and rows with norms at most `largest_norm`. For
+    euclidean, q and c stand for [2q, -1] and [c, |c|²] (d + 1 long), the norms for |q| and |c|.
+
+    Rounding an entry to bfloat16 changes it by at most u = BF16_UNIT of itself, so each product
+    q_i c_i changes by at most (2u + u²)|q_i c_i|. The float32 sum of the rounded products is
+    off by at most γ (1 + u)² sum |q_i c_i| (see _summation_error), and s is off from the true
+    q·c by at most γ sum |q_i c_i| (for euclidean, where s is (2q - c)·c, rounding 2q - c adds
+    at most as much again). For euclidean the float32 |c|² entry is also off, by at most γ |c|²:
+        |s̃ - s| <= (2u + u² + 4γ(1 + u)²) sum_i |q_i c_i|,
+    where sum_i |q_i c_i| <= |q| |c| (Cauchy-Schwarz), or 2 |q| |c| + |c|² for euclidean.
+    Entries below bfloat16's normal range (2^-126) may be read as zero by the hardware; each
+    such product moves by at most 2^-126 (|q_i| + |c_i|), which adds at most
+    2^-126 (sqrt(d) (|q| + |c|) + d) (with 2|q| + 1 and |c| + |c|² for euclidean). The norms
+    were themselves computed in float32, off by at most 2γ each, which (1 + 2γ)² covers, and
+    the whole bound is raised by 1% to cover the float32 rounding of this arithmetic.
+    """
+    if euclidean:
+        dim += 1
+        sum_bound = 2 * query_norms * largest_norm + largest_norm**2
+        norm_sum = 2 * query_norms + 1 + largest_norm + largest_norm**2
+    else:
+        sum_bound = query_norms * largest_norm
+        norm_sum = query_norms + largest_norm
+    u, gamma = BF16_UNIT, _summation_error(dim)
+    relative = 2 * u + u * u + 4 * gamma * (1 + u) ** 2
+    tiny = TINY * (dim**0.5 * norm_sum + dim)
+    return (relative * sum_bound * (1 + 2 * gamma) ** 2 + tiny) * 1.01
+
+
+def _cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
+    return not cpu_flags().isdisjoint({"avx512_bf16", "amx_bf16"})
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux's /proc/cpuinfo lists them (avx2, avx512_bf16, ...);
+    empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _entry_floor(block: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor | None:
+    """(Qc,) lowest score that may enter from this (H, Qc) block, or None if there is no floor.
+
+    Only needed for queries whose running top-k is not full yet (kth = -inf, in the first chunk):
+    there every finite score beats kth, so the block's own k-th best bounds the candidates.
+    Ties at that value all stay candidates, so the stable sort still sees every contender.
+    """
+    not_full = torch.isneginf(kth)
+    if block.shape[0] <= k or not not_full.any():
+        return None
+    if not_full.all():  # the usual case: the first chunk; spares a copy of the block
+        return block.topk(k, dim=0).values[-1]
+    floor = torch.full_like(kth, -torch.inf)
+    floor[not_full] = block[:, not_full].topk(k, dim=0).values[-1]
+    return floor
