@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from .. import datasets
-from ..evaluation import LEXICAL, dataset_folder
+from ..evaluation import LEXICAL
 from ..hub import resolve
 from . import runner
 
@@ -48,7 +48,7 @@ def main(argv=None):
     s = runner.settings_from(args, PRESETS)
     # Every model is found (and fetched) before the first is evaluated: a typo fails in seconds.
     models = {name: name if name in LEXICAL else model_directory(name) for name in s.model}
-    test = datasets.load_beir(dataset_folder(s.data), "test")
+    test = datasets.load_beir(datasets.dataset_folder(s.data), "test")
     study = runner.Study(runner.output_folder(args, NAME), NAME, s)
     print(f"{s.data} (test): {len(test.queries):,} queries, {len(test.corpus):,} documents")
 
