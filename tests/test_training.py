@@ -634,8 +634,8 @@ def test_a_disabled_loss_scaler_changes_nothing_and_never_skips():
 
 
 def test_msmarco_examples_use_sigmoid_labels_and_the_cross_encoder_margin(tmp_path):
-    """Seed 000: labels are sigmoid(cross-encoder logit); a negative is kept only if it scores at
-    least 3 logits below the positive. Query 1's positive p1 scores 5.0: n1 (1.5, 3.5 below) is
+    """Rygaard et al. ("Distance Dilemma", section 2.1): labels are sigmoid(cross-encoder logit);
+    a negative is kept only if it scores at least 3 logits below the positive. Query 1's positive p1 scores 5.0: n1 (1.5, 3.5 below) is
     kept, n2 (3.0, only 2.0 below) is dropped. Query 2 has no negative far enough below: left out."""
     (tmp_path / "collection.tsv").write_text("p1\tpositive passage\nn1\tfar negative\nn2\tclose negative\n"
                                              "p2\tanother positive\n")
