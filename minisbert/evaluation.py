@@ -7,7 +7,8 @@ metrics (metrics.py) against the split's qrels. STS follows SBERT section 4.1 an
 
 Corpus embeddings are cached on disk under a key made of the model's tokenizer, weights, pooling and
 length settings and the corpus texts, so a second evaluation of the same model on the same data does not
-encode the corpus again.
+encode the corpus again. Checked in tests/test_evaluate.py (and against published numbers in
+tests/test_published.py).
 """
 
 import hashlib

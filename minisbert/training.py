@@ -12,7 +12,7 @@ A checkpoint holds everything the next step depends on (model and classifier wei
 moments, schedule position, the torch random state that drives dropout, and where in which epoch the
 data stood), so that `--resume` continues with the very losses an uninterrupted run would have had.
 It is written to a temporary file and renamed, so an interruption or a full disk never leaves a
-half-written checkpoint in place of the last good one.
+half-written checkpoint in place of the last good one. Checked in tests/test_training.py.
 """
 
 import json

@@ -18,6 +18,7 @@ as they are. Square matrices would load silently transposed if that were wrong, 
 parity tests compare outputs and not only shapes.
 
 Command line: `python -m minisbert.weights fetch NAME [--dir weights/]` (see hub.py).
+Checked in tests/test_weights.py.
 """
 
 import os

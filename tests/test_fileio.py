@@ -9,6 +9,7 @@ import stat
 import pytest
 
 from minisbert.fileio import atomic_write, make_staging_dir, read_json, replace_dir, write_json
+from minisbert.progress import Progress
 
 
 @pytest.fixture
@@ -68,3 +69,10 @@ def test_a_missing_file_is_an_error_unless_a_default_is_given(tmp_path):
     assert read_json(tmp_path / "absent.json", {}) == {}
     with pytest.raises(FileNotFoundError, match="absent.json does not exist"):
         read_json(tmp_path / "absent.json")
+
+
+def test_the_progress_line_counts_rate_and_time_left_from_where_it_started():
+    progress = Progress(total=100, what="step", done=40, show=False)
+    progress.start -= 10.0  # as if 10 s had passed
+    progress.done = 60  # 20 steps in those 10 s: 2 a second, 40 left
+    assert progress.line(progress.start + 10.0, "loss 0.5000") == "step 60/100  2.0/s  loss 0.5000  ETA 0m20s"
