@@ -21,7 +21,8 @@ import re
 from pathlib import Path
 
 from .. import datasets
-from ..evaluation import LEXICAL, dataset_folder
+from ..datasets import dataset_folder
+from ..evaluation import LEXICAL
 from ..hub import resolve
 from . import runner
 

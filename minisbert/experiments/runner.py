@@ -26,7 +26,8 @@ import torch
 import minisbert
 from .. import datasets
 from .. import metrics
-from ..evaluation import CACHE_DIR, dataset_folder, encode_cached, rank
+from ..datasets import dataset_folder
+from ..evaluation import CACHE_DIR, encode_cached, rank
 from ..fileio import read_json, write_json
 from ..fit import TrainingSettings, fit
 from ..training import Example, mine_hard_negatives

@@ -24,7 +24,8 @@ Checked in tests/test_experiments.py.
 """
 
 from .. import datasets
-from ..evaluation import dataset_folder, sts_correlations
+from ..datasets import dataset_folder
+from ..evaluation import sts_correlations
 from ..fit import TrainingSettings
 from ..losses import SoftmaxClassifier, select_loss
 from ..training import Example

@@ -42,7 +42,7 @@ import random
 
 import numpy as np
 
-from ..evaluation import dataset_folder
+from ..datasets import dataset_folder
 from ..fit import TrainingSettings
 from ..losses import select_loss
 from ..training import SCORED, TRIPLETS, training_examples
