@@ -322,6 +322,26 @@ def test_model_selection_checks_every_model_before_evaluating_any(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_model_selection_reads_a_question_answer_csv(tmp_path, monkeypatch):
+    monkeypatch.setattr(model_selection, "CACHE_DIR", tmp_path / "cache")
+    rows = [("how long should bread rise", "until the dough has doubled"), ("why is the sky blue", "air scatters blue light"),
+            ("when to water tomatoes", "early in the morning")]
+    (tmp_path / "qa.csv").write_text("question,answer\n" + "".join(f"{q},{a}\n" for q, a in rows))
+    output = tmp_path / "run"
+    model_selection.main(["--data", str(tmp_path / "qa.csv"), "--output", str(output), "--model", "bm25", str(TINY)])
+    results = json.loads((output / "results.json").read_text())["models"]
+    assert results["bm25"]["scores"]["recall@10"] == 1.0  # 3 answers: each question's is in its top 10
+    assert "3 queries over 3 documents" in (output / "results.md").read_text()
+
+
+def test_model_selection_refuses_a_csv_without_an_answer_column(tmp_path, monkeypatch):
+    monkeypatch.setattr(model_selection, "CACHE_DIR", tmp_path / "cache")
+    (tmp_path / "qa.csv").write_text("question,reply\nwhy is the sky blue,air scatters blue light\n")
+    with pytest.raises(ValueError, match=r"qa.csv: the header \(line 1\) lacks the column\(s\) \['answer'\]"):
+        model_selection.main(["--data", str(tmp_path / "qa.csv"), "--output", str(tmp_path / "run"), "--model", "bm25"])
+    assert not (tmp_path / "run").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # PCA
 

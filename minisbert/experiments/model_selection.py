@@ -3,10 +3,13 @@ After Silveri, "Choosing the Right SBERT Model for Your Data with BEIR" (2024).
 
     python -m minisbert.experiments model-selection --data scifact \\
         --model all-MiniLM-L6-v2 msmarco-MiniLM-L6-cos-v5 runs/x bm25 jaccard
+    python -m minisbert.experiments model-selection --data questions.csv --model all-MiniLM-L6-v2 bm25
     python -m minisbert.experiments model-selection --quick      # data/example: the default models
 
 The walk-through evaluates candidate models on the user's own data, in the BEIR layout (corpus,
-queries, qrels), and reads NDCG, MAP, Recall and Precision at k side by side. Here each model ranks
+queries, qrels), and reads NDCG, MAP, Recall and Precision at k side by side. --data takes a dataset
+name, a BEIR folder, or such a CSV of question,answer rows: each question becomes a query whose
+answer is its one relevant document (datasets/qa_csv.py). Here each model ranks
 the test split's corpus with --score (cosine by default; euclidean for models trained for it) and is
 scored with those four metrics at 1, 5 and 10; the best model in each column is marked in bold.
 
@@ -21,7 +24,7 @@ import re
 from pathlib import Path
 
 from .. import datasets
-from ..evaluation import LEXICAL
+from ..evaluation import CACHE_DIR, LEXICAL
 from ..hub import resolve
 from . import runner
 
@@ -48,7 +51,11 @@ def main(argv=None):
     s = runner.settings_from(args, PRESETS)
     # Every model is found (and fetched) before the first is evaluated: a typo fails in seconds.
     models = {name: name if name in LEXICAL else model_directory(name) for name in s.model}
-    test = datasets.load_beir(datasets.dataset_folder(s.data), "test")
+    if s.data.lower().endswith(".csv"):  # question,answer rows, converted once into the BEIR layout
+        folder = datasets.qa_csv_folder(s.data, CACHE_DIR / "qa-csv")
+    else:
+        folder = datasets.retrieval_folder(s.data)
+    test = datasets.load_beir(folder, "test")
     study = runner.Study(runner.output_folder(args, NAME), NAME, s)
     print(f"{s.data} (test): {len(test.queries):,} queries, {len(test.corpus):,} documents")
 
