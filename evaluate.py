@@ -54,6 +54,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if any(k <= 0 for k in args.k):
         p.error(f"--k values must be positive, got {args.k}")
+    if args.batch_size <= 0:
+        p.error(f"--batch-size must be positive, got {args.batch_size}")
     if (args.run is None) != (args.qrels is None):
         p.error("--run and --qrels go together")
     sts = datasets.sts_name(args.data) if args.task != "retrieval" else None

@@ -500,6 +500,7 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--k", "0"], "--k values must be positive, got [0]"),
     (["--k", "5", "-3"], "--k values must be positive, got [5, -3]"),
+    (["--batch-size", "0"], "--batch-size must be positive, got 0"),
     (["--run", "run.trec"], "--run and --qrels go together"),
     (["--qrels", "qrels.txt"], "--run and --qrels go together"),
     (["--score", "manhattan"], "invalid choice: 'manhattan'"),

@@ -32,6 +32,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +53,7 @@ from minisbert.fast import encoder as fast_encoder
 from minisbert.model import SentenceModel
 from minisbert.tokenizer import Tokenizer
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, REPO
 
 # (anchor, positive, negative): six questions, each with an answer and an answer to another question.
 TRIPLETS = [
@@ -405,10 +407,23 @@ def test_an_unknown_arch_metric_or_loss_is_refused(flag, value, tiny_model, tsv_
     ("--max-steps", "-1", "--max-steps must be positive, got -1"),
     ("--checkpoint-steps", "0", "--checkpoint-steps must be positive, got 0"),
     ("--dim", "0", "--dim must be positive, got 0"),
-    ("--margin", "-1", "--margin cannot be negative, got -1.0"),
-    ("--eval-steps", "-2", "--eval-steps cannot be negative (0: only at the end), got -2"),
+    ("--max-seq-length", "1", "--max-seq-length must be at least 2 (room for the special tokens around a text), got 1"),
+    ("--margin", "-1", "--margin must be zero or more, got -1.0"),
+    ("--margin", "nan", "--margin must be zero or more, got nan"),
+    ("--eval-steps", "-2", "--eval-steps must be zero or more (0: only at the end), got -2"),
+    ("--lr", "-0.001", "--lr must be positive, got -0.001"),
+    ("--lr", "0", "--lr must be positive, got 0.0"),
+    ("--lr", "nan", "--lr must be positive, got nan"),
+    ("--lr", "inf", "--lr must be positive, got inf"),
+    ("--weight-decay", "-1", "--weight-decay must be zero or more, got -1.0"),
+    ("--weight-decay", "inf", "--weight-decay must be zero or more, got inf"),
+    ("--warmup", "1.5", "--warmup must be a fraction in [0, 1], got 1.5"),
+    ("--warmup", "-0.1", "--warmup must be a fraction in [0, 1], got -0.1"),
+    ("--max-grad-norm", "0", "--max-grad-norm must be positive, got 0.0"),
+    ("--max-grad-norm", "nan", "--max-grad-norm must be positive, got nan"),
+    ("--seed", "-1", "--seed must be in [0, 2**32), got -1"),
 ])
-def test_a_count_or_margin_out_of_range_is_refused(flag, value, message, tiny_model, tsv_data, tmp_path, capsys):
+def test_a_number_out_of_range_is_refused_naming_the_flag(flag, value, message, tiny_model, tsv_data, tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
         run_train(tmp_path / "run", tiny_model, "--data", str(tsv_data), flag, value)
     assert stopped.value.code == 2
@@ -654,3 +669,24 @@ def test_msmarco_examples_use_sigmoid_labels_and_the_cross_encoder_margin(tmp_pa
     (tmp_path / "queries.train.tsv").unlink()
     with pytest.raises(ValueError, match="queries.train.tsv"):
         training.training_examples(str(tmp_path), training.TRIPLETS)
+
+
+def train_cli(*args, **kwargs) -> "subprocess.CompletedProcess":
+    """`python train.py ARGS` in a process of its own, as a user runs it."""
+    return subprocess.run([sys.executable, str(REPO / "train.py"), "--device", "cpu", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, **kwargs)
+
+
+def assert_one_clear_line(finished, *expected):
+    """A non-zero exit and stderr ending in a line that says each of `expected`, without a traceback."""
+    assert finished.returncode != 0
+    assert "Traceback" not in finished.stderr, finished.stderr
+    last_line = finished.stderr.strip().splitlines()[-1]
+    for text in expected:
+        assert text in last_line, finished.stderr
+
+
+def test_the_command_line_refuses_a_nan_learning_rate_in_one_line(tiny_model, tsv_data, tmp_path):
+    finished = train_cli("--model", tiny_model, "--data", tsv_data, "--lr", "nan", "--output", tmp_path / "run")
+    assert_one_clear_line(finished, "--lr must be positive, got nan")
+    assert not (tmp_path / "run").exists()
