@@ -95,8 +95,12 @@ def main(argv=None):
     args = parse_args(argv)
     spec = select_loss(args.arch, args.metric, args.loss)
     output = args.output or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not args.resume and ((output / "checkpoint.pt").exists() or (output / "final").exists()):
-        sys.exit(f"{output} already holds a run; pass --resume to continue it, or choose another --output")
+    if output.exists() and not output.is_dir():
+        sys.exit(f"--output {output} is a file, not a folder; choose another --output")
+    if not args.resume and output.exists() and any(output.iterdir()):  # never overwrite what is there
+        held = sorted(path.name for path in output.iterdir())
+        sys.exit(f"{output} already holds a run ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
+                 "pass --resume to continue it, or choose another --output")
     torch.manual_seed(args.seed)
 
     # The model: a pretrained encoder with its pooling, plus what this run adds (dense layer, pooling).
