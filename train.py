@@ -24,7 +24,7 @@ import torch
 import minisbert
 from minisbert import training
 from minisbert.evaluation import evaluate_dev
-from minisbert.fileio import write_json
+from minisbert.fileio import check_writable_folder, write_json
 from minisbert.fit import Interrupted, TrainingFailed, TrainingSettings, fit
 from minisbert.losses import SoftmaxClassifier, select_loss
 from minisbert.pooling import Dense
@@ -95,8 +95,7 @@ def main(argv=None):
     args = parse_args(argv)
     spec = select_loss(args.arch, args.metric, args.loss)
     output = args.output or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if output.exists() and not output.is_dir():
-        sys.exit(f"--output {output} is a file, not a folder; choose another --output")
+    check_writable_folder(output)  # before the work, not after it
     if not args.resume and output.exists() and any(output.iterdir()):  # never overwrite what is there
         held = sorted(path.name for path in output.iterdir())
         sys.exit(f"{output} already holds a run ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "

@@ -7,7 +7,10 @@ What "correct" means for evaluation:
 - a run written with --run-file, scored back with --run/--qrels, gives the model's numbers exactly;
 - a second evaluation of the same model on the same corpus reads the corpus embeddings from the
   cache instead of encoding them, and gives identical numbers;
-- bad input stops with a message naming the file, line or value at fault.
+- bad input stops with a message naming the file, line or value at fault;
+- nothing is printed or written until the whole evaluation has succeeded: a model that fails to
+  load, or a full disk (a file size limit set on the process), leaves no metrics on the screen and no
+  part of a run file; an output folder that cannot be written is refused before any work.
 
 evaluate.main runs in-process on the tiny random model in tests/fixtures/tiny_st_legacy (its
 embeddings are unit length), BM25 / Jaccard (no model), data/example, and small BEIR folders and
@@ -18,6 +21,8 @@ import hashlib
 import json
 import math
 import os
+import resource
+import signal
 import subprocess
 import sys
 
@@ -31,7 +36,7 @@ from minisbert import datasets
 from minisbert import evaluation, metrics
 from minisbert.model import SentenceModel
 
-from .conftest import FIXTURES, REPO
+from .conftest import FIXTURES, REPO, assert_one_clear_line, run_script
 
 TINY = str(FIXTURES / "tiny_st_legacy")
 EXAMPLE = REPO / "data" / "example"
@@ -620,3 +625,34 @@ def test_run_file_scores_the_same_against_beir_and_trec_qrels(tmp_path, capsys):
     scores = next(iter(results[0].values()))
     # q1: first relevant at rank 2 -> MRR 1/2; q2: rank 1 -> 1. Mean 0.75.
     assert scores["mrr@2"] == 0.75 and scores["accuracy@1"] == 0.5
+
+
+def test_a_run_that_fails_prints_no_metrics_and_writes_nothing(tmp_path, hand_folder):
+    """The second model does not exist: the first one's numbers and run file must not appear."""
+    finished = run_script("evaluate.py", "--model", "bm25", tmp_path / "no-such-model", "--data", hand_folder,
+                            "--output", tmp_path / "out" / "results.json", env={"MINISBERT_CACHE": str(tmp_path)})
+    assert_one_clear_line(finished, "no-such-model")
+    assert "NDCG" not in finished.stdout
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_full_disk_while_writing_the_run_file_leaves_no_part_of_it(tmp_path, hand_folder):
+    """A real write failure from the kernel: the process may write no file larger than 100 bytes."""
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG from write() instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+
+    run_file = tmp_path / "out" / "bm25.trec"
+    finished = run_script("evaluate.py", "--model", "bm25", "--data", hand_folder, "--run-file", run_file,
+                            "--output", tmp_path / "out" / "results.json", preexec_fn=limit_file_size)
+    assert_one_clear_line(finished, "File too large", str(run_file))
+    assert "NDCG" not in finished.stdout
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_an_output_folder_that_is_a_file_is_refused_before_any_work(tmp_path, hand_folder):
+    (tmp_path / "out").write_text("mine")
+    finished = run_script("evaluate.py", "--model", "bm25", "--data", hand_folder, "--output", tmp_path / "out" / "results.json")
+    assert_one_clear_line(finished, f"{tmp_path / 'out'} is a file, not a folder")
+    assert (tmp_path / "out").read_text() == "mine"

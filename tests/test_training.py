@@ -38,8 +38,6 @@ import os
 import re
 import resource
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +57,7 @@ from minisbert.fast import encoder as fast_encoder
 from minisbert.model import SentenceModel
 from minisbert.tokenizer import Tokenizer
 
-from .conftest import FIXTURES, REPO
+from .conftest import FIXTURES, assert_one_clear_line, run_script
 
 # (anchor, positive, negative): six questions, each with an answer and an answer to another question.
 TRIPLETS = [
@@ -448,7 +446,7 @@ def test_resume_from_a_file_that_is_not_a_minisbert_checkpoint_is_refused(make, 
     args, _ = checkpointed_run(tiny_model, tsv_data, output)
     make(output / "checkpoint.pt", (output / "checkpoint.pt").read_bytes())
     before = snapshot(output)
-    finished = train_cli("--model", tiny_model, *args, "--output", output, "--resume")
+    finished = run_script("train.py", "--model", tiny_model, *args, "--output", output, "--resume")
     assert_one_clear_line(finished, f"{output / 'checkpoint.pt'} is not a checkpoint written by minisbert", problem,
                           "start a new run in another --output")
     assert "weights_only" not in finished.stderr
@@ -464,7 +462,7 @@ def test_a_full_disk_while_writing_the_checkpoint_gives_the_project_message(tiny
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
 
     output = tmp_path / "run"
-    finished = train_cli("--model", tiny_model, "--data", tsv_data, "--max-steps", "2", "--output", output,
+    finished = run_script("train.py", "--model", tiny_model, "--data", tsv_data, "--max-steps", "2", "--output", output,
                          preexec_fn=limit_file_size)
     assert_one_clear_line(finished, f"could not write the checkpoint {output / 'checkpoint.pt'}: File too large. "
                                     "The previous checkpoint, if any, is intact.")
@@ -473,8 +471,8 @@ def test_a_full_disk_while_writing_the_checkpoint_gives_the_project_message(tiny
 
 def test_an_output_that_is_a_file_is_refused(tiny_model, tsv_data, tmp_path):
     (tmp_path / "run").write_text("my notes")
-    finished = train_cli("--model", tiny_model, "--data", tsv_data, "--output", tmp_path / "run")
-    assert_one_clear_line(finished, f"--output {tmp_path / 'run'} is a file, not a folder")
+    finished = run_script("train.py", "--model", tiny_model, "--data", tsv_data, "--output", tmp_path / "run")
+    assert_one_clear_line(finished, f"cannot write in {tmp_path / 'run'}: {tmp_path / 'run'} is a file, not a folder")
     assert (tmp_path / "run").read_text() == "my notes"
 
 
@@ -762,22 +760,7 @@ def test_msmarco_examples_use_sigmoid_labels_and_the_cross_encoder_margin(tmp_pa
         training.training_examples(str(tmp_path), training.TRIPLETS)
 
 
-def train_cli(*args, **kwargs) -> "subprocess.CompletedProcess":
-    """`python train.py ARGS` in a process of its own, as a user runs it."""
-    return subprocess.run([sys.executable, str(REPO / "train.py"), "--device", "cpu", *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO, **kwargs)
-
-
-def assert_one_clear_line(finished, *expected):
-    """A non-zero exit and stderr ending in a line that says each of `expected`, without a traceback."""
-    assert finished.returncode != 0
-    assert "Traceback" not in finished.stderr, finished.stderr
-    last_line = finished.stderr.strip().splitlines()[-1]
-    for text in expected:
-        assert text in last_line, finished.stderr
-
-
 def test_the_command_line_refuses_a_nan_learning_rate_in_one_line(tiny_model, tsv_data, tmp_path):
-    finished = train_cli("--model", tiny_model, "--data", tsv_data, "--lr", "nan", "--output", tmp_path / "run")
+    finished = run_script("train.py", "--model", tiny_model, "--data", tsv_data, "--lr", "nan", "--output", tmp_path / "run")
     assert_one_clear_line(finished, "--lr must be positive, got nan")
     assert not (tmp_path / "run").exists()
