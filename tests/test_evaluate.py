@@ -6,7 +6,8 @@ What "correct" means for evaluation:
   the documents the same way gives the same numbers;
 - a run written with --run-file, scored back with --run/--qrels, gives the model's numbers exactly;
 - a second evaluation of the same model on the same corpus reads the corpus embeddings from the
-  cache instead of encoding them, and gives identical numbers;
+  cache instead of encoding them, and gives identical numbers; an entry that does not fit (a row
+  short, another width or dtype, a NaN, a file cut in half) is encoded again with a warning;
 - bad input stops with a message naming the file, line or value at fault;
 - nothing is printed or written until the whole evaluation has succeeded: a model that fails to
   load, or a full disk (a file size limit set on the process), leaves no metrics on the screen and no
@@ -20,6 +21,7 @@ pairs.tsv files written in tmp_path.
 import hashlib
 import json
 import math
+import re
 import os
 import resource
 import signal
@@ -271,6 +273,30 @@ def test_second_run_reads_corpus_embeddings_from_the_cache(tmp_path, monkeypatch
     encoded.clear()
     evaluate_to_json(tmp_path / "third.json", "--model", TINY, "--no-cache")
     assert any(a_document in texts for texts in encoded)
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda e: (e[:-1]), "have shape"),  # a stale entry: one row short
+    (lambda e: (e[:, :-1]), "have shape"),
+    (lambda e: (e.astype(np.float16)), "are float16, not float32"),
+    (lambda e: (np.where(np.arange(len(e))[:, None] == 2, np.nan, e).astype(np.float32)), "hold values that are not finite"),
+    (lambda e: e, "cannot be read"),  # the file cut in half (below)
+])
+def test_a_cache_entry_that_does_not_fit_is_encoded_again_with_a_warning(damage, problem, tmp_path, cache_dir):
+    first = evaluate_to_json(tmp_path / "first.json", "--model", TINY)
+    [entry] = cache_dir.glob("*.npy")
+    good = entry.read_bytes()
+    embeddings = np.load(entry)
+    damaged = damage(embeddings)
+    if damaged is embeddings:
+        entry.write_bytes(good[: len(good) // 2])
+    else:
+        with open(entry, "wb") as file:
+            np.save(file, damaged)
+    with pytest.warns(UserWarning, match=f"cached embeddings {re.escape(str(entry))} {problem}.*encoding the texts again"):
+        second = evaluate_to_json(tmp_path / "second.json", "--model", TINY)
+    assert second == first
+    assert entry.read_bytes() == good  # rebuilt
 
 
 def test_a_changed_corpus_misses_the_cache(tmp_path, monkeypatch, cache_dir):
