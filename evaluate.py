@@ -22,7 +22,7 @@ from pathlib import Path
 import minisbert
 from minisbert import datasets, metrics
 from minisbert.evaluation import CACHE_DIR, LEXICAL, rank, sts_correlations
-from minisbert.fileio import write_json
+from minisbert.fileio import check_writable_folder, write_json
 
 METRIC_ROWS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("Recall", "recall"),
                ("MRR", "mrr"), ("NDCG", "ndcg"), ("MAP", "map")]
@@ -54,6 +54,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if any(k <= 0 for k in args.k):
         p.error(f"--k values must be positive, got {args.k}")
+    if args.batch_size <= 0:
+        p.error(f"--batch-size must be positive, got {args.batch_size}")
     if (args.run is None) != (args.qrels is None):
         p.error("--run and --qrels go together")
     sts = datasets.sts_name(args.data) if args.task != "retrieval" else None
@@ -68,11 +70,14 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    results = {}
+    results, runs = {}, {}  # runs: {run file: (model name, ranking)}
     label = file_label(Path(args.data).name if args.run is None else args.run.stem)
     output = args.output or Path("runs") / "eval" / f"{label}-{args.split}.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
+    for folder in {output.parent, (args.run_file or output).parent}:
+        check_writable_folder(folder)  # before the work, not after it
 
+    # The work. Nothing is printed or written until all of it has succeeded, so a failure leaves
+    # neither metrics on the screen nor half of the output files.
     if args.run is not None:  # score an existing run, no model involved
         run = metrics.read_trec_run(args.run)
         if args.exclude_self:
@@ -80,14 +85,11 @@ def main(argv=None):
                    for query_id, hits in run.items()}
         qrels = read_qrels(args.qrels)
         results[str(args.run)] = metrics.evaluate_run(run, qrels, args.k, definitions=args.definitions)
-        print_table(str(args.run), results[str(args.run)], args.k)
     elif args.task == "sts":
         pairs = sts_pairs(args.data, args.split)
         print(f"{args.data} ({args.split}): {len(pairs):,} pairs; Spearman and Pearson of cosine similarity")
         for name in args.model:
-            model = minisbert.load(name, device=args.device)
-            results[name] = sts_correlations(model, pairs)
-            print(f"{name:40s} spearman {results[name]['spearman']:.4f}  pearson {results[name]['pearson']:.4f}")
+            results[name] = sts_correlations(minisbert.load(name, device=args.device), pairs)
     else:
         if args.data.lower().endswith(".csv"):  # question,answer rows, converted once into the cache
             folder = datasets.qa_csv_folder(args.data, CACHE_DIR / "qa-csv")
@@ -106,14 +108,22 @@ def main(argv=None):
                        cache_dir=None if args.no_cache else CACHE_DIR / "embeddings",
                        exclude_self=args.exclude_self)
             results[name] = metrics.evaluate_run(run, retrieval.qrels, args.k, definitions=args.definitions)
-            print_table(name, results[name], args.k)
             run_file = args.run_file if args.run_file and position == 0 else \
                 output.with_name(f"{output.stem}-{file_label(name)}.trec")
-            run_file.parent.mkdir(parents=True, exist_ok=True)
-            metrics.write_trec_run(run_file, run, tag=Path(name).name)
-            print(f"TREC run: {run_file}")
+            runs[run_file] = (name, run)
 
+    # The report: run files and the JSON (each written whole, metrics.write_trec_run and write_json),
+    # then the numbers.
+    for run_file, (name, run) in runs.items():
+        metrics.write_trec_run(run_file, run, tag=Path(name).name)
     write_json(output, results)
+    for name, scores in results.items():
+        if args.task == "sts" and args.run is None:
+            print(f"{name:40s} spearman {scores['spearman']:.4f}  pearson {scores['pearson']:.4f}")
+        else:
+            print_table(name, scores, args.k)
+    for run_file in runs:
+        print(f"TREC run: {run_file}")
     print(f"results: {output}")
 
 
@@ -153,5 +163,5 @@ def print_table(name: str, scores: dict, ks: list):
 if __name__ == "__main__":
     try:
         main()
-    except (ValueError, FileNotFoundError, ConnectionError) as error:  # bad input: the message says what
+    except (ValueError, OSError) as error:  # bad input, a missing file, a full disk: the message says what
         sys.exit(f"error: {error}")

@@ -14,6 +14,7 @@ best/ and final/ (models in the sentence-transformers layout), summary.json.
 """
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -23,10 +24,29 @@ import torch
 import minisbert
 from minisbert import training
 from minisbert.evaluation import evaluate_dev
-from minisbert.fileio import write_json
+from minisbert.fileio import check_writable_folder, write_json
 from minisbert.fit import Interrupted, TrainingFailed, TrainingSettings, fit
 from minisbert.losses import SoftmaxClassifier, select_loss
 from minisbert.pooling import Dense
+
+
+# Every numeric flag, what a usable value satisfies, and how to say it. A value outside these would not
+# fail loudly: a negative --lr trains by gradient ascent, a negative --weight-decay grows the weights.
+FLAG_RANGES = [
+    ("--lr", lambda v: v > 0, "positive"),
+    ("--weight-decay", lambda v: v >= 0, "zero or more"),
+    ("--warmup", lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),
+    ("--max-grad-norm", lambda v: v > 0, "positive"),
+    ("--margin", lambda v: v >= 0, "zero or more"),
+    ("--dim", lambda v: v > 0, "positive"),
+    ("--epochs", lambda v: v > 0, "positive"),
+    ("--max-steps", lambda v: v > 0, "positive"),
+    ("--batch-size", lambda v: v > 0, "positive"),
+    ("--max-seq-length", lambda v: v >= 2, "at least 2 (room for the special tokens around a text)"),
+    ("--checkpoint-steps", lambda v: v > 0, "positive"),
+    ("--eval-steps", lambda v: v >= 0, "zero or more (0: only at the end)"),
+    ("--seed", lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
+]
 
 
 def parse_args(argv=None):
@@ -62,13 +82,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.resume and args.output is None:
         p.error("--resume needs --output DIR: the folder of the run to continue")
-    for name in ("dim", "epochs", "max_steps", "batch_size", "max_seq_length", "checkpoint_steps"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.margin < 0:
-        p.error(f"--margin cannot be negative, got {args.margin}")
-    if args.eval_steps is not None and args.eval_steps < 0:
-        p.error(f"--eval-steps cannot be negative (0: only at the end), got {args.eval_steps}")
+    for flag, valid, requirement in FLAG_RANGES:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None and not (math.isfinite(value) and valid(value)):
+            p.error(f"{flag} must be {requirement}, got {value}")
     if args.amp and not (args.device or "").startswith("cuda") and not torch.cuda.is_available():
         p.error("--amp needs a CUDA device")
     return args
@@ -78,8 +95,11 @@ def main(argv=None):
     args = parse_args(argv)
     spec = select_loss(args.arch, args.metric, args.loss)
     output = args.output or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not args.resume and ((output / "checkpoint.pt").exists() or (output / "final").exists()):
-        sys.exit(f"{output} already holds a run; pass --resume to continue it, or choose another --output")
+    check_writable_folder(output)  # before the work, not after it
+    if not args.resume and output.exists() and any(output.iterdir()):  # never overwrite what is there
+        held = sorted(path.name for path in output.iterdir())
+        sys.exit(f"{output} already holds a run ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
+                 "pass --resume to continue it, or choose another --output")
     torch.manual_seed(args.seed)
 
     # The model: a pretrained encoder with its pooling, plus what this run adds (dense layer, pooling).

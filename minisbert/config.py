@@ -15,7 +15,7 @@ RobertaModel compute them; tests/test_encoder.py checks all three):
 - DistilBERT has no token-type embeddings (`type_vocab_size` 0).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 FAMILIES = ("bert", "distilbert", "roberta")
 ACTIVATIONS = ("gelu", "gelu_new")  # exact erf GELU, and the tanh approximation
@@ -39,6 +39,11 @@ class EncoderConfig:
     positions_after_pad: bool  # real tokens numbered from pad_token_id + 1, padding gets row pad_token_id (RoBERTa)
 
     def __post_init__(self):
+        for field in fields(self):  # a wrong-typed value would fail later, far from config.json
+            value = getattr(self, field.name)
+            numeric_ok = field.type is float and isinstance(value, int)
+            if isinstance(value, bool) != (field.type is bool) or not (isinstance(value, field.type) or numeric_ok):
+                raise ValueError(f"config field {field.name} must be {field.type.__name__}, got {value!r}")
         if self.family not in FAMILIES:
             raise ValueError(f"unknown model family {self.family!r}; minisbert supports {FAMILIES}")
         if self.activation not in ACTIVATIONS:
@@ -54,6 +59,9 @@ class EncoderConfig:
                      "max_position_embeddings"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"config field {name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"config field pad_token_id {self.pad_token_id} is not a row of the "
+                             f"{self.vocab_size}-row token embedding table")
 
     @property
     def head_size(self) -> int:
@@ -72,6 +80,8 @@ class EncoderConfig:
     @classmethod
     def from_hf(cls, hf: dict) -> "EncoderConfig":
         """Read a Hugging Face `config.json` dict of model_type bert, distilbert or roberta."""
+        if not isinstance(hf, dict):
+            raise ValueError(f"config.json must hold a JSON object of fields, got {type(hf).__name__}")
         family = hf.get("model_type")
         if family not in FAMILIES:
             raise ValueError(

@@ -7,12 +7,14 @@ metrics (metrics.py) against the split's qrels. STS follows SBERT section 4.1 an
 
 Corpus embeddings are cached on disk under a key made of the model's tokenizer, weights, pooling and
 length settings and the corpus texts, so a second evaluation of the same model on the same data does not
-encode the corpus again. Checked in tests/test_evaluate.py (and against published numbers in
-tests/test_published.py).
+encode the corpus again. An entry is checked before use (one finite float32 row per text, of the
+model's dimension) and encoded again, with a warning, when it does not fit. Checked in
+tests/test_evaluate.py (and against published numbers in tests/test_published.py).
 """
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +44,7 @@ def model_fingerprint(model) -> str:
 def texts_fingerprint(texts) -> str:
     digest = hashlib.sha256()
     for text in texts:
-        digest.update(text.encode("utf-8"))
+        digest.update(text.encode("utf-8", "surrogatepass"))  # invalid text is encode()'s to refuse, by name
         digest.update(b"\0")
     return digest.hexdigest()[:16]
 
@@ -51,9 +53,13 @@ def encode_cached(model, texts, batch_size: int = 32, cache_dir: Path = None) ->
     """model.encode(texts), read from / written to the cache when cache_dir is not None."""
     if cache_dir is None:
         return model.encode(texts, batch_size=batch_size)
+    texts = list(texts)
     path = Path(cache_dir) / f"{model_fingerprint(model)}-{texts_fingerprint(texts)}.npy"
     if path.is_file():
-        return np.load(path)
+        cached, problem = read_cache_entry(path, len(texts), model.dimension)
+        if problem is None:
+            return cached
+        warnings.warn(f"cached embeddings {path} {problem}; encoding the texts again")
     embeddings = model.encode(texts, batch_size=batch_size)
 
     def save(tmp: Path):
@@ -62,6 +68,23 @@ def encode_cached(model, texts, batch_size: int = 32, cache_dir: Path = None) ->
 
     atomic_write(path, save)
     return embeddings
+
+
+def read_cache_entry(path: Path, rows: int, dimension: int):
+    """(the cached embeddings, None), or (None, why they cannot be used): an entry is used only if it
+    is one float32 row per text, of the model's dimension, all finite. A file cut short, damaged or
+    written by something else would otherwise give metrics over a misaligned corpus."""
+    try:
+        embeddings = np.load(path)  # allow_pickle is off: a cache file cannot run code
+    except (ValueError, OSError, EOFError) as error:
+        return None, f"cannot be read ({error})"
+    if not isinstance(embeddings, np.ndarray) or embeddings.shape != (rows, dimension):
+        return None, f"have shape {getattr(embeddings, 'shape', None)}, not ({rows}, {dimension})"
+    if embeddings.dtype != np.float32:
+        return None, f"are {embeddings.dtype}, not float32"
+    if not np.isfinite(embeddings).all():
+        return None, "hold values that are not finite"
+    return embeddings, None
 
 
 def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine", batch_size: int = 32,

@@ -26,13 +26,26 @@ def current_umask() -> int:
     return mask
 
 
+def check_writable_folder(folder: Path) -> None:
+    """Refuse, before any work is done, a folder that cannot be written: one whose path runs into a
+    file, or whose nearest existing part this process may not write in. Creates nothing."""
+    folder = Path(folder).absolute()
+    existing = next(part for part in (folder, *folder.parents) if part.exists())
+    if not existing.is_dir():
+        raise OSError(f"cannot write in {folder}: {existing} is a file, not a folder; choose another folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OSError(f"cannot write in {folder}: {existing} is not writable by you; choose another folder "
+                      "or change its permissions")
+
+
 def atomic_write(path: Path, write) -> None:
     """Call write(temporary_path) in path's folder, then rename it over path.
 
-    An OSError while writing (a full disk, a folder that is not writable) is raised as it is, with
-    the temporary file removed and the old file at `path`, if any, untouched.
+    An OSError while writing (a full disk, a folder that is not writable) is raised naming `path`,
+    with the temporary file removed and the old file at `path`, if any, untouched.
     """
     path = Path(path)
+    check_writable_folder(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -40,6 +53,9 @@ def atomic_write(path: Path, write) -> None:
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
+    except OSError as error:  # say which file: the temporary name in the error means nothing to the user
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -77,6 +93,7 @@ def make_staging_dir(target: Path) -> Path:
     """A fresh, empty folder beside `target` to write a whole directory into before
     `replace_dir` moves it in place; mode 0777 less the umask, like any new folder."""
     target = Path(target)
+    check_writable_folder(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     os.chmod(staging, 0o777 & ~current_umask())

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .fileio import atomic_write
+
 DEFINITIONS = ("st", "trec")
 TIES = ("trec", "st", "stable")
 
@@ -397,16 +399,20 @@ def write_trec_run(
     descending, ties by doc id descending), with ranks starting at 1."""
     if not tag or any(c.isspace() for c in tag):
         raise ValueError(f"run tag must be a non-empty word without spaces, got {tag!r}")
-    with open(path, "w", encoding="utf-8") as file:
-        for query_id, scores in run.items():
-            for rank, doc_id in enumerate(rank_by_score(scores, ties="trec"), start=1):
-                for name, value in (("query id", query_id), ("doc id", doc_id)):
-                    if not str(value) or any(c.isspace() for c in str(value)):
-                        raise ValueError(
-                            f"{name} {value!r} cannot be written to a TREC file: it is empty "
-                            f"or has spaces"
-                        )
-                file.write(f"{query_id} Q0 {doc_id} {rank} {float(scores[doc_id])!r} {tag}\n")
+
+    def write(tmp: Path):
+        with open(tmp, "w", encoding="utf-8") as file:
+            for query_id, scores in run.items():
+                for rank, doc_id in enumerate(rank_by_score(scores, ties="trec"), start=1):
+                    for name, value in (("query id", query_id), ("doc id", doc_id)):
+                        if not str(value) or any(c.isspace() for c in str(value)):
+                            raise ValueError(
+                                f"{name} {value!r} cannot be written to a TREC file: it is empty "
+                                f"or has spaces"
+                            )
+                    file.write(f"{query_id} Q0 {doc_id} {rank} {float(scores[doc_id])!r} {tag}\n")
+
+    atomic_write(Path(path), write)  # whole or not at all: a failure leaves no partial run file
 
 
 def _fields(path: str | Path, count: int, layout: str) -> Iterable[tuple[int, list[str]]]:

@@ -150,6 +150,11 @@ class SentenceModel(nn.Module):
         encoder = load_encoder(layout.transformer_dir)
         tokenizer = Tokenizer.from_dir(layout.transformer_dir, min(layout.max_seq_length, encoder.config.max_tokens),
                                        uses_token_types=encoder.config.type_vocab_size > 0)
+        tokens = tokenizer.rust.get_vocab_size(with_added_tokens=True)
+        if tokens > encoder.config.vocab_size:  # ids past the table would fail, or read another row, at encode time
+            raise ValueError(f"the tokenizer in {layout.transformer_dir} has {tokens} tokens but the model's embedding "
+                             f"table (vocab_size in config.json) has {encoder.config.vocab_size} rows; the tokenizer "
+                             "belongs to another model: use the model's own")
         model = cls(encoder, tokenizer, layout.pooling, layout.dense, layout.normalize_embeddings,
                     layout.transformer_dir, fast)
         return model.to(device if device is not None else default_device()).eval()

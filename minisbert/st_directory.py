@@ -20,12 +20,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .fileio import atomic_write, read_json, write_json
 from .pooling import POOLING_MODES, Dense
-from .weights import check_finite, refuse_pickle, save_encoder
+from .weights import check_finite, open_safetensors, refuse_pickle, save_encoder
 
 ST_MODULE = "sentence_transformers.models."
 ST_ACTIVATIONS = {  # sentence-transformers names the class; we name the function
@@ -59,13 +58,17 @@ def read_layout(model_dir) -> Layout:
     max_len = read_json(layout.transformer_dir / "sentence_bert_config.json", {}).get("max_seq_length")
     if max_len is None:
         max_len = read_json(layout.transformer_dir / "tokenizer_config.json", {}).get("model_max_length", 512)
+    if isinstance(max_len, bool) or not isinstance(max_len, int):
+        raise ValueError(f"{layout.transformer_dir}: max_seq_length (sentence_bert_config.json) or model_max_length "
+                         f"(tokenizer_config.json) must be an int, got {max_len!r}; repair the file")
     layout.max_seq_length = max_len
     return layout
 
 
 def read_modules(model_dir: Path, modules: list, layout: Layout) -> None:
     """Fill `layout` from modules.json: the transformer folder, pooling, Dense and Normalize."""
-    if not isinstance(modules, list) or not all(isinstance(entry, dict) for entry in modules):
+    if not isinstance(modules, list) or not all(isinstance(entry, dict) and isinstance(entry.get("path", ""), str)
+                                                 for entry in modules):
         raise ValueError(f"{model_dir}/modules.json must hold a list of modules, each an object with "
                          "'path' and 'type'; repair or replace the file")
     # "sentence_transformers.models.Pooling" (the classic name) or, since sentence-transformers 6,
@@ -117,7 +120,7 @@ def read_dense(folder: Path) -> Dense:
         if (folder / "pytorch_model.bin").is_file():
             refuse_pickle(folder / "pytorch_model.bin")
         raise FileNotFoundError(f"no model.safetensors in {folder}")
-    with safe_open(str(weights), framework="pt") as f:
+    with open_safetensors(weights) as f:
         state = {key: f.get_tensor(key).float() for key in f.keys()}
     expected = set(dense.linear.state_dict())
     found = {key.removeprefix("linear.") for key in state}

@@ -101,7 +101,11 @@ class Tokenizer:
         model_dir = Path(model_dir)
         config = read_json(model_dir / "tokenizer_config.json", {})
         if (model_dir / "tokenizer.json").is_file():
-            rust = RustTokenizer.from_file(str(model_dir / "tokenizer.json"))
+            try:
+                rust = RustTokenizer.from_file(str(model_dir / "tokenizer.json"))
+            except Exception as error:  # the tokenizers package raises a bare Exception for a file it cannot read
+                raise ValueError(f"{model_dir / 'tokenizer.json'} is not a tokenizer the tokenizers package can read "
+                                 f"({error}); repair it or replace it with the model's original") from None
             is_bpe = isinstance(rust.model, models.BPE)
             pad = special_tokens(model_dir, BPE_SPECIALS if is_bpe else WORDPIECE_SPECIALS)["pad_token"]
         elif (model_dir / "vocab.txt").is_file():
@@ -138,7 +142,18 @@ class Tokenizer:
         for position, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"text {position} is {type(text).__name__}, not str: {text!r:.60}")
-        return [encoding.ids for encoding in self.rust.encode_batch(texts)]
+        try:
+            encodings = self.rust.encode_batch(texts)
+        except TypeError:  # the Rust side refuses a str that is not valid Unicode, without saying which
+            for position, text in enumerate(texts):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as error:
+                    raise ValueError(f"text {position} is not valid Unicode: character {error.start} is "
+                                     f"{text[error.start]!r} ({error.reason}), near {text[max(0, error.start - 30):error.start]!r}; "
+                                     "fix the text or the way it was read (decode files as UTF-8)") from None
+            raise
+        return [encoding.ids for encoding in encodings]
 
     def pad(self, id_lists) -> dict:
         """Pad token id lists to the longest into tensors: input_ids, attention_mask (B, T)."""

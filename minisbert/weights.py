@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import EncoderConfig
@@ -116,6 +116,15 @@ def check_finite(tensor, key: str, path: Path) -> None:
                          "or came from a run that diverged: load another one")
 
 
+def open_safetensors(path: Path):
+    """safe_open(path), with an error naming the file when it is not a whole safetensors file."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a readable safetensors file ({error}); it is cut short or damaged: "
+                         "download or save the model again") from None
+
+
 def load_encoder_weights(encoder: Encoder, path) -> None:
     """Copy a safetensors checkpoint into `encoder`, checking every name, shape and dtype."""
     path = Path(path)
@@ -128,7 +137,7 @@ def load_encoder_weights(encoder: Encoder, path) -> None:
     with torch.no_grad():
         for parameter in parameters.values():
             parameter.fill_(float("nan"))
-        with safe_open(str(path), framework="pt") as checkpoint:
+        with open_safetensors(path) as checkpoint:
             for key in checkpoint.keys():
                 name = normalise_key(key)
                 if name is None:
@@ -175,7 +184,10 @@ def load_encoder(model_dir) -> Encoder:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in {model_dir}")
-    config = EncoderConfig.from_hf(read_json(config_path))
+    try:
+        config = EncoderConfig.from_hf(read_json(config_path))
+    except ValueError as error:
+        raise ValueError(f"{config_path}: {error}; repair the file or use the model's original") from None
     encoder = Encoder(config)
     load_encoder_weights(encoder, find_checkpoint(model_dir))
     return encoder

@@ -6,6 +6,8 @@ the datasets from MINISBERT_DATA_MIRROR, which defaults here to ../shared/data b
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,20 @@ def server():
     fake = FakeServer()
     yield fake
     fake.close()
+
+
+def run_script(script: str, *args, **kwargs) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS --device cpu` in a process of its own, as a user runs it; keyword arguments
+    go to subprocess.run (env: variables added to this process's own)."""
+    env = {**os.environ, **kwargs.pop("env", {})}
+    return subprocess.run([sys.executable, str(REPO / script), "--device", "cpu", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, env=env, **kwargs)
+
+
+def assert_one_clear_line(finished: subprocess.CompletedProcess, *expected):
+    """A non-zero exit and stderr ending in one line that says each of `expected`, without a traceback."""
+    assert finished.returncode != 0
+    assert "Traceback" not in finished.stderr, finished.stderr
+    last_line = finished.stderr.strip().splitlines()[-1]
+    for text in expected:
+        assert text in last_line, finished.stderr

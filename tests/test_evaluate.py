@@ -6,8 +6,12 @@ What "correct" means for evaluation:
   the documents the same way gives the same numbers;
 - a run written with --run-file, scored back with --run/--qrels, gives the model's numbers exactly;
 - a second evaluation of the same model on the same corpus reads the corpus embeddings from the
-  cache instead of encoding them, and gives identical numbers;
-- bad input stops with a message naming the file, line or value at fault.
+  cache instead of encoding them, and gives identical numbers; an entry that does not fit (a row
+  short, another width or dtype, a NaN, a file cut in half) is encoded again with a warning;
+- bad input stops with a message naming the file, line or value at fault;
+- nothing is printed or written until the whole evaluation has succeeded: a model that fails to
+  load, or a full disk (a file size limit set on the process), leaves no metrics on the screen and no
+  part of a run file; an output folder that cannot be written is refused before any work.
 
 evaluate.main runs in-process on the tiny random model in tests/fixtures/tiny_st_legacy (its
 embeddings are unit length), BM25 / Jaccard (no model), data/example, and small BEIR folders and
@@ -17,7 +21,10 @@ pairs.tsv files written in tmp_path.
 import hashlib
 import json
 import math
+import re
 import os
+import resource
+import signal
 import subprocess
 import sys
 
@@ -31,7 +38,7 @@ from minisbert import datasets
 from minisbert import evaluation, metrics
 from minisbert.model import SentenceModel
 
-from .conftest import FIXTURES, REPO
+from .conftest import FIXTURES, REPO, assert_one_clear_line, run_script
 
 TINY = str(FIXTURES / "tiny_st_legacy")
 EXAMPLE = REPO / "data" / "example"
@@ -165,7 +172,8 @@ def test_dot_and_euclidean_rank_unit_vectors_as_cosine_does(tmp_path, monkeypatc
     for score in ("cosine", "dot", "euclidean"):
         run_file = tmp_path / f"{score}.trec"
         results[score] = evaluate_to_json(tmp_path / f"{score}.json", "--model", TINY, "--data", str(hand_folder),
-                                          "--k", "1", "3", "--score", score, "--run-file", str(run_file))[TINY]
+                                          "--k", "1", "3", "--score", score, "--run-file", str(run_file),
+                                          "--no-cache")[TINY]  # the fake embeddings are not the model's width
         runs[score] = metrics.read_trec_run(run_file)
     assert results["cosine"] == pytest.approx(HAND_ST, abs=1e-12)
     assert results["dot"] == results["cosine"]
@@ -266,6 +274,30 @@ def test_second_run_reads_corpus_embeddings_from_the_cache(tmp_path, monkeypatch
     encoded.clear()
     evaluate_to_json(tmp_path / "third.json", "--model", TINY, "--no-cache")
     assert any(a_document in texts for texts in encoded)
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda e: (e[:-1]), "have shape"),  # a stale entry: one row short
+    (lambda e: (e[:, :-1]), "have shape"),
+    (lambda e: (e.astype(np.float16)), "are float16, not float32"),
+    (lambda e: (np.where(np.arange(len(e))[:, None] == 2, np.nan, e).astype(np.float32)), "hold values that are not finite"),
+    (lambda e: e, "cannot be read"),  # the file cut in half (below)
+])
+def test_a_cache_entry_that_does_not_fit_is_encoded_again_with_a_warning(damage, problem, tmp_path, cache_dir):
+    first = evaluate_to_json(tmp_path / "first.json", "--model", TINY)
+    [entry] = cache_dir.glob("*.npy")
+    good = entry.read_bytes()
+    embeddings = np.load(entry)
+    damaged = damage(embeddings)
+    if damaged is embeddings:
+        entry.write_bytes(good[: len(good) // 2])
+    else:
+        with open(entry, "wb") as file:
+            np.save(file, damaged)
+    with pytest.warns(UserWarning, match=f"cached embeddings {re.escape(str(entry))} {problem}.*encoding the texts again"):
+        second = evaluate_to_json(tmp_path / "second.json", "--model", TINY)
+    assert second == first
+    assert entry.read_bytes() == good  # rebuilt
 
 
 def test_a_changed_corpus_misses_the_cache(tmp_path, monkeypatch, cache_dir):
@@ -500,6 +532,7 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--k", "0"], "--k values must be positive, got [0]"),
     (["--k", "5", "-3"], "--k values must be positive, got [5, -3]"),
+    (["--batch-size", "0"], "--batch-size must be positive, got 0"),
     (["--run", "run.trec"], "--run and --qrels go together"),
     (["--qrels", "qrels.txt"], "--run and --qrels go together"),
     (["--score", "manhattan"], "invalid choice: 'manhattan'"),
@@ -619,3 +652,46 @@ def test_run_file_scores_the_same_against_beir_and_trec_qrels(tmp_path, capsys):
     scores = next(iter(results[0].values()))
     # q1: first relevant at rank 2 -> MRR 1/2; q2: rank 1 -> 1. Mean 0.75.
     assert scores["mrr@2"] == 0.75 and scores["accuracy@1"] == 0.5
+
+
+def test_a_run_that_fails_prints_no_metrics_and_writes_nothing(tmp_path, hand_folder):
+    """The second model does not exist: the first one's numbers and run file must not appear."""
+    finished = run_script("evaluate.py", "--model", "bm25", tmp_path / "no-such-model", "--data", hand_folder,
+                            "--output", tmp_path / "out" / "results.json", env={"MINISBERT_CACHE": str(tmp_path)})
+    assert_one_clear_line(finished, "no-such-model")
+    assert "NDCG" not in finished.stdout
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_full_disk_while_writing_the_run_file_leaves_no_part_of_it(tmp_path, hand_folder):
+    """A real write failure from the kernel: the process may write no file larger than 100 bytes."""
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG from write() instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+
+    run_file = tmp_path / "out" / "bm25.trec"
+    finished = run_script("evaluate.py", "--model", "bm25", "--data", hand_folder, "--run-file", run_file,
+                            "--output", tmp_path / "out" / "results.json", preexec_fn=limit_file_size)
+    assert_one_clear_line(finished, "File too large", str(run_file))
+    assert "NDCG" not in finished.stdout
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_an_output_folder_that_is_a_file_is_refused_before_any_work(tmp_path, hand_folder):
+    (tmp_path / "out").write_text("mine")
+    finished = run_script("evaluate.py", "--model", "bm25", "--data", hand_folder, "--output", tmp_path / "out" / "results.json")
+    assert_one_clear_line(finished, f"{tmp_path / 'out'} is a file, not a folder")
+    assert (tmp_path / "out").read_text() == "mine"
+
+
+def test_a_corpus_text_that_is_not_valid_unicode_is_named(tmp_path):
+    """corpus.jsonl may spell a lone surrogate as the JSON escape \\ud800, which reads as a str."""
+    corpus = {"d1": "fine", "d2": "half of a pair SURROGATE of surrogates"}
+    datasets.write_beir(tmp_path / "data", corpus, {"q1": "fine"}, {"q1": {"d1": 1}})
+    corpus_file = tmp_path / "data" / "corpus.jsonl"
+    corpus_file.write_text(corpus_file.read_text().replace("SURROGATE", "\\ud800"))
+    finished = run_script("evaluate.py", "--model", TINY, "--data", tmp_path / "data", "--output", tmp_path / "out.json",
+                          env={"MINISBERT_CACHE": str(tmp_path / "cache")})
+    assert_one_clear_line(finished, "text 1 is not valid Unicode", "'\\ud800' (surrogates not allowed)")
+    assert not (tmp_path / "out.json").exists()

@@ -1,15 +1,23 @@
 """What "written safely" means: a failed write leaves the old file and no temporary file; new files
 and folders get the permissions the user's umask gives any other new file; bad JSON is reported
-with its file, line and column."""
+with its file, line and column. What minisbert writes (a saved model, checkpoint.pt, log.jsonl, run
+files) follows the umask too (022 and 027 tried); a folder that cannot be written (a file in its path,
+no write permission) is refused before any work, naming it, and nothing is created."""
 
 import errno
 import os
 import stat
 
 import pytest
+import torch
 
-from minisbert.fileio import atomic_write, make_staging_dir, read_json, replace_dir, write_json
+import minisbert
+from minisbert import metrics, training
+from minisbert.fileio import (atomic_write, check_writable_folder, make_staging_dir, read_json, replace_dir,
+                              write_json, write_text)
 from minisbert.progress import Progress
+
+from .conftest import FIXTURES
 
 
 @pytest.fixture
@@ -76,3 +84,52 @@ def test_the_progress_line_counts_rate_and_time_left_from_where_it_started():
     progress.start -= 10.0  # as if 10 s had passed
     progress.done = 60  # 20 steps in those 10 s: 2 a second, 40 left
     assert progress.line(progress.start + 10.0, "loss 0.5000") == "step 60/100  2.0/s  loss 0.5000  ETA 0m20s"
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test, and put the old one back."""
+    previous = os.umask(0o022)
+    yield lambda mask: os.umask(mask)
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask, file_mode, folder_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
+def test_what_minisbert_writes_gets_the_users_permissions(mask, file_mode, folder_mode, umask, tmp_path):
+    umask(mask)
+    model = minisbert.load(FIXTURES / "tiny_st_dense", device="cpu")
+    model.save(tmp_path / "model")
+    training.save_checkpoint(tmp_path / "run" / "checkpoint.pt", {"weights": torch.zeros(3)})
+    training.append_log(tmp_path / "run" / "log.jsonl", {"step": 1})
+    training.append_log(tmp_path / "run" / "log.jsonl", {"step": 2})
+    training.truncate_log(tmp_path / "run" / "log.jsonl", 1)  # rewritten through a temporary file
+    metrics.write_trec_run(tmp_path / "run" / "run.trec", {"q1": {"d1": 1.0}})
+    written = sorted(tmp_path.rglob("*"))
+    assert {p.name for p in written} >= {"model.safetensors", "modules.json", "1_Pooling", "2_Dense",
+                                         "checkpoint.pt", "log.jsonl", "run.trec"}
+    for path in written:
+        assert mode(path) == (folder_mode if path.is_dir() else file_mode), path
+
+
+def test_a_file_in_the_path_of_a_folder_is_refused_and_nothing_is_created(tmp_path):
+    write_text(tmp_path / "notes", "mine")
+    with pytest.raises(OSError, match=f"cannot write in {tmp_path / 'notes' / 'a'}: {tmp_path / 'notes'} is a file"):
+        check_writable_folder(tmp_path / "notes" / "a")
+    with pytest.raises(OSError, match=f"{tmp_path / 'notes'} is a file, not a folder"):
+        write_json(tmp_path / "notes" / "results.json", {})
+    assert (tmp_path / "notes").read_text() == "mine"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write in any folder, whatever its mode")
+def test_a_folder_without_write_permission_is_refused_and_nothing_is_created(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        with pytest.raises(OSError, match=f"cannot write in {locked / 'run'}: {locked} is not writable by you"):
+            check_writable_folder(locked / "run")
+        with pytest.raises(OSError, match="is not writable by you"):
+            write_json(locked / "results.json", {})
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)

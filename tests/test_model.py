@@ -9,17 +9,24 @@ Each comparison with sentence-transformers holds for the plain path and the fast
 
 encode() takes any iterable of texts and returns exactly one row per text, in order; anything else
 is refused with an error naming what was given.
+A damaged model directory (a safetensors file cut short; config.json, tokenizer.json or modules.json
+that is not JSON, lacks a field or has one of the wrong type; a tokenizer larger than the embedding
+table) is refused with one message naming the file and what is wrong; so is a text that is not
+valid Unicode (a lone surrogate), by its position.
 """
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import minisbert
 from minisbert.model import SentenceModel
 
-from .conftest import FIXTURES, reference
+from .conftest import FIXTURES, assert_one_clear_line, reference, run_script
 
 
 BOTH_PATHS = pytest.mark.parametrize("fast", [False, True], ids=["plain", "fast"])
@@ -187,3 +194,81 @@ def test_minilm_golden_values(minilm):
     assert np.allclose(e[0, :6], golden["first_six"], atol=1e-6)
     assert abs(float(e[0] @ e[1]) - golden["cosine_to_sentence_1"]) < 1e-6
     assert abs(float(e[0] @ e[2]) - golden["cosine_to_sentence_2"]) < 1e-6
+
+
+# ---- damaged model directories: one message naming the file and what is wrong -----------------
+
+
+def cut_in_half(path: Path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def edit_json(name: str, change):
+    def edit(folder: Path):
+        data = json.loads((folder / name).read_text())
+        (folder / name).write_text(json.dumps(change(data)))
+    return edit
+
+
+def grow_vocabulary(tokenizer: dict) -> dict:
+    vocab = tokenizer["model"]["vocab"]
+    vocab.update({f"extra{i}": len(vocab) + i for i in range(3)})
+    return tokenizer
+
+
+DAMAGES = [
+    ("model.safetensors cut short", lambda f: cut_in_half(f / "model.safetensors"),
+     "model.safetensors is not a readable safetensors file"),
+    ("dense weights cut short", lambda f: cut_in_half(f / "2_Dense" / "model.safetensors"),
+     "2_Dense/model.safetensors is not a readable safetensors file"),
+    ("config.json not JSON", lambda f: (f / "config.json").write_text('{"model_type": "bert",'),
+     "config.json line 1 column 23: not valid JSON"),
+    ("config.json a list", lambda f: (f / "config.json").write_text("[]"),
+     "config.json: config.json must hold a JSON object"),
+    ("a field missing", edit_json("config.json", lambda c: {k: v for k, v in c.items() if k != "hidden_size"}),
+     "config.json: config.json of a bert model lacks the field 'hidden_size'"),
+    ("a field of the wrong type", edit_json("config.json", lambda c: {**c, "hidden_size": "32"}),
+     "config.json: config field hidden_size must be int, got '32'"),
+    ("a bool for a number", edit_json("config.json", lambda c: {**c, "layer_norm_eps": True}),
+     "config.json: config field layer_norm_eps must be float, got True"),
+    ("pad token outside the table", edit_json("config.json", lambda c: {**c, "pad_token_id": 1000}),
+     "config.json: config field pad_token_id 1000 is not a row of the 46-row token embedding table"),
+    ("tokenizer.json not a tokenizer", lambda f: (f / "tokenizer.json").write_text('{"version": 1}'),
+     "tokenizer.json is not a tokenizer the tokenizers package can read"),
+    ("tokenizer larger than the table", edit_json("tokenizer.json", grow_vocabulary),
+     "has 49 tokens but the model's embedding table (vocab_size in config.json) has 46 rows"),
+    ("modules.json not JSON", lambda f: (f / "modules.json").write_text("[{"),
+     "modules.json line 1 column 3: not valid JSON"),
+    ("modules.json path not a string", edit_json("modules.json", lambda m: [{**m[0], "path": 0}, *m[1:]]),
+     "modules.json must hold a list of modules"),
+    ("max_seq_length not an int", edit_json("sentence_bert_config.json", lambda c: {**c, "max_seq_length": "128"}),
+     "max_seq_length (sentence_bert_config.json) or model_max_length (tokenizer_config.json) must be an int"),
+]
+
+
+@pytest.mark.parametrize("damage, message", [d[1:] for d in DAMAGES], ids=[d[0] for d in DAMAGES])
+def test_a_damaged_model_directory_is_named_with_what_is_wrong(damage, message, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(FIXTURES / "tiny_st_dense", folder)
+    damage(folder)
+    with pytest.raises(ValueError) as refused:
+        minisbert.load(folder, device="cpu")
+    assert message in str(refused.value)
+    assert str(folder) in str(refused.value)
+
+
+@pytest.mark.parametrize("damage, message", [DAMAGES[0][1:], DAMAGES[5][1:]], ids=[DAMAGES[0][0], DAMAGES[5][0]])
+def test_evaluate_py_names_a_damaged_model_in_one_line(damage, message, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(FIXTURES / "tiny_st_dense", folder)
+    damage(folder)
+    finished = run_script("evaluate.py", "--model", folder, "--output", tmp_path / "out.json")
+    assert_one_clear_line(finished, message)
+    assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_encode_names_a_text_that_is_not_valid_unicode(fast):
+    model = SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu", fast=fast)
+    with pytest.raises(ValueError, match=r"text 2 is not valid Unicode: character 4 is '\\ud800' \(surrogates not allowed\)"):
+        model.encode(["fine", "also fine", "bad \ud800 text"])

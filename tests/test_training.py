@@ -10,8 +10,13 @@ What "correct" means for training:
   weights, the optimizer moments, the schedule, the random state behind dropout and the data position;
 - a NaN loss stops the run with a message naming the step and the last good checkpoint, which is left
   as it was; a full disk while writing a checkpoint leaves the previous one byte for byte;
+- a kill that cut the last log line short is survived by --resume (the line is dropped, with a
+  note); a damaged earlier line, or a checkpoint.pt that is not one of ours (damaged, cut short, another
+  program's, a pickle with classes in it), is named and nothing is changed; a real write failure
+  (a file size limit set on the process) gives the "could not write the checkpoint" message and
+  leaves no temporary file; a folder that holds anything is never reused without --resume;
 - bad input stops with a message naming what was wrong before anything is written: an unknown or
-  unsupported arch / metric / loss, a count that is not positive, a score outside [0, 1], no training
+  unsupported arch / metric / loss, a number out of range (negative, NaN, inf), a score outside [0, 1], no training
   examples, data of the wrong shape, --dim on a model that has a Dense layer, a checkpoint of
   another run (other model, dim, pooling, loss, batch size, seed or length), --resume without a
   checkpoint, a new run into the folder of another;
@@ -31,6 +36,7 @@ import errno
 import json
 import os
 import re
+import resource
 import signal
 from pathlib import Path
 
@@ -51,7 +57,7 @@ from minisbert.fast import encoder as fast_encoder
 from minisbert.model import SentenceModel
 from minisbert.tokenizer import Tokenizer
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, assert_one_clear_line, run_script
 
 # (anchor, positive, negative): six questions, each with an answer and an answer to another question.
 TRIPLETS = [
@@ -338,7 +344,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_model,
     assert run_train(output, tiny_model, *args, "--resume") == run_train(tmp_path / "uninterrupted", tiny_model, *args)
 
 
-def test_a_fresh_run_does_not_append_to_the_log_of_a_run_that_never_saved_a_checkpoint(
+def test_the_folder_of_a_run_that_died_before_its_first_checkpoint_is_left_as_it_was(
         tiny_model, tsv_data, tmp_path, monkeypatch):
     compute_loss, calls = fitting.compute_loss, []
 
@@ -352,7 +358,12 @@ def test_a_fresh_run_does_not_append_to_the_log_of_a_run_that_never_saved_a_chec
         run_train(output, tiny_model, *args)
     assert [entry["step"] for entry in read_log(output)] == [1, 2]
     monkeypatch.setattr(fitting, "compute_loss", compute_loss)
-    assert [entry["step"] for entry in run_train(output, tiny_model, *args)] == [1, 2, 3]
+    before = snapshot(output)
+    with pytest.raises(SystemExit, match=f"{re.escape(str(output))} already holds a run \\(log.jsonl\\); pass --resume"):
+        run_train(output, tiny_model, *args)
+    with pytest.raises(FileNotFoundError, match="the run stopped before writing one"):
+        run_train(output, tiny_model, *args, "--resume")
+    assert snapshot(output) == before
 
 
 def test_a_full_disk_while_saving_a_checkpoint_leaves_the_previous_one_intact(
@@ -385,6 +396,86 @@ def test_a_full_disk_while_saving_a_checkpoint_leaves_the_previous_one_intact(
     assert sorted(p.name for p in output.iterdir()) == ["checkpoint.pt", "log.jsonl"]  # no half-written file
 
 
+def checkpointed_run(tiny_model, tsv_data, output) -> list:
+    """An 8-step run with checkpoints every 3 steps, as if killed after step 4: the log goes to step
+    4, the checkpoint holds step 3. Returns the arguments it was started with."""
+    args = ["--data", str(tsv_data), "--epochs", "10", "--max-steps", "8", "--checkpoint-steps", "3"]
+    run_train(output, tiny_model, *args)
+    state = training.load_checkpoint(output / "checkpoint.pt")
+    assert state["step"] == 8
+    log = (output / "log.jsonl").read_text().splitlines(keepends=True)
+    return args, log
+
+
+@pytest.mark.parametrize("cut", [1, 10, -2])  # characters of line 5 (step 5) written before the kill
+def test_resume_drops_the_log_line_a_kill_cut_short(cut, tiny_model, tsv_data, tmp_path, monkeypatch, capsys):
+    uninterrupted = run_train(tmp_path / "uninterrupted", tiny_model, "--data", str(tsv_data), "--epochs", "10",
+                              "--max-steps", "8", "--checkpoint-steps", "3")
+    output = tmp_path / "run"
+    saved = record_checkpoints(monkeypatch)
+    args, log = checkpointed_run(tiny_model, tsv_data, output)
+    (output / "checkpoint.pt").write_bytes(saved[0])  # step 3: the kill came during step 5
+    (output / "log.jsonl").write_text("".join(log[:4]) + log[4][:cut])
+    assert run_train(output, tiny_model, *args, "--resume") == uninterrupted
+    assert f"{output / 'log.jsonl'} line 5 was cut short when the run stopped; dropping it" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["{not json\n", "[1, 2]\n", "\n"])
+def test_resume_names_a_damaged_log_line_and_changes_nothing(damage, tiny_model, tsv_data, tmp_path):
+    output = tmp_path / "run"
+    args, log = checkpointed_run(tiny_model, tsv_data, output)
+    (output / "log.jsonl").write_text("".join(log[:1]) + damage + "".join(log[2:]))
+    before = snapshot(output)
+    with pytest.raises(ValueError, match=f"{re.escape(str(output / 'log.jsonl'))} line 2 is not a log entry"):
+        run_train(output, tiny_model, *args, "--resume")
+    assert snapshot(output) == before
+
+
+class NotTensors:
+    pass
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda path, good: torch.save({"step": 3}, path), "it lacks identity, model"),
+    (lambda path, good: torch.save({"step": NotTensors()}, path), "holds more than tensors and plain values"),
+    (lambda path, good: path.write_bytes(good[: len(good) // 2]), "cut short"),
+    (lambda path, good: path.write_text("step 3\n"), "not a checkpoint written by minisbert's training"),
+])
+def test_resume_from_a_file_that_is_not_a_minisbert_checkpoint_is_refused(make, problem, tiny_model, tsv_data, tmp_path):
+    output = tmp_path / "run"
+    args, _ = checkpointed_run(tiny_model, tsv_data, output)
+    make(output / "checkpoint.pt", (output / "checkpoint.pt").read_bytes())
+    before = snapshot(output)
+    finished = run_script("train.py", "--model", tiny_model, *args, "--output", output, "--resume")
+    assert_one_clear_line(finished, f"{output / 'checkpoint.pt'} is not a checkpoint written by minisbert", problem,
+                          "start a new run in another --output")
+    assert "weights_only" not in finished.stderr
+    assert snapshot(output) == before
+
+
+def test_a_full_disk_while_writing_the_checkpoint_gives_the_project_message(tiny_model, tsv_data, tmp_path):
+    """A real write failure from the kernel: the process may write no file larger than 20 kB (the
+    checkpoint of the tiny model is about 300 kB; the log and the model it reads stay far below)."""
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG from write() instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    output = tmp_path / "run"
+    finished = run_script("train.py", "--model", tiny_model, "--data", tsv_data, "--max-steps", "2", "--output", output,
+                         preexec_fn=limit_file_size)
+    assert_one_clear_line(finished, f"could not write the checkpoint {output / 'checkpoint.pt'}: File too large. "
+                                    "The previous checkpoint, if any, is intact.")
+    assert sorted(p.name for p in output.iterdir()) == ["log.jsonl"]  # no temporary file left
+
+
+def test_an_output_that_is_a_file_is_refused(tiny_model, tsv_data, tmp_path):
+    (tmp_path / "run").write_text("my notes")
+    finished = run_script("train.py", "--model", tiny_model, "--data", tsv_data, "--output", tmp_path / "run")
+    assert_one_clear_line(finished, f"cannot write in {tmp_path / 'run'}: {tmp_path / 'run'} is a file, not a folder")
+    assert (tmp_path / "run").read_text() == "my notes"
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input: a clear message, nothing written
 
@@ -405,10 +496,23 @@ def test_an_unknown_arch_metric_or_loss_is_refused(flag, value, tiny_model, tsv_
     ("--max-steps", "-1", "--max-steps must be positive, got -1"),
     ("--checkpoint-steps", "0", "--checkpoint-steps must be positive, got 0"),
     ("--dim", "0", "--dim must be positive, got 0"),
-    ("--margin", "-1", "--margin cannot be negative, got -1.0"),
-    ("--eval-steps", "-2", "--eval-steps cannot be negative (0: only at the end), got -2"),
+    ("--max-seq-length", "1", "--max-seq-length must be at least 2 (room for the special tokens around a text), got 1"),
+    ("--margin", "-1", "--margin must be zero or more, got -1.0"),
+    ("--margin", "nan", "--margin must be zero or more, got nan"),
+    ("--eval-steps", "-2", "--eval-steps must be zero or more (0: only at the end), got -2"),
+    ("--lr", "-0.001", "--lr must be positive, got -0.001"),
+    ("--lr", "0", "--lr must be positive, got 0.0"),
+    ("--lr", "nan", "--lr must be positive, got nan"),
+    ("--lr", "inf", "--lr must be positive, got inf"),
+    ("--weight-decay", "-1", "--weight-decay must be zero or more, got -1.0"),
+    ("--weight-decay", "inf", "--weight-decay must be zero or more, got inf"),
+    ("--warmup", "1.5", "--warmup must be a fraction in [0, 1], got 1.5"),
+    ("--warmup", "-0.1", "--warmup must be a fraction in [0, 1], got -0.1"),
+    ("--max-grad-norm", "0", "--max-grad-norm must be positive, got 0.0"),
+    ("--max-grad-norm", "nan", "--max-grad-norm must be positive, got nan"),
+    ("--seed", "-1", "--seed must be in [0, 2**32), got -1"),
 ])
-def test_a_count_or_margin_out_of_range_is_refused(flag, value, message, tiny_model, tsv_data, tmp_path, capsys):
+def test_a_number_out_of_range_is_refused_naming_the_flag(flag, value, message, tiny_model, tsv_data, tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
         run_train(tmp_path / "run", tiny_model, "--data", str(tsv_data), flag, value)
     assert stopped.value.code == 2
@@ -519,7 +623,7 @@ def test_resuming_from_a_checkpoint_of_another_run_is_refused(change, differs, s
 def test_a_new_run_into_a_finished_one_and_resume_without_a_checkpoint_are_refused(short_run, tiny_model, tmp_path):
     output, args = short_run
     before = snapshot(output)
-    with pytest.raises(SystemExit, match=f"{re.escape(str(output))} already holds a run; pass --resume"):
+    with pytest.raises(SystemExit, match=f"{re.escape(str(output))} already holds a run \\(checkpoint.pt, final, log.jsonl, summary.json\\); pass --resume"):
         run_train(output, tiny_model, *args)
     assert snapshot(output) == before
     with pytest.raises(FileNotFoundError, match=f"no checkpoint at {re.escape(str(tmp_path / 'new'))}"):
@@ -654,3 +758,9 @@ def test_msmarco_examples_use_sigmoid_labels_and_the_cross_encoder_margin(tmp_pa
     (tmp_path / "queries.train.tsv").unlink()
     with pytest.raises(ValueError, match="queries.train.tsv"):
         training.training_examples(str(tmp_path), training.TRIPLETS)
+
+
+def test_the_command_line_refuses_a_nan_learning_rate_in_one_line(tiny_model, tsv_data, tmp_path):
+    finished = run_script("train.py", "--model", tiny_model, "--data", tsv_data, "--lr", "nan", "--output", tmp_path / "run")
+    assert_one_clear_line(finished, "--lr must be positive, got nan")
+    assert not (tmp_path / "run").exists()
