@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 
 import evaluate
 import train
-from minisbert import data as datasets
+from minisbert import datasets
 from minisbert import distributed, training
 from minisbert.retrieval import search
 
