@@ -7,11 +7,15 @@
     python evaluate.py --task sts --data ~/stsbenchmark            # your own copy: sts-*.csv or SICK_*.txt
     python evaluate.py --model all-MiniLM-L6-v2 bm25 --data questions.csv   # your question,answer rows
     python evaluate.py --run run.trec --qrels qrels.txt --k 10     # score a TREC run, as trec_eval does
+    torchrun --nproc_per_node 8 evaluate.py --data msmarco          # each process encodes and searches 1/8
 
 Prints Precision, Accuracy, Recall, MRR, NDCG and MAP at each k for every model; writes the numbers to
 a JSON file (--output) and each model's ranking to a TREC run file. Metric definitions: --definitions
 st (sentence-transformers, binary relevance; the default) or trec (trec_eval, graded), see
 minisbert/metrics.py.
+
+Under torchrun each process encodes and searches a contiguous shard of the corpus and rank 0 merges
+the shards' top-k into the ranking one process gives (minisbert/distributed.py), then reports.
 """
 
 import argparse
@@ -20,7 +24,7 @@ import sys
 from pathlib import Path
 
 import minisbert
-from minisbert import datasets, metrics
+from minisbert import datasets, distributed, metrics
 from minisbert.evaluation import CACHE_DIR, LEXICAL, rank, sts_correlations
 from minisbert.fileio import check_writable_folder, write_json
 
@@ -70,6 +74,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if distributed.init_from_env() and (args.run is not None or args.task == "sts"
+                                        or any(name in LEXICAL for name in args.model)):
+        raise ValueError("several processes (torchrun) split a corpus to encode and search: run --task sts, "
+                         f"--run and {', '.join(LEXICAL)} as one process (python evaluate.py ...)")
+    args.device = distributed.device_for_rank(args.device)
+    main_process = distributed.is_main()
     results, runs = {}, {}  # runs: {run file: (model name, ranking)}
     label = file_label(Path(args.data).name if args.run is None else args.run.stem)
     output = args.output or Path("runs") / "eval" / f"{label}-{args.split}.json"
@@ -100,18 +110,23 @@ def main(argv=None):
         if not retrieval.corpus or not retrieval.queries:
             raise ValueError(f"{folder}: nothing to evaluate: {len(retrieval.corpus)} documents in corpus.jsonl and "
                              f"{len(retrieval.queries)} queries judged against them in qrels/{args.split}.tsv")
-        print(f"{args.data} ({args.split}): {len(retrieval.queries):,} queries, {len(retrieval.corpus):,} documents; "
-              f"score {args.score}, {args.definitions} definitions")
+        if main_process:
+            print(f"{args.data} ({args.split}): {len(retrieval.queries):,} queries, {len(retrieval.corpus):,} "
+                  f"documents; score {args.score}, {args.definitions} definitions")
         for position, name in enumerate(args.model):
             model = name if name in LEXICAL else minisbert.load(name, device=args.device)
             run = rank(model, retrieval, max(args.k), score=args.score, batch_size=args.batch_size,
                        cache_dir=None if args.no_cache else CACHE_DIR / "embeddings",
-                       exclude_self=args.exclude_self)
+                       exclude_self=args.exclude_self, sharded=distributed.world_size() > 1)
+            if not main_process:  # rank 0 holds the merged ranking
+                continue
             results[name] = metrics.evaluate_run(run, retrieval.qrels, args.k, definitions=args.definitions)
             run_file = args.run_file if args.run_file and position == 0 else \
                 output.with_name(f"{output.stem}-{file_label(name)}.trec")
             runs[run_file] = (name, run)
 
+    if not main_process:  # rank 0 holds the merged rankings and reports
+        return
     # The report: run files and the JSON (each written whole, metrics.write_trec_run and write_json),
     # then the numbers.
     for run_file, (name, run) in runs.items():
@@ -165,3 +180,5 @@ if __name__ == "__main__":
         main()
     except (ValueError, OSError) as error:  # bad input, a missing file, a full disk: the message says what
         sys.exit(f"error: {error}")
+    finally:
+        distributed.close()

@@ -5,12 +5,14 @@
     python train.py --arch triplet --metric euclidean --margin 1 --data scifact
     python train.py --arch siamese --loss softmax --data sick  # SBERT's classification objective
     python train.py --output runs/x --resume                   # continue an interrupted run
+    torchrun --nproc_per_node 8 train.py --loss mnrl ...        # one model trained by 8 processes (GPUs)
 
 Reads top to bottom: arguments, model, data, the loop, saving. The loop is minisbert/fit.py (the
 experiment runner, `python -m minisbert.experiments`, trains through it too), the objectives are in
 minisbert/losses.py, AdamW and the schedule in minisbert/optim.py, data and checkpoints in
 minisbert/training.py. Writes to --output DIR: log.jsonl (one line per step), checkpoint.pt (to resume),
-best/ and final/ (models in the sentence-transformers layout), summary.json.
+best/ and final/ (models in the sentence-transformers layout), summary.json. Under torchrun each
+process trains on its slice of every batch (minisbert/distributed.py) and rank 0 alone writes them.
 """
 
 import argparse
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 
 import minisbert
-from minisbert import training
+from minisbert import distributed, training
 from minisbert.evaluation import evaluate_dev
 from minisbert.fileio import check_writable_folder, write_json
 from minisbert.fit import Interrupted, TrainingFailed, TrainingSettings, fit
@@ -95,9 +97,13 @@ def main(argv=None):
     args = parse_args(argv)
     spec = select_loss(args.arch, args.metric, args.loss)
     output = args.output or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    distributed.init_from_env()  # a world of one without torchrun
+    args.device = distributed.device_for_rank(args.device)
     check_writable_folder(output)  # before the work, not after it
-    if not args.resume and output.exists() and any(output.iterdir()):  # never overwrite what is there
-        held = sorted(path.name for path in output.iterdir())
+    # Every rank looks before any rank writes (rank 0 creates the folder's files only later).
+    held = sorted(path.name for path in output.iterdir()) if output.is_dir() else []
+    distributed.barrier()
+    if not args.resume and held:  # never overwrite what is there
         sys.exit(f"{output} already holds a run ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
                  "pass --resume to continue it, or choose another --output")
     torch.manual_seed(args.seed)
@@ -134,12 +140,15 @@ def main(argv=None):
                      identity={"model": str(args.model), "dim": args.dim, "data": args.data},
                      evaluate=lambda trained: evaluate_dev(trained, args.data))
     except Interrupted as stop:
-        print(f"\n{stop}; continue with: python train.py ... --output {output} --resume")
+        if distributed.is_main():
+            print(f"\n{stop}; continue with: python train.py ... --output {output} --resume")
         sys.exit(130)
     except TrainingFailed as failure:
         sys.exit(str(failure))
 
-    # Saving: the final model and a summary of the run.
+    # Saving: the final model and a summary of the run, once.
+    if not distributed.is_main():
+        return
     model.save(output / "final")
     summary = {**result, "loss": spec.name,
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
@@ -154,3 +163,5 @@ if __name__ == "__main__":
         main()
     except (ValueError, OSError) as error:  # bad input, a missing file, a full disk: the message says what
         sys.exit(f"error: {error}")
+    finally:
+        distributed.close()

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import datasets
-from . import metrics
+from . import distributed, metrics
 from .lexical import BM25, Jaccard
 from .retrieval import search
 from .fileio import atomic_write
@@ -88,12 +88,14 @@ def read_cache_entry(path: Path, rows: int, dimension: int):
 
 
 def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine", batch_size: int = 32,
-         cache_dir: Path = None, exclude_self: bool = False) -> dict:
+         cache_dir: Path = None, exclude_self: bool = False, sharded: bool = False) -> dict:
     """The top-k documents of every query: {query id: {document id: score}}, best first.
 
     `model` is a SentenceModel or the name of a lexical baseline ("bm25", "jaccard"). Scores are
     larger-is-better: euclidean distances are negated. exclude_self drops a document whose id
-    equals the query id (BEIR's convention).
+    equals the query id (BEIR's convention). sharded=True (every rank of a torchrun job calls
+    it): each process encodes and searches its shard of the corpus (distributed.sharded_search,
+    no cache); rank 0 returns the ranking, the other ranks None.
     """
     doc_ids = list(retrieval.corpus)
     query_ids = list(retrieval.queries)
@@ -106,14 +108,20 @@ def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine"
         if exclude_self:
             self_hits = np.array([[doc_ids[i] == q for i in row] for q, row in zip(query_ids, indices)])
             indices = np.where(self_hits, -1, indices)
+    elif sharded:
+        scores, indices = distributed.sharded_search(model, doc_texts, query_texts, k, score, batch_size,
+                                                     query_ids=query_ids if exclude_self else None,
+                                                     corpus_ids=doc_ids if exclude_self else None)
+        if scores is None:
+            return None
     else:
         corpus = encode_cached(model, doc_texts, batch_size, cache_dir)
         queries = model.encode(query_texts, batch_size=batch_size)
         scores, indices = search(queries, corpus, k, score=score,
                                  query_ids=query_ids if exclude_self else None,
                                  corpus_ids=doc_ids if exclude_self else None)
-        if score == "euclidean":
-            scores = -scores
+    if score == "euclidean" and not isinstance(model, str):
+        scores = -scores
     run = metrics.run_from_search(scores, indices, query_ids, doc_ids)
     return {query_id: dict(list(hits.items())[:k]) for query_id, hits in run.items()}
 

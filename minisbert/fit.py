@@ -12,12 +12,18 @@ Along the way it writes to its output folder:
     checkpoint.pt   everything the next step depends on (see training.py), every checkpoint_steps
     best/           the model that scored best on the dev split, when the caller gives a dev score
 
+Under torchrun (minisbert/distributed.py) the same call trains one model over N processes: each
+takes its slice of every global batch, the multiple-negatives ranking loss sees the whole global
+batch's embeddings, the gradients are summed over ranks, and rank 0 alone evaluates, logs,
+checkpoints and saves best/. With dropout off the losses are those of one process.
+
 Ctrl-C writes a checkpoint at the next step boundary and raises `Interrupted`; a non-finite loss
 raises `TrainingFailed` and leaves the last good checkpoint in place. `fit(..., resume=True)` goes on
 from the checkpoint and logs exactly what an uninterrupted run logs. Saving the final model and
 reporting are the caller's: train.py writes final/ and summary.json.
 
-Checked in tests/test_training.py (through train.py) and tests/test_experiments.py.
+Checked in tests/test_training.py (through train.py), tests/test_experiments.py and, over 2
+processes, tests/test_distributed.py.
 """
 
 import math
@@ -27,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from . import training
-from .losses import LossSpec
+from . import distributed, training
+from .losses import LossSpec, multiple_negatives_ranking_loss
 from .optim import AdamW, LinearWarmupDecay, clip_grad_norm_, weight_decay_groups
 from .progress import Progress
 
@@ -79,6 +85,11 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
     checkpoint_path = output / "checkpoint.pt"
     examples = [training.Example(e.texts[:spec.n_texts], e.label) for e in examples]
     total_steps = settings.total_steps(len(examples))
+    smallest_batch = min(settings.batch_size, len(examples) % settings.batch_size or settings.batch_size)
+    if smallest_batch < distributed.world_size():
+        raise ValueError(f"a batch of {smallest_batch} examples cannot be split over {distributed.world_size()} "
+                         "processes; choose a batch size (and a number of examples) of at least one per process")
+    main = distributed.is_main()
     eval_steps = settings.eval_steps if settings.eval_steps is not None else math.ceil(total_steps / 4)
     model.train()  # dropout on, as in training; encode() switches it off and back by itself
 
@@ -109,11 +120,15 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
         scaler.load_state_dict(state["scaler"])
         training.set_rng_state(state["rng"])
         step, epoch, next_batch, best = state["step"], state["epoch"], state["next_batch"], state["best"]
-        training.truncate_log(output / "log.jsonl", step)  # steps after the checkpoint run again
-        print(f"resuming {output} at step {step} (epoch {epoch}, batch {next_batch})")
-    else:  # a run that stopped before its first checkpoint (a NaN loss) may have left a log
+        if main:
+            training.truncate_log(output / "log.jsonl", step)  # steps after the checkpoint run again
+            print(f"resuming {output} at step {step} (epoch {epoch}, batch {next_batch})")
+    elif main:  # a run that stopped before its first checkpoint (a NaN loss) may have left a log
         (output / "log.jsonl").unlink(missing_ok=True)
     output.mkdir(parents=True, exist_ok=True)
+    distributed.broadcast_parameters(model)  # every rank starts from rank 0's weights
+    if classifier is not None:
+        distributed.broadcast_parameters(classifier)
 
     def save_state():
         training.save_checkpoint(checkpoint_path, {
@@ -125,7 +140,7 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
 
     def evaluate_and_keep_best():
         nonlocal best
-        scores = evaluate(model) if evaluate is not None else None
+        scores = evaluate(model) if evaluate is not None and main else None
         if scores is None:
             return None
         name, value = next(iter(scores.items()))
@@ -135,8 +150,9 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
         model.train()
         return scores
 
-    print(f"{spec.name}: {len(examples):,} examples, batch {settings.batch_size}, {total_steps:,} steps, "
-          f"device {model.device}, output {output}")
+    if main:
+        print(f"{spec.name}: {len(examples):,} examples, batch {settings.batch_size}, {total_steps:,} steps, "
+              f"{distributed.world_size()} process(es), device {model.device}, output {output}")
     if step == 0 and not resume:
         initial = evaluate_and_keep_best()
         if initial is not None:
@@ -144,22 +160,31 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
 
     stop = training.StopRequest()
     started = time.perf_counter()
-    progress = Progress(total_steps, "step", done=step)
+    progress = Progress(total_steps, "step", done=step, show=main)
     try:
         while step < total_steps:
             batches = training.batches_for_epoch(len(examples), settings.batch_size, settings.seed, epoch)
             while next_batch < len(batches) and step < total_steps:
-                batch = [examples[i] for i in batches[next_batch]]
+                batch = [examples[i] for i in batches[next_batch]]  # the global batch
+                local_batch = batch[slice(*distributed.shard_range(len(batch)))]  # this rank's slice
                 with torch.autocast(model.device.type, enabled=settings.amp is not None,
                                     dtype=torch.bfloat16 if settings.amp == "bf16" else torch.float16):
-                    embeddings = training.embed_examples(model, batch)
-                    loss = compute_loss(spec, embeddings, batch, settings.margin, classifier)
+                    embeddings = training.embed_examples(model, local_batch)
+                    if spec.function is multiple_negatives_ranking_loss:  # every anchor sees every positive
+                        embeddings = [distributed.gather_with_grad(e, len(batch)) for e in embeddings]
+                        share = compute_loss(spec, embeddings, batch, settings.margin, classifier)
+                        loss = share.detach()  # the same whole-batch loss on every rank
+                    else:
+                        share = compute_loss(spec, embeddings, local_batch, settings.margin, classifier) \
+                            * distributed.local_loss_weight(len(local_batch), len(batch))
+                        loss = distributed.sum_tensor(share.detach())
                 if not torch.isfinite(loss):
                     raise TrainingFailed(
                         f"loss became {loss.item()} at step {step + 1}; stopping. The last good checkpoint is "
                         f"{checkpoint_path} (step {read_step(checkpoint_path)}); try a lower learning rate, "
                         "or bf16 instead of fp16 mixed precision")
-                scaler.scaled(loss).backward()
+                scaler.scaled(share).backward()
+                distributed.sum_gradients([p for _, p in parameters])
                 grad_norm, lr = torch.tensor(float("inf")), scheduler.current_lrs()[0]  # lr: this step's
                 if scaler.unscale(p for _, p in parameters):  # False: fp16 overflow, skip this update
                     grad_norm = clip_grad_norm_([p for _, p in parameters], settings.max_grad_norm)
@@ -171,11 +196,14 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
                 entry = {"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm.item()}
                 if eval_steps and step % eval_steps == 0 or step == total_steps:
                     entry["eval"] = evaluate_and_keep_best()
-                training.append_log(output / "log.jsonl", entry)
+                if main:
+                    training.append_log(output / "log.jsonl", entry)
                 progress.update(1, f"loss {entry['loss']:.4f}")
-                if step % settings.checkpoint_steps == 0 or step == total_steps or stop.requested:
+                stop.requested = distributed.any_rank(stop.requested)
+                if main and (step % settings.checkpoint_steps == 0 or step == total_steps or stop.requested):
                     save_state()
                 if stop.requested:
+                    distributed.barrier()  # torchrun stops every rank once one exits: let rank 0 save first
                     raise Interrupted(step)
             if next_batch >= len(batches):
                 epoch, next_batch = epoch + 1, 0

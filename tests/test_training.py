@@ -100,6 +100,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory, dropout=0.1)
+
+
+def make_tiny_model(tmp_path_factory, dropout: float) -> Path:
     """A random 2-layer BERT saved in the sentence-transformers layout, its vocabulary the data's words."""
     words = sorted({word for text in TEXTS for word in re.findall(r"\w+|[^\w\s]", text.lower())})
     vocab_dir = tmp_path_factory.mktemp("vocab")
@@ -107,8 +111,8 @@ def tiny_model(tmp_path_factory) -> Path:
     (vocab_dir / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
     config = EncoderConfig(family="bert", vocab_size=5 + len(words), hidden_size=32, num_layers=2, num_heads=4,
                            intermediate_size=64, max_position_embeddings=64, type_vocab_size=2,
-                           layer_norm_eps=1e-12, activation="gelu", pad_token_id=0, hidden_dropout=0.1,
-                           attention_dropout=0.1, positions_after_pad=False)
+                           layer_norm_eps=1e-12, activation="gelu", pad_token_id=0, hidden_dropout=dropout,
+                           attention_dropout=dropout, positions_after_pad=False)
     torch.manual_seed(0)
     tokenizer = Tokenizer.from_dir(vocab_dir, max_seq_length=32)
     assert "[UNK]" not in tokenizer.rust.encode(" ".join(TEXTS)).tokens
