@@ -111,3 +111,15 @@ def replace_dir(new: Path, target: Path) -> None:
         shutil.rmtree(old)
     else:
         new.rename(target)
+
+
+def write_dir(target: Path, fill) -> None:
+    """Call fill(folder) on a fresh staging folder beside `target`, then move it in place of
+    `target` (`replace_dir`); if fill raises, the staging folder is removed and `target` is as it was."""
+    staging = make_staging_dir(target)
+    try:
+        fill(staging)
+        replace_dir(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -15,7 +15,6 @@ ways against each other in tests/test_encoder_fast.py.
 
 import contextlib
 import numbers
-import shutil
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ from torch import nn
 from .encoder import Encoder
 from .fast import encode as fast_encode
 from .fast import encoder as fast_encoder
-from .fileio import make_staging_dir, replace_dir
+from .fileio import write_dir
 from .pooling import POOLING_MODES, Dense, normalize, pool
 from .progress import Progress
 from .st_directory import read_layout, write_layout
@@ -135,13 +134,7 @@ class SentenceModel(nn.Module):
     def save(self, path) -> None:
         """Write the sentence-transformers layout to `path`, replacing it only once fully written."""
         path = Path(path)
-        staging = make_staging_dir(path)
-        try:
-            write_layout(staging, self)
-            replace_dir(staging, path)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        write_dir(path, lambda folder: write_layout(folder, self))
 
     @classmethod
     def from_dir(cls, model_dir, device=None, fast: bool = True) -> "SentenceModel":

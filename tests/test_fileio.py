@@ -13,7 +13,7 @@ import torch
 
 import minisbert
 from minisbert import metrics, training
-from minisbert.fileio import (atomic_write, check_writable_folder, make_staging_dir, read_json, replace_dir,
+from minisbert.fileio import (atomic_write, check_writable_folder, make_staging_dir, read_json, replace_dir, write_dir,
                               write_json, write_text)
 from minisbert.progress import Progress
 
@@ -133,3 +133,17 @@ def test_a_folder_without_write_permission_is_refused_and_nothing_is_created(tmp
         assert list(locked.iterdir()) == []
     finally:
         locked.chmod(0o755)
+
+
+def test_a_folder_whose_writing_fails_leaves_the_old_one_and_no_staging_folder(tmp_path):
+    target = tmp_path / "model"
+    write_dir(target, lambda folder: (folder / "weights.txt").write_text("old"))
+
+    def fails_half_way(folder):
+        (folder / "weights.txt").write_text("new")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError):
+        write_dir(target, fails_half_way)
+    assert (target / "weights.txt").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]

@@ -11,7 +11,6 @@ into a folder of the cache named by the file's digest.
 Checked in tests/test_datasets.py and, end to end, in tests/test_evaluate.py.
 """
 
-import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from .. import lexical
 from ..download import sha256_of
-from ..fileio import make_staging_dir, replace_dir
+from ..fileio import write_dir
 from .beir import RetrievalData, load_beir, write_beir
 from .rows import csv_records, malformed
 
@@ -85,11 +84,5 @@ def qa_csv_folder(csv_path: str | Path, cache_dir: str | Path) -> Path:
                                 "or a CSV file of question/answer rows")
     target = Path(cache_dir) / f"{csv_path.stem}-{sha256_of(csv_path)[:16]}"
     if not target.is_dir():
-        staging = make_staging_dir(target)
-        try:
-            qa_csv_to_beir(csv_path, staging)
-            replace_dir(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        write_dir(target, lambda folder: qa_csv_to_beir(csv_path, folder))
     return target
