@@ -6,6 +6,7 @@
     python evaluate.py --task sts --data stsb                      # Spearman 0.8203
     python evaluate.py --task sts --data ~/stsbenchmark            # your own copy: sts-*.csv or SICK_*.txt
     python evaluate.py --model all-MiniLM-L6-v2 bm25 --data questions.csv   # your question,answer rows
+    python evaluate.py --data scifact --dtype bfloat16             # on a GPU or a CPU with native bfloat16
     python evaluate.py --run run.trec --qrels qrels.txt --k 10     # score a TREC run, as trec_eval does
     torchrun --nproc_per_node 8 evaluate.py --data msmarco          # each process encodes and searches 1/8
 
@@ -47,6 +48,9 @@ def parse_args(argv=None):
                    help="default: sts for STS-B and SICK (by name or folder), else retrieval")
     p.add_argument("--exclude-self", action="store_true", help="drop hits whose document id equals the query id")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="precision the models encode in: bfloat16 on a GPU or a CPU with native bfloat16 "
+                        "(avx512_bf16, amx_bf16), float16 on a GPU")
     p.add_argument("--device", default=None)
     p.add_argument("--output", type=Path, default=None, help="JSON results (default: runs/eval/<data>-<split>.json)")
     p.add_argument("--run-file", type=Path, default=None,
@@ -99,7 +103,7 @@ def main(argv=None):
         pairs = sts_pairs(args.data, args.split)
         print(f"{args.data} ({args.split}): {len(pairs):,} pairs; Spearman and Pearson of cosine similarity")
         for name in args.model:
-            results[name] = sts_correlations(minisbert.load(name, device=args.device), pairs)
+            results[name] = sts_correlations(minisbert.load(name, device=args.device), pairs, args.dtype)
     else:
         if args.data.lower().endswith(".csv"):  # question,answer rows, converted once into the cache
             folder = datasets.qa_csv_folder(args.data, CACHE_DIR / "qa-csv")
@@ -117,7 +121,7 @@ def main(argv=None):
             model = name if name in LEXICAL else minisbert.load(name, device=args.device)
             run = rank(model, retrieval, max(args.k), score=args.score, batch_size=args.batch_size,
                        cache_dir=None if args.no_cache else CACHE_DIR / "embeddings",
-                       exclude_self=args.exclude_self, sharded=distributed.world_size() > 1)
+                       exclude_self=args.exclude_self, sharded=distributed.world_size() > 1, dtype=args.dtype)
             if not main_process:  # rank 0 holds the merged ranking
                 continue
             results[name] = metrics.evaluate_run(run, retrieval.qrels, args.k, definitions=args.definitions)

@@ -29,6 +29,7 @@ from minisbert.evaluation import evaluate_dev
 from minisbert.fileio import check_writable_folder, write_json
 from minisbert.fit import Interrupted, TrainingFailed, TrainingSettings, fit
 from minisbert.losses import SoftmaxClassifier, select_loss
+from minisbert.model import check_dtype
 from minisbert.pooling import Dense
 
 
@@ -72,7 +73,9 @@ def parse_args(argv=None):
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
-    p.add_argument("--amp", choices=["bf16", "fp16"], default=None, help="mixed precision (CUDA only)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="compute precision: bfloat16 (on a GPU, or a CPU with native bfloat16) and float16 (GPU) "
+                        "run under autocast, the weights and optimizer state staying float32")
     p.add_argument("--plain-encoder", action="store_true",
                    help="run the plain encoder (minisbert/encoder.py, the reference) instead of the fast one: "
                         "slower, the same numbers to 1e-6")
@@ -88,8 +91,6 @@ def parse_args(argv=None):
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None and not (math.isfinite(value) and valid(value)):
             p.error(f"{flag} must be {requirement}, got {value}")
-    if args.amp and not (args.device or "").startswith("cuda") and not torch.cuda.is_available():
-        p.error("--amp needs a CUDA device")
     return args
 
 
@@ -111,6 +112,7 @@ def main(argv=None):
     # The model: a pretrained encoder with its pooling, plus what this run adds (dense layer, pooling).
     model = minisbert.load(args.model, device=args.device, fast=not args.plain_encoder)
     model.tokenizer.max_seq_length = min(args.max_seq_length, model.encoder.config.max_tokens)
+    check_dtype(args.dtype, model.device)  # a precision this device cannot use is refused before the data is read
     if args.pooling:
         model.pooling = args.pooling
     if args.dim:
@@ -134,7 +136,7 @@ def main(argv=None):
     settings = TrainingSettings(
         epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
         weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, margin=args.margin, seed=args.seed,
-        amp=args.amp, eval_steps=args.eval_steps, checkpoint_steps=args.checkpoint_steps)
+        dtype=args.dtype, eval_steps=args.eval_steps, checkpoint_steps=args.checkpoint_steps)
     try:
         result = fit(model, examples, spec, output, settings, classifier=classifier, resume=args.resume,
                      identity={"model": str(args.model), "dim": args.dim, "data": args.data},

@@ -2,15 +2,26 @@
 
     python bench/encode.py --peer-python /path/to/peer-env/bin/python     # all 5,183 documents
     MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/encode.py --limit 320 --rounds 3
-    python bench/encode.py --limit 320 --plain      # minisbert's fast and plain paths, no peer
+    python bench/encode.py --limit 320 --plain --gemm-variants     # minisbert's paths and kernels, no peer
 
 Documents are title + " " + text, truncated at max_seq_length 256, as in the retrieval evaluation;
-CPU, float32, batch 32. sentence-transformers (never a dependency of minisbert) runs in a child
-process of the peer environment's Python (bench/peer.py), which loads the model once and encodes
-the same texts each time it is asked. Rounds alternate between the contenders, so load from
-elsewhere hits all of them; each contender encodes 64 texts untimed first (first allocations,
-kernel selection). Printed: the CPU and its flags, each round's rate, the ratio of the mean rates,
-and the largest difference between the embeddings.
+batch 32. The contenders:
+- minisbert float32 (its fast path, products on the kernel it measures as quickest); with
+  --gemm-variants also with each kernel forced (MINISBERT_GEMM); with --plain its plain path;
+  minisbert bfloat16 where it runs (a GPU, or a CPU with native bfloat16);
+- sentence-transformers, as a new user would try it: torch float32, torch bfloat16 (`model.bfloat16()`),
+  ONNX float32 (`backend="onnx"`) and ONNX int8 (`export_dynamic_quantized_onnx_model` with the
+  configuration for this CPU: avx512_vnni, avx512 or avx2), the ONNX ones where the peer environment
+  has sentence-transformers[onnx]. The ONNX models are exported from the local weights once, into
+  --onnx-dir.
+
+sentence-transformers (never a dependency of minisbert) runs in a child process of the peer
+environment's Python (bench/peer.py), which loads each of its variants once and encodes the same
+texts each time it is asked. Rounds go through all contenders in turn, so load from elsewhere hits
+all of them; each encodes 64 texts untimed first (first allocations, kernel selection). Printed: the
+CPU and its flags, each round's rate, and per contender the mean rate, its ratio to
+sentence-transformers torch float32 (the ratio of means, and the range from the worst pairing of
+rounds to the best), and the lowest cosine between a document's embedding and its float32 one.
 """
 
 import argparse
@@ -28,9 +39,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minisbert  # noqa: E402
 from bench.peer import add_peer_python_option, check_peer_python, cpu_summary  # noqa: E402
+from minisbert import cpu  # noqa: E402
+from minisbert.fast import linear as fast_linear  # noqa: E402
+from minisbert.fileio import make_staging_dir, replace_dir  # noqa: E402
 from minisbert.hub import resolve  # noqa: E402
+from minisbert.model import check_dtype  # noqa: E402
 
 WARM_UP_TEXTS = 64
+PEER_VARIANTS = ("torch float32", "torch bfloat16", "ONNX float32", "ONNX int8")
+REFERENCE = "ST torch float32"  # what ratios and cosines are taken against, when the peer runs
 
 
 def scifact_documents(folder: Path, limit: int) -> list:
@@ -49,24 +66,69 @@ def rate(encode, texts):
     return len(texts) / (time.perf_counter() - start), embeddings
 
 
-def serve_peer(args):
-    """The peer's side, run by the peer environment's Python: load sentence-transformers once, then
-    for each line on stdin (a .npy path) encode the texts, save the embeddings there and answer
-    with the rate on a line of its own ("peer: {...}"; libraries may print other lines)."""
+def onnx_quantization_config() -> str:
+    """sentence-transformers' int8 configuration for this CPU's widest integer dot products."""
+    flags = cpu.flags()
+    if "avx512_vnni" in flags:
+        return "avx512_vnni"
+    return "avx512" if "avx512bw" in flags else "avx2"
+
+
+def onnx_exports(args) -> tuple:
+    """(folder, int8 file name): model.onnx and the int8 model for this CPU, exported from the local
+    weights on first use (into a staging folder moved in place once complete) and kept in --onnx-dir."""
+    from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+
+    config = onnx_quantization_config()
+    pattern = f"model_*int8_{config}.onnx"  # model_qint8_<config>.onnx or model_quint8_<config>.onnx
+    if not any((args.onnx_dir / "onnx").glob(pattern)):
+        staging = make_staging_dir(args.onnx_dir)
+        # Loading with backend="onnx" from a folder without model.onnx exports one.
+        SentenceTransformer(str(args.model), backend="onnx", device=args.device).save(str(staging))
+        float32 = SentenceTransformer(str(staging), backend="onnx", device=args.device,
+                                      model_kwargs={"file_name": "onnx/model.onnx"})
+        export_dynamic_quantized_onnx_model(float32, config, str(staging))
+        replace_dir(staging, args.onnx_dir)
+    return args.onnx_dir, next((args.onnx_dir / "onnx").glob(pattern)).name
+
+
+def load_peer_variant(variant: str, args):
+    """One sentence-transformers variant, loaded as a new user would load it; None if this
+    environment lacks what it needs (the ONNX ones need sentence-transformers[onnx])."""
     from sentence_transformers import SentenceTransformer
 
+    if variant.startswith("torch"):
+        model = SentenceTransformer(str(args.model), device=args.device)
+        return model.bfloat16() if variant == "torch bfloat16" else model
+    try:
+        import onnxruntime  # noqa: F401
+        import optimum.onnxruntime  # noqa: F401
+    except ImportError as error:
+        print(f"no sentence-transformers {variant} in this environment: {error}", file=sys.stderr)
+        return None
+    folder, int8_file = onnx_exports(args)
+    file_name = "model.onnx" if variant == "ONNX float32" else int8_file
+    return SentenceTransformer(str(folder), backend="onnx", device=args.device,
+                               model_kwargs={"file_name": f"onnx/{file_name}"})
+
+
+def serve_peer(args):
+    """The peer's side, run by the peer environment's Python: load each variant once, then for each
+    line on stdin ("variant<TAB>.npy path") encode the texts with that variant, save the embeddings
+    there and answer with the rate on a line of its own ("peer: {...}"; libraries print other lines)."""
     texts = scifact_documents(args.data, args.limit)
-    peer = SentenceTransformer(str(args.model), device=args.device)
-    peer.max_seq_length = args.max_seq_length
-
-    def encode(t):
-        return peer.encode(t, batch_size=args.batch_size)
-
-    encode(texts[:WARM_UP_TEXTS])
-    print("peer: " + json.dumps({"ready": True, "torch_threads": torch.get_num_threads()}), flush=True)
+    models = {}
+    for variant in args.peer_variants:
+        model = load_peer_variant(variant, args)
+        if model is not None:
+            model.max_seq_length = args.max_seq_length
+            model.encode(texts[:WARM_UP_TEXTS], batch_size=args.batch_size)
+            models[variant] = model
+    print("peer: " + json.dumps({"variants": list(models), "torch_threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
-        value, embeddings = rate(encode, texts)
-        np.save(line.strip(), embeddings)
+        variant, path = line.rstrip("\n").split("\t")
+        value, embeddings = rate(lambda t: models[variant].encode(t, batch_size=args.batch_size), texts)
+        np.save(path, embeddings.astype(np.float32))
         print("peer: " + json.dumps({"rate": value}), flush=True)
 
 
@@ -76,7 +138,8 @@ class Peer:
     def __init__(self, args, model_dir: Path):
         arguments = ["--serve-peer", "--model", str(model_dir), "--data", str(args.data), "--limit", str(args.limit),
                      "--batch-size", str(args.batch_size), "--max-seq-length", str(args.max_seq_length),
-                     "--device", args.device]
+                     "--device", args.device, "--onnx-dir", str(args.onnx_dir),
+                     "--peer-variants", *args.peer_variants]
         self.folder = Path(tempfile.mkdtemp(prefix="minisbert-bench-"))
         self.process = subprocess.Popen([str(args.peer_python), __file__, *arguments], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True)
@@ -89,18 +152,46 @@ class Peer:
         raise SystemExit(f"the sentence-transformers process ended (exit status {self.process.wait()}); "
                          "its error is printed above")
 
-    def encode_and_time(self, texts):
-        path = self.folder / "embeddings.npy"
-        self.process.stdin.write(f"{path}\n")
-        self.process.stdin.flush()
-        value = self.answer()["rate"]
-        return value, np.load(path)
+    def encoder(self, variant: str):
+        """encode_and_time(texts) for one of the variants the peer loaded."""
+        def encode_and_time(texts):
+            path = self.folder / "embeddings.npy"
+            self.process.stdin.write(f"{variant}\t{path}\n")
+            self.process.stdin.flush()
+            value = self.answer()["rate"]
+            return value, np.load(path)
+
+        return encode_and_time
 
     def close(self):
         self.process.stdin.close()
         self.process.wait()
         (self.folder / "embeddings.npy").unlink(missing_ok=True)
         self.folder.rmdir()
+
+
+def minisbert_contenders(model, args) -> dict:
+    """name -> encode_and_time(texts) for each way of running minisbert this run compares."""
+    def contender(dtype="float32", fast=True, gemm="auto"):
+        def encode(texts):
+            os.environ[fast_linear.BACKEND_VARIABLE] = gemm
+            return model.encode(texts, batch_size=args.batch_size, show_progress_bar=False, dtype=dtype, fast=fast)
+
+        return lambda texts: rate(encode, texts)
+
+    contenders = {"minisbert float32": contender()}
+    if args.gemm_variants:
+        for backend in fast_linear.BACKENDS:
+            if fast_linear.runs(backend, torch.float32):
+                contenders[f"minisbert float32, {backend} kernel"] = contender(gemm=backend)
+    if args.plain:
+        contenders["minisbert float32 plain path"] = contender(fast=False)
+    try:
+        check_dtype("bfloat16", model.device)
+        contenders["minisbert bfloat16"] = contender("bfloat16")
+    except ValueError as refusal:
+        print(f"no minisbert bfloat16 here: {refusal}")
+    return contenders
 
 
 def main():
@@ -118,6 +209,14 @@ def main():
     parser.add_argument("--plain", action="store_true",
                         help="also time minisbert's plain path (encode(..., fast=False)), the reference the "
                              "fast path is tested against")
+    parser.add_argument("--gemm-variants", action="store_true",
+                        help="also time minisbert float32 with each matrix-product kernel forced")
+    parser.add_argument("--peer-variants", nargs="*", default=list(PEER_VARIANTS), choices=PEER_VARIANTS,
+                        metavar="VARIANT",
+                        help=f"sentence-transformers variants to run (default: all of {PEER_VARIANTS})")
+    parser.add_argument("--onnx-dir", type=Path, default=None,
+                        help="where the ONNX exports are made and kept "
+                             "(default: .cache/onnx/<model> in the repository)")
     add_peer_python_option(parser)
     parser.add_argument("--serve-peer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -133,27 +232,26 @@ def main():
 
     texts = scifact_documents(args.data, args.limit)
     model_dir = resolve(args.model)
+    args.onnx_dir = args.onnx_dir or Path(__file__).resolve().parent.parent / ".cache" / "onnx" / model_dir.name
     print(f"{len(texts):,} SciFact documents, batch {args.batch_size}, max_seq_length {args.max_seq_length}, "
-          f"fp32, device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"CPU: {cpu_summary()}")
 
     ours = minisbert.load(model_dir, device=args.device)
     ours.tokenizer.max_seq_length = args.max_seq_length
-    contenders = {"minisbert": lambda t: rate(lambda u: ours.encode(u, batch_size=args.batch_size,
-                                                                    show_progress=False), t)}
-    if args.plain:
-        contenders["minisbert plain"] = lambda t: rate(lambda u: ours.encode(u, batch_size=args.batch_size,
-                                                                            show_progress=False, fast=False), t)
+    contenders = minisbert_contenders(ours, args)
     for encode_and_time in contenders.values():
         encode_and_time(texts[:WARM_UP_TEXTS])
     peer = None
     if args.peer_python is None:
         print("no peer environment (--peer-python or $MINISBERT_PEER_PYTHON): no side-by-side figure")
-    else:
+    elif args.peer_variants:
         peer = Peer(args, model_dir)
-        contenders["sentence-transformers"] = peer.encode_and_time
-        print(f"sentence-transformers in {args.peer_python}, {peer.started['torch_threads']} threads")
+        for variant in peer.started["variants"]:
+            contenders[f"ST {variant}"] = peer.encoder(variant)
+        print(f"sentence-transformers in {args.peer_python}, {peer.started['torch_threads']} threads, "
+              f"variants {peer.started['variants']}")
 
     rates, embeddings = {name: [] for name in contenders}, {}
     try:
@@ -161,20 +259,25 @@ def main():
             for name, encode_and_time in contenders.items():
                 value, embeddings[name] = encode_and_time(texts)
                 rates[name].append(value)
-                print(f"round {round_number}  {name:22s} {value:8.1f} sentences/s  (load {os.getloadavg()[0]:.2f})",
+                print(f"round {round_number}  {name:36s} {value:8.1f} sentences/s  (load {os.getloadavg()[0]:.2f})",
                       flush=True)
     finally:
         if peer is not None:
             peer.close()
-    means = {name: sum(values) / len(values) for name, values in rates.items()}
-    for name in means:
-        if name == "minisbert":
-            continue
-        print(f"ratio minisbert / {name}: {means['minisbert'] / means[name]:.2f}x (means of {args.rounds} runs "
-              f"each; min/max {min(rates['minisbert']) / max(rates[name]):.2f}-"
-              f"{max(rates['minisbert']) / min(rates[name]):.2f}x)")
-        difference = np.abs(embeddings["minisbert"] - embeddings[name]).max()
-        print(f"max |embedding difference| minisbert vs {name}: {difference:.2e}")
+    report(rates, embeddings, REFERENCE if REFERENCE in rates else "minisbert float32")
+
+
+def report(rates: dict, embeddings: dict, reference: str):
+    """Per contender: mean rate, ratio to `reference` (means; worst and best pairing of rounds), and
+    the lowest cosine of a document's embedding to the reference's."""
+    mean = {name: sum(values) / len(values) for name, values in rates.items()}
+    unit = {name: e / np.linalg.norm(e, axis=1, keepdims=True).clip(1e-12) for name, e in embeddings.items()}
+    print(f"\n{'contender':36s} {'texts/s':>8s}  {'vs ' + reference:>28s}  {'min cosine to it':>16s}")
+    for name in rates:
+        ratio = (f"{mean[name] / mean[reference]:.2f}x ({min(rates[name]) / max(rates[reference]):.2f}-"
+                 f"{max(rates[name]) / min(rates[reference]):.2f})")
+        cosine = float((unit[name] * unit[reference]).sum(axis=1).min())
+        print(f"{name:36s} {mean[name]:8.1f}  {ratio:>28s}  {cosine:16.5f}")
 
 
 if __name__ == "__main__":

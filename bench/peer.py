@@ -15,9 +15,12 @@ import os
 import subprocess
 from pathlib import Path
 
+from minisbert import cpu
+
 PEER_PYTHON_VARIABLE = "MINISBERT_PEER_PYTHON"
 # Flags that change which float32 / bfloat16 / int8 kernels a CPU can run.
-CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+CPU_FLAGS = ("avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile",
+             "amx_bf16", "amx_int8")
 
 
 def add_peer_python_option(parser) -> None:
@@ -43,16 +46,12 @@ def run_peer(python, script, arguments: list) -> dict:
 
 def cpu_summary() -> str:
     """e.g. 'AMD EPYC, 2 cores; avx avx2 fma; no avx512f avx512_vnni avx512_bf16 amx_tile ...'."""
-    model, flags = "unknown CPU", set()
+    model = "unknown CPU"
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name") and model == "unknown CPU":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
     except OSError:
         return f"{os.cpu_count()} cores; CPU flags unknown (no /proc/cpuinfo)"
-    present = " ".join(f for f in CPU_FLAGS if f in flags)
-    absent = " ".join(f for f in CPU_FLAGS if f not in flags)
+    present = " ".join(f for f in CPU_FLAGS if f in cpu.flags())
+    absent = " ".join(f for f in CPU_FLAGS if f not in cpu.flags())
     return f"{model}, {os.cpu_count()} cores; flags {present or '-'}; no {absent or '-'}"

@@ -195,11 +195,11 @@ def _communication_device() -> torch.device:
 # Encoding and search
 
 
-def encode_shard(model, texts: list, batch_size: int = 32) -> tuple[int, np.ndarray]:
-    """Encode this rank's contiguous shard of `texts`; returns (start, (stop - start, D) embeddings),
-    start being the corpus row of the shard's first text."""
+def encode_shard(model, texts: list, batch_size: int = 32, dtype: str = "float32") -> tuple[int, np.ndarray]:
+    """Encode this rank's contiguous shard of `texts` (in precision `dtype`); returns (start,
+    (stop - start, D) embeddings), start being the corpus row of the shard's first text."""
     start, stop = shard_range(len(texts))
-    return start, model.encode(texts[start:stop], batch_size=batch_size)
+    return start, model.encode(texts[start:stop], batch_size=batch_size, dtype=dtype)
 
 
 def merge_shard_top_k(shard_results: list, k: int, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,12 +242,13 @@ def gather_top_k(scores: torch.Tensor, indices: torch.Tensor, k: int, largest: b
 
 
 def sharded_search(model, corpus_texts: list, query_texts: list, k: int, score: str = "cosine",
-                   batch_size: int = 32, query_ids: list | None = None, corpus_ids: list | None = None):
+                   batch_size: int = 32, query_ids: list | None = None, corpus_ids: list | None = None,
+                   dtype: str = "float32"):
     """Exact top-k over a corpus split across the ranks: encode this rank's shard, search it with
     minisbert.retrieval.search, merge on rank 0. Every rank encodes the queries (they are few).
     Returns search's (scores, indices) on rank 0, (None, None) on the others."""
-    start, shard = encode_shard(model, corpus_texts, batch_size)
-    queries = model.encode(query_texts, batch_size=batch_size)
+    start, shard = encode_shard(model, corpus_texts, batch_size, dtype)
+    queries = model.encode(query_texts, batch_size=batch_size, dtype=dtype)
     stop = start + shard.shape[0]
     if shard.shape[0] == 0:  # more ranks than documents: this rank contributes nothing
         scores, indices = torch.zeros((len(query_texts), 0)), torch.zeros((len(query_texts), 0), dtype=torch.long)

@@ -6,8 +6,8 @@ metrics (metrics.py) against the split's qrels. STS follows SBERT section 4.1 an
 (and Pearson) correlation between the cosine similarity of each pair's embeddings and the gold score.
 
 Corpus embeddings are cached on disk under a key made of the model's tokenizer, weights, pooling and
-length settings and the corpus texts, so a second evaluation of the same model on the same data does not
-encode the corpus again. An entry is checked before use (one finite float32 row per text, of the
+length settings, the compute precision (`dtype`, see SentenceModel.encode) and the corpus texts, so a
+second evaluation of the same model on the same data does not encode the corpus again. An entry is checked before use (one finite float32 row per text, of the
 model's dimension) and encoded again, with a warning, when it does not fit. Checked in
 tests/test_evaluate.py (and against published numbers in tests/test_published.py).
 """
@@ -49,18 +49,18 @@ def texts_fingerprint(texts) -> str:
     return digest.hexdigest()[:16]
 
 
-def encode_cached(model, texts, batch_size: int = 32, cache_dir: Path = None) -> np.ndarray:
+def encode_cached(model, texts, batch_size: int = 32, cache_dir: Path = None, dtype: str = "float32") -> np.ndarray:
     """model.encode(texts), read from / written to the cache when cache_dir is not None."""
     if cache_dir is None:
-        return model.encode(texts, batch_size=batch_size)
+        return model.encode(texts, batch_size=batch_size, dtype=dtype)
     texts = list(texts)
-    path = Path(cache_dir) / f"{model_fingerprint(model)}-{texts_fingerprint(texts)}.npy"
+    path = Path(cache_dir) / f"{model_fingerprint(model)}-{dtype}-{texts_fingerprint(texts)}.npy"
     if path.is_file():
         cached, problem = read_cache_entry(path, len(texts), model.dimension)
         if problem is None:
             return cached
         warnings.warn(f"cached embeddings {path} {problem}; encoding the texts again")
-    embeddings = model.encode(texts, batch_size=batch_size)
+    embeddings = model.encode(texts, batch_size=batch_size, dtype=dtype)
 
     def save(tmp: Path):
         with open(tmp, "wb") as file:  # a file, not a name: np.save would append ".npy" to the name
@@ -88,14 +88,14 @@ def read_cache_entry(path: Path, rows: int, dimension: int):
 
 
 def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine", batch_size: int = 32,
-         cache_dir: Path = None, exclude_self: bool = False, sharded: bool = False) -> dict:
+         cache_dir: Path = None, exclude_self: bool = False, sharded: bool = False, dtype: str = "float32") -> dict:
     """The top-k documents of every query: {query id: {document id: score}}, best first.
 
     `model` is a SentenceModel or the name of a lexical baseline ("bm25", "jaccard"). Scores are
     larger-is-better: euclidean distances are negated. exclude_self drops a document whose id
     equals the query id (BEIR's convention). sharded=True (every rank of a torchrun job calls
     it): each process encodes and searches its shard of the corpus (distributed.sharded_search,
-    no cache); rank 0 returns the ranking, the other ranks None.
+    no cache); rank 0 returns the ranking, the other ranks None. dtype: the precision the model encodes in.
     """
     doc_ids = list(retrieval.corpus)
     query_ids = list(retrieval.queries)
@@ -111,12 +111,12 @@ def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine"
     elif sharded:
         scores, indices = distributed.sharded_search(model, doc_texts, query_texts, k, score, batch_size,
                                                      query_ids=query_ids if exclude_self else None,
-                                                     corpus_ids=doc_ids if exclude_self else None)
+                                                     corpus_ids=doc_ids if exclude_self else None, dtype=dtype)
         if scores is None:
             return None
     else:
-        corpus = encode_cached(model, doc_texts, batch_size, cache_dir)
-        queries = model.encode(query_texts, batch_size=batch_size)
+        corpus = encode_cached(model, doc_texts, batch_size, cache_dir, dtype)
+        queries = model.encode(query_texts, batch_size=batch_size, dtype=dtype)
         scores, indices = search(queries, corpus, k, score=score,
                                  query_ids=query_ids if exclude_self else None,
                                  corpus_ids=doc_ids if exclude_self else None)
@@ -126,12 +126,12 @@ def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine"
     return {query_id: dict(list(hits.items())[:k]) for query_id, hits in run.items()}
 
 
-def sts_correlations(model, pairs: list) -> dict:
+def sts_correlations(model, pairs: list, dtype: str = "float32") -> dict:
     """Spearman and Pearson correlation of cosine similarity with the gold scores."""
     if not pairs:
         raise ValueError("no sentence pairs to evaluate")
-    first = model.encode([p.sentence1 for p in pairs])
-    second = model.encode([p.sentence2 for p in pairs])
+    first = model.encode([p.sentence1 for p in pairs], dtype=dtype)
+    second = model.encode([p.sentence2 for p in pairs], dtype=dtype)
     cosine = torch.nn.functional.cosine_similarity(torch.from_numpy(first), torch.from_numpy(second)).numpy()
     gold = np.array([p.score for p in pairs], dtype=np.float64)
     return {"spearman": metrics.spearman(cosine, gold), "pearson": metrics.pearson(cosine, gold)}

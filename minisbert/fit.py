@@ -35,6 +35,7 @@ import torch
 
 from . import distributed, training
 from .losses import LossSpec, multiple_negatives_ranking_loss
+from .model import check_dtype
 from .optim import AdamW, LinearWarmupDecay, clip_grad_norm_, weight_decay_groups
 from .progress import Progress
 
@@ -50,7 +51,7 @@ class TrainingSettings:
     max_grad_norm: float = 1.0
     margin: float = 1.0  # triplet losses only: SBERT used 1
     seed: int = 42  # the order of the examples in each epoch
-    amp: str | None = None  # "bf16" or "fp16": mixed precision, CUDA only
+    dtype: str = "float32"  # compute precision; "bfloat16", "float16" run under autocast (model.check_dtype)
     eval_steps: int | None = None  # dev score every N steps; None: about 4 times a run; 0: at the end only
     checkpoint_steps: int = 100
 
@@ -99,7 +100,8 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
         parameters += [(f"classifier.{n}", p) for n, p in classifier.named_parameters()]
     optimizer = AdamW(weight_decay_groups(parameters, settings.weight_decay), lr=settings.lr)
     scheduler = LinearWarmupDecay(optimizer, int(settings.warmup * total_steps), total_steps)
-    scaler = training.LossScaler(enabled=settings.amp == "fp16")
+    autocast_dtype = check_dtype(settings.dtype, model.device)  # None: float32; the weights stay float32 anyway
+    scaler = training.LossScaler(enabled=settings.dtype == "float16")
     # What the checkpoint's weights and data position mean depends on all of these.
     identity = {**identity, "encoder": model.encoder.config.to_hf(), "pooling": model.pooling, "loss": spec.name,
                 "examples": len(examples), "seed": settings.seed, "batch_size": settings.batch_size,
@@ -167,8 +169,8 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
             while next_batch < len(batches) and step < total_steps:
                 batch = [examples[i] for i in batches[next_batch]]  # the global batch
                 local_batch = batch[slice(*distributed.shard_range(len(batch)))]  # this rank's slice
-                with torch.autocast(model.device.type, enabled=settings.amp is not None,
-                                    dtype=torch.bfloat16 if settings.amp == "bf16" else torch.float16):
+                with torch.autocast(model.device.type, dtype=autocast_dtype or torch.float32,
+                                    enabled=autocast_dtype is not None):
                     embeddings = training.embed_examples(model, local_batch)
                     if spec.function is multiple_negatives_ranking_loss:  # every anchor sees every positive
                         embeddings = [distributed.gather_with_grad(e, len(batch)) for e in embeddings]
@@ -182,7 +184,7 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
                     raise TrainingFailed(
                         f"loss became {loss.item()} at step {step + 1}; stopping. The last good checkpoint is "
                         f"{checkpoint_path} (step {read_step(checkpoint_path)}); try a lower learning rate, "
-                        "or bf16 instead of fp16 mixed precision")
+                        "or bfloat16 instead of float16")
                 scaler.scaled(share).backward()
                 distributed.sum_gradients([p for _, p in parameters])
                 grad_norm, lr = torch.tensor(float("inf")), scheduler.current_lrs()[0]  # lr: this step's

@@ -3,14 +3,17 @@
 Reimers and Gurevych (2019), "Sentence-BERT: Sentence Embeddings using Siamese BERT-Networks",
 figure 1: the same network embeds each sentence on its own; sentences are then compared by cosine
 similarity. `SentenceModel.forward` is that network on a tokenized batch (what training
-differentiates), `encode()` the way to run it over many texts, and `save`/`from_dir` move it to and
-from a sentence-transformers directory (st_directory.py).
+differentiates), `encode()` the way to run it over many texts and `similarity()` the way to compare
+the results (both with sentence-transformers' names and defaults, so that its snippets run with the
+import changed), and `save`/`from_dir` move it to and from a sentence-transformers directory
+(st_directory.py).
 
 Two ways to compute the same thing: the plain encoder (encoder.py, written as the papers describe
 it) and the fast one (fast/encoder.py: padding skipped, fused kernels; for `encode` also batches cut
-to CPU cache size and memory reused, fast/encode.py). `fast=True`, the default, runs the fast one;
-`fast=False` the plain one. Checked against sentence-transformers in tests/test_model.py, the two
-ways against each other in tests/test_encoder_fast.py.
+to CPU cache size and memory reused, fast/encode.py; products on the quickest kernel measured on
+this machine, fast/linear.py). `fast=True`, the default, runs the fast one; `fast=False` the plain
+one. Checked against sentence-transformers in tests/test_model.py, the two ways against each other
+in tests/test_encoder_fast.py, the precisions in tests/test_bfloat16.py.
 """
 
 import contextlib
@@ -20,18 +23,39 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import cpu
 from .encoder import Encoder
 from .fast import encode as fast_encode
 from .fast import encoder as fast_encoder
+from .fast import linear as fast_linear
 from .fileio import write_dir
 from .pooling import POOLING_MODES, Dense, normalize, pool
 from .progress import Progress
+from .similarity import SIMILARITY_FUNCTIONS, similarity
 from .st_directory import read_layout, write_layout
 from .tokenizer import Tokenizer
 from .weights import load_encoder
 
 PROGRESS_MIN_TEXTS = 1000  # show a progress line for inputs at least this long
 AUTOCAST_DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+def check_dtype(dtype: str, device) -> torch.dtype:
+    """The autocast dtype for computing in `dtype` on `device` (None: plain float32), or a ValueError
+    saying why not. float32 runs anywhere; float16 on GPUs; bfloat16 on GPUs and on CPUs that
+    multiply it natively (cpu.py): elsewhere torch would emulate it, more slowly than float32.
+    LayerNorm, softmax, pooling and normalisation stay in float32 under autocast (see forward)."""
+    if dtype not in AUTOCAST_DTYPES:
+        raise ValueError(f"dtype must be one of {list(AUTOCAST_DTYPES)}, got {dtype!r}")
+    if torch.device(device).type == "cpu":
+        if dtype == "float16":
+            raise ValueError("dtype float16 is for GPUs; on a CPU compute in float32 (or bfloat16 where the CPU "
+                             "has it natively)")
+        if dtype == "bfloat16" and not cpu.native_bfloat16():
+            raise ValueError("dtype bfloat16 needs a CPU that multiplies bfloat16 natively (flag avx512_bf16 or "
+                             "amx_bf16 in /proc/cpuinfo); this one has neither, so torch would emulate it, more "
+                             "slowly than float32: use float32 here, or a GPU")
+    return AUTOCAST_DTYPES[dtype]
+
 
 
 def default_device() -> torch.device:
@@ -45,10 +69,13 @@ def default_device() -> torch.device:
 class SentenceModel(nn.Module):
     def __init__(self, encoder: Encoder, tokenizer: Tokenizer, pooling: str = "mean",
                  dense: Dense = None, normalize_embeddings: bool = False, tokenizer_dir=None,
-                 fast: bool = True):
+                 fast: bool = True, similarity_fn_name: str = "cosine"):
         super().__init__()
         if pooling not in POOLING_MODES:
             raise ValueError(f"unknown pooling mode {pooling!r}; choose one of {POOLING_MODES}")
+        if similarity_fn_name not in SIMILARITY_FUNCTIONS:
+            raise ValueError(f"unknown similarity function {similarity_fn_name!r}; "
+                             f"choose one of {SIMILARITY_FUNCTIONS}")
         self.encoder = encoder
         self.tokenizer = tokenizer
         self.pooling = pooling
@@ -57,6 +84,7 @@ class SentenceModel(nn.Module):
         # Where the tokenizer's side files (vocab, special tokens) came from, to copy them on save.
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
         self.fast = fast  # run the fast encoder (True) or the plain one, unless a call says otherwise
+        self.similarity_fn_name = similarity_fn_name  # how `similarity` compares embeddings
 
     @property
     def device(self) -> torch.device:
@@ -66,17 +94,17 @@ class SentenceModel(nn.Module):
     def dimension(self) -> int:
         return self.dense.linear.out_features if self.dense is not None else self.encoder.config.hidden_size
 
-    def forward(self, batch: dict, normalize_embeddings: bool = None, fast: bool = None):
+    def forward(self, batch: dict, fast: bool = None):
         """A tokenized batch -> sentence embeddings (B, D), differentiable (used in training)."""
         ids, mask, types = batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids")
         if self.fast if fast is None else fast:
             tokens = fast_encoder.forward(self.encoder, ids, mask, types)  # (B, T, H)
         else:
             tokens = self.encoder(ids, mask, types)  # (B, T, H)
-        embeddings = pool(tokens, mask, self.pooling)  # (B, H)
+        embeddings = pool(tokens, mask, self.pooling)  # (B, H); float32 under autocast too
         if self.dense is not None:
-            embeddings = self.dense(embeddings)  # (B, D)
-        if self.normalize_embeddings if normalize_embeddings is None else normalize_embeddings:
+            embeddings = self.dense(embeddings).float()  # (B, D); an autocast product is back in float32
+        if self.normalize_embeddings:
             embeddings = normalize(embeddings)
         return embeddings
 
@@ -84,52 +112,68 @@ class SentenceModel(nn.Module):
         return {name: t.to(self.device) for name, t in self.tokenizer(texts).items()}
 
     @torch.inference_mode()
-    def encode(self, texts, batch_size: int = 32, normalize: bool = None, output: str = "numpy",
-               dtype: str = "float32", show_progress: bool = None, fast: bool = None):
-        """Embed `texts` (any iterable of str) -> float32 array (n, D), rows in the order of `texts`.
+    def encode(self, sentences, batch_size: int = 32, show_progress_bar: bool = None,
+               convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+               normalize_embeddings: bool = False, dtype: str = "float32", fast: bool = None):
+        """Embed `sentences`, with the arguments and results of sentence-transformers' encode().
 
-        normalize: None follows the model directory (all-MiniLM-L6-v2 normalises); True/False force.
-        output: "numpy" or "torch". dtype: "float32"; "float16"/"bfloat16" only on a GPU.
+        sentences: one str -> one embedding (D,); any iterable of str -> (n, D), rows in its order.
+        Results are float32: a numpy array (convert_to_numpy, the default); one tensor on the
+        model's device (convert_to_tensor, which wins over convert_to_numpy); or, with both False,
+        a list of (D,) tensors.
+        normalize_embeddings: True scales each embedding to unit length. A model whose directory
+        ends in Normalize (all-MiniLM-L6-v2 does) normalises either way, as in sentence-transformers.
+        show_progress_bar: None shows a progress line from PROGRESS_MIN_TEXTS texts on.
+        dtype: the precision the encoder computes in (see check_dtype); embeddings are float32 anyway.
         fast: None follows the model's setting; False runs the plain encoder in plain batches.
         """
-        if output not in ("numpy", "torch"):
-            raise ValueError(f"output must be 'numpy' or 'torch', got {output!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if dtype not in AUTOCAST_DTYPES:
-            raise ValueError(f"dtype must be one of {list(AUTOCAST_DTYPES)}, got {dtype!r}")
-        if AUTOCAST_DTYPES[dtype] is not None and self.device.type == "cpu":
-            raise ValueError(f"dtype {dtype} is for GPUs; on the CPU encode in float32")
+        autocast_dtype = check_dtype(dtype, self.device)
         fast = self.fast if fast is None else fast
-        id_lists = self.tokenizer.token_ids(texts)
+        one_sentence = isinstance(sentences, str)
+        id_lists = self.tokenizer.token_ids([sentences] if one_sentence else sentences)
         n = len(id_lists)
-        embeddings = torch.empty((n, self.dimension), dtype=torch.float32)  # (n, D)
+        embeddings = torch.empty((n, self.dimension), dtype=torch.float32,
+                                 device=self.device if convert_to_tensor else "cpu")  # (n, D)
 
         # Sort by length, so that each batch pads little; then batch, forward, and put the rows back
         # in input order. The fast way cuts batches to the CPU's cache and reuses memory between them.
         longest_first = sorted(range(n), key=lambda i: -len(id_lists[i]))
         if fast:
             batches = fast_encode.batches(longest_first, id_lists, batch_size, self.device)
-            memory = fast_encoder.reusing_memory()
+            memory = fast_linear.reusing_memory()
         else:
             batches = (longest_first[start:start + batch_size] for start in range(0, n, batch_size))
             memory = contextlib.nullcontext()
-        autocast = torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[dtype] or torch.float32,
-                                  enabled=AUTOCAST_DTYPES[dtype] is not None)
+        autocast = torch.autocast(self.device.type, dtype=autocast_dtype or torch.float32,
+                                  enabled=autocast_dtype is not None)
         progress = Progress(n, "encoded", "texts",
-                            show=n >= PROGRESS_MIN_TEXTS if show_progress is None else show_progress)
+                            show=n >= PROGRESS_MIN_TEXTS if show_progress_bar is None else show_progress_bar)
         was_training = self.training
         self.eval()
         try:
             with memory, autocast:
                 for rows in batches:
                     batch = {k: t.to(self.device) for k, t in self.tokenizer.pad([id_lists[i] for i in rows]).items()}  # (B, T)
-                    embeddings[rows] = self(batch, normalize, fast).float().cpu()  # back to input order
+                    batch_embeddings = self(batch, fast=fast)  # (B, D), float32
+                    if normalize_embeddings:
+                        batch_embeddings = normalize(batch_embeddings)
+                    embeddings[rows] = batch_embeddings.to(embeddings.device)  # back to input order
                     progress.update(len(rows))
         finally:
             self.train(was_training)
             progress.close()
-        return embeddings.numpy() if output == "numpy" else embeddings
+        if one_sentence:
+            embeddings = embeddings[0]  # (D,)
+        if convert_to_tensor:
+            return embeddings
+        return embeddings.numpy() if convert_to_numpy else list(embeddings)
+
+    def similarity(self, a, b) -> torch.Tensor:
+        """(n, m) similarities of embeddings a (n, D) to b (m, D) by the model's similarity function
+        (`similarity_fn_name`: cosine unless the model directory names another; similarity.py)."""
+        return similarity(a, b, self.similarity_fn_name)
 
     def save(self, path) -> None:
         """Write the sentence-transformers layout to `path`, replacing it only once fully written."""
@@ -149,5 +193,5 @@ class SentenceModel(nn.Module):
                              f"table (vocab_size in config.json) has {encoder.config.vocab_size} rows; the tokenizer "
                              "belongs to another model: use the model's own")
         model = cls(encoder, tokenizer, layout.pooling, layout.dense, layout.normalize_embeddings,
-                    layout.transformer_dir, fast)
+                    layout.transformer_dir, fast, layout.similarity_fn_name)
         return model.to(device if device is not None else default_device()).eval()

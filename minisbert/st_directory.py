@@ -2,6 +2,7 @@
 here so that models move freely between the two libraries.
 
     modules.json               the pipeline: Transformer, Pooling, [Dense], [Normalize]
+    config_sentence_transformers.json   similarity_fn_name: how embeddings are compared (similarity.py)
     config.json, model.safetensors, tokenizer files, sentence_bert_config.json (max_seq_length)
     1_Pooling/config.json      pooling_mode_{mean_tokens, max_tokens, cls_token}
     2_Dense/config.json, 2_Dense/model.safetensors   optional projection
@@ -24,6 +25,7 @@ from safetensors.torch import save_file
 
 from .fileio import atomic_write, read_json, write_json
 from .pooling import POOLING_MODES, Dense
+from .similarity import SIMILARITY_FUNCTIONS
 from .weights import check_finite, open_safetensors, refuse_pickle, save_encoder
 
 ST_MODULE = "sentence_transformers.models."
@@ -45,6 +47,7 @@ class Layout:
     dense: Dense | None  # the optional projection
     normalize_embeddings: bool
     max_seq_length: int  # as the directory states it, before the encoder's position limit
+    similarity_fn_name: str  # one of SIMILARITY_FUNCTIONS
 
 
 def read_layout(model_dir) -> Layout:
@@ -52,7 +55,7 @@ def read_layout(model_dir) -> Layout:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
-    layout = Layout(model_dir, "mean", None, False, 0)
+    layout = Layout(model_dir, "mean", None, False, 0, read_similarity_fn_name(model_dir))
     if (model_dir / "modules.json").is_file():
         read_modules(model_dir, read_json(model_dir / "modules.json"), layout)
     max_len = read_json(layout.transformer_dir / "sentence_bert_config.json", {}).get("max_seq_length")
@@ -88,6 +91,19 @@ def read_modules(model_dir: Path, modules: list, layout: Layout) -> None:
         else:
             raise ValueError(f"{model_dir}/modules.json names module type {entry.get('type')!r}; "
                              "minisbert supports Transformer, Pooling, Dense and Normalize")
+
+
+def read_similarity_fn_name(model_dir: Path) -> str:
+    """config_sentence_transformers.json's `similarity_fn_name`; cosine where the file or the name
+    is missing (or null), as in sentence-transformers."""
+    path = model_dir / "config_sentence_transformers.json"
+    config = read_json(path, {})
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}; repair or remove the file")
+    name = config.get("similarity_fn_name") or "cosine"
+    if name not in SIMILARITY_FUNCTIONS:
+        raise ValueError(f"{path}: similarity_fn_name {name!r} is not one of {SIMILARITY_FUNCTIONS}")
+    return name
 
 
 def read_pooling(config_path: Path) -> str:
@@ -141,6 +157,7 @@ def write_layout(folder: Path, model) -> None:
         for name in TOKENIZER_FILES:
             if (model.tokenizer_dir / name).is_file():
                 shutil.copyfile(model.tokenizer_dir / name, folder / name)
+    write_json(folder / "config_sentence_transformers.json", {"similarity_fn_name": model.similarity_fn_name})
     write_json(folder / "sentence_bert_config.json",
                {"max_seq_length": model.tokenizer.max_seq_length, "do_lower_case": False})
     write_json(folder / "1_Pooling" / "config.json", {

@@ -1,13 +1,14 @@
 """The fast path computes what the plain path computes.
 
-minisbert/fast/encoder.py runs the plain `Encoder`'s own parameters through packed tokens, fused
-kernels and reused memory; minisbert/fast/encode.py cuts encode()'s batches to a token budget.
+minisbert/fast/encoder.py runs the plain `Encoder`'s own parameters through packed tokens and fused
+kernels; minisbert/fast/encode.py cuts encode()'s batches to a token budget. (Its products, fast/linear.py,
+have tests of their own in tests/test_fast_linear.py: each kernel, the measurement, reused memory.)
 "Correct" means: on every fixture model (BERT, DistilBERT, RoBERTa, and a sentence-transformers model
 with max pooling, a Dense layer and Normalize) and on random models of each family and activation,
 the two paths give embeddings within 1e-6 of each other (max abs), in training mode too (dropout
 off), and last hidden states and every parameter's gradient within 1e-6 of the tensor's scale (its
 largest value, at least 1: hidden states reach 5 and gradients 25 on these models, where float32's
-own rounding step is above 1e-6); with dropout on, the fast path applies it; reused memory changes no bit and keeps autograd; and whatever the batch
+own rounding step is above 1e-6); with dropout on, the fast path applies it; and whatever the batch
 size or token budget, encode() returns the same rows in the same order.
 """
 
@@ -123,31 +124,6 @@ def test_fast_path_applies_each_dropout_in_training_mode_only():
         assert (model(batch, fast=True) - evaluated).abs().max() <= 1e-6
 
 
-@pytest.mark.parametrize("activation", ["gelu", "gelu_new"])
-def test_reusing_memory_gives_identical_results_and_keeps_autograd(activation):
-    encoder, ids = random_encoder("bert", activation)
-    with torch.no_grad():
-        expected = fast_encoder.forward(encoder, ids, MASK)
-        with fast_encoder.reusing_memory():
-            reused = fast_encoder.forward(encoder, ids, MASK)
-            scratch = fast_encoder._scratch.get()[("feed-forward", torch.float32)]
-            # A second, longer batch grows the memory; a shorter one reuses it.
-            longer = fast_encoder.forward(encoder, torch.cat([ids, ids]), torch.cat([MASK, MASK]))
-            again = fast_encoder.forward(encoder, ids, MASK)
-    assert torch.equal(reused, expected) and torch.equal(again, expected)
-    assert torch.equal(longer, torch.cat([expected, expected]))
-    assert scratch.numel() == int(MASK.sum()) * encoder.config.intermediate_size  # 13 tokens x 32
-    assert fast_encoder._scratch.get() is None  # freed on leaving
-
-    # With autograd on, the memory is not reused and GELU does not overwrite: gradients still flow.
-    with fast_encoder.reusing_memory():
-        fast_encoder.forward(encoder, ids, MASK).sum().backward()
-    gradient = encoder.layers[0].ffn.intermediate.weight.grad.clone()
-    encoder.zero_grad()
-    encoder(ids, MASK).sum().backward()
-    assert (gradient - encoder.layers[0].ffn.intermediate.weight.grad).abs().max() <= 1e-6
-
-
 def test_token_budget_batches_cover_every_text_once_in_order():
     generator = torch.Generator().manual_seed(0)
     id_lists = [[0] * int(n) for n in torch.randint(2, 300, (101,), generator=generator)]
@@ -208,6 +184,6 @@ def imported_with(module):
 def test_plain_and_fast_modules_do_not_import_each_other():
     """The plain encoder reads alone; the fast one shares only what is below both."""
     assert not [m for m in imported_with("minisbert.encoder") if m.startswith("minisbert.fast")]
-    for fast_module in ("minisbert.fast.encoder", "minisbert.fast.encode"):
+    for fast_module in ("minisbert.fast.encoder", "minisbert.fast.encode", "minisbert.fast.linear"):
         loaded = imported_with(fast_module)
         assert "minisbert.encoder" not in loaded and "minisbert.model" not in loaded, fast_module

@@ -7,8 +7,9 @@ all-MiniLM-L6-v2 is checked on 13 sentences (empty, very long, punctuation, non-
 golden values computed with sentence-transformers (stored in tests/fixtures/minilm/reference.json).
 Each comparison with sentence-transformers holds for the plain path and the fast path alike.
 
-encode() takes any iterable of texts and returns exactly one row per text, in order; anything else
-is refused with an error naming what was given.
+encode() takes one text or any iterable of texts and returns exactly one row per text, in order, in
+the forms sentence-transformers' encode() returns; anything else is refused with an error naming what
+was given. similarity() compares embeddings by the function the model directory names.
 A damaged model directory (a safetensors file cut short; config.json, tokenizer.json or modules.json
 that is not JSON, lacks a field or has one of the wrong type; a tokenizer larger than the embedding
 table) is refused with one message naming the file and what is wrong; so is a text that is not
@@ -44,8 +45,13 @@ def test_sentence_transformers_directory(name, fast):
     embeddings = model.encode(info["sentences"])
     assert embeddings.dtype == np.float32 and embeddings.shape == (6, 16)
     assert np.abs(embeddings - ref["embeddings"].numpy()).max() <= 1e-5
-    unnormalized = model.encode(info["sentences"], normalize=False)
-    assert np.abs(unnormalized - ref["dense"].numpy()).max() <= 1e-5
+    # As in sentence-transformers, normalize_embeddings=False leaves the directory's Normalize module on;
+    # the Dense layer's own output is what the model gives without that module.
+    assert np.abs(model.encode(info["sentences"], normalize_embeddings=False) - embeddings).max() == 0
+    model.normalize_embeddings = False
+    assert np.abs(model.encode(info["sentences"]) - ref["dense"].numpy()).max() <= 1e-5
+    normalized = model.encode(info["sentences"], normalize_embeddings=True)
+    assert np.abs(normalized - ref["embeddings"].numpy()).max() <= 1e-5
 
 
 @BOTH_PATHS
@@ -65,9 +71,47 @@ def test_encode_restores_input_order_across_batches():
     one_by_one = np.stack([model.encode([s])[0] for s in sentences])
     batched = model.encode(sentences, batch_size=4)  # sorted by length, two uneven batches
     assert np.abs(batched - one_by_one).max() <= 1e-6
-    as_torch = model.encode(sentences, output="torch")
-    assert isinstance(as_torch, torch.Tensor) and torch.allclose(as_torch, torch.from_numpy(batched), atol=1e-6)
     assert model.encode([]).shape == (0, 16)
+
+
+def test_encode_returns_what_sentence_transformers_returns():
+    """A numpy array by default, one tensor with convert_to_tensor, a list of tensors with neither,
+    and one embedding for one str, all float32."""
+    folder, _, info = reference("tiny_st_dense")
+    model = SentenceModel.from_dir(folder, device="cpu")
+    sentences = info["sentences"]
+    expected = model.encode(sentences)
+    assert isinstance(expected, np.ndarray) and expected.dtype == np.float32 and expected.shape == (6, 16)
+    as_tensor = model.encode(sentences, convert_to_tensor=True, convert_to_numpy=True)  # the tensor wins
+    assert isinstance(as_tensor, torch.Tensor) and as_tensor.dtype == torch.float32
+    assert torch.equal(as_tensor, torch.from_numpy(expected))
+    as_list = model.encode(sentences, convert_to_numpy=False)
+    assert isinstance(as_list, list) and len(as_list) == 6
+    assert all(isinstance(row, torch.Tensor) and row.shape == (16,) for row in as_list)
+    assert torch.equal(torch.stack(as_list), torch.from_numpy(expected))
+    one = model.encode(sentences[2])
+    assert isinstance(one, np.ndarray) and one.shape == (16,)
+    assert np.abs(one - expected[2]).max() <= 1e-6
+    assert model.encode(sentences[2], convert_to_tensor=True).shape == (16,)
+
+
+def test_similarity_uses_the_function_the_directory_names(tmp_path):
+    folder, _, info = reference("tiny_st_legacy")
+    model = SentenceModel.from_dir(folder, device="cpu")
+    assert model.similarity_fn_name == "cosine"  # no config_sentence_transformers.json: the default
+    a, b = model.encode(info["sentences"][:2]), model.encode(info["sentences"][2:])
+    assert torch.allclose(model.similarity(a, b), torch.from_numpy(a @ b.T), atol=1e-6)  # unit rows
+    model.similarity_fn_name = "euclidean"
+    model.save(tmp_path / "m")
+    again = SentenceModel.from_dir(tmp_path / "m", device="cpu")
+    assert again.similarity_fn_name == "euclidean"
+    assert torch.allclose(again.similarity(a, b), -torch.cdist(torch.from_numpy(a), torch.from_numpy(b)), atol=1e-6)
+    (tmp_path / "m" / "config_sentence_transformers.json").write_text('{"similarity_fn_name": "cosine_sim"}')
+    with pytest.raises(ValueError, match="similarity_fn_name 'cosine_sim' is not one of"):
+        SentenceModel.from_dir(tmp_path / "m", device="cpu")
+    (tmp_path / "m" / "config_sentence_transformers.json").write_text('["cosine"]')
+    with pytest.raises(ValueError, match="config_sentence_transformers.json must hold a JSON object, got list"):
+        SentenceModel.from_dir(tmp_path / "m", device="cpu")
 
 
 @pytest.mark.parametrize("make_texts", [
@@ -89,7 +133,6 @@ def test_encode_takes_any_iterable_of_texts(make_texts):
 
 
 @pytest.mark.parametrize("texts, error, message", [
-    ("a sentence", TypeError, "single str 'a sentence'"),
     (b"a sentence", TypeError, "single bytes"),
     (["fine", 3], TypeError, "text 1 is int"),
     (["fine", None], TypeError, "text 1 is NoneType"),
@@ -110,7 +153,6 @@ def test_encode_refuses_what_is_not_an_iterable_of_texts(texts, error, message):
     ({"dtype": "int4"}, "dtype must be one of"),
     ({"batch_size": 0}, "batch_size must be a positive int, got 0"),
     ({"batch_size": 2.5}, "batch_size must be a positive int, got 2.5"),
-    ({"output": "list"}, "output must be 'numpy' or 'torch', got 'list'"),
 ])
 def test_encode_refuses_bad_options(arguments, message):
     model = SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu")

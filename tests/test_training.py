@@ -49,7 +49,7 @@ import minisbert
 import train
 from minisbert import datasets
 from minisbert import fit as fitting
-from minisbert import training
+from minisbert import cpu, training
 from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
 from minisbert.evaluation import evaluate_dev
@@ -595,6 +595,24 @@ def test_training_runs_the_fast_encoder_unless_told_to_run_the_plain_one(tiny_mo
     assert len(log) == 2 and all(np.isfinite(entry["loss"]) for entry in log)
     with pytest.raises(AssertionError, match="the fast encoder ran"):
         run_train(tmp_path / "fast", tiny_model, "--data", str(tsv_data), "--max-steps", "2")
+
+
+def test_bfloat16_training_computes_in_bfloat16_and_keeps_float32_weights(tiny_model, tsv_data, tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.setattr(cpu, "native_bfloat16", lambda: False)
+    with pytest.raises(ValueError, match="dtype bfloat16 needs a CPU that multiplies bfloat16 natively"):
+        run_train(tmp_path / "refused", tiny_model, "--data", str(tsv_data), "--dtype", "bfloat16")
+    assert not (tmp_path / "refused").exists()
+    monkeypatch.setattr(cpu, "native_bfloat16", lambda: True)  # torch emulates it here: slow, same rounding
+    float32 = [entry["loss"] for entry in run_train(tmp_path / "float32", tiny_model, "--data", str(tsv_data),
+                                                    "--max-steps", "3")]
+    bfloat16 = [entry["loss"] for entry in run_train(tmp_path / "bfloat16", tiny_model, "--data", str(tsv_data),
+                                                     "--max-steps", "3", "--dtype", "bfloat16")]
+    assert float32 != bfloat16 and np.allclose(bfloat16, float32, rtol=0.05)  # rounded, not different
+    state = training.load_checkpoint(tmp_path / "bfloat16" / "checkpoint.pt")
+    assert all(tensor.dtype == torch.float32 for tensor in state["model"].values() if tensor.is_floating_point())
+    moments = [t for group in state["optimizer"]["state"].values() for t in group.values() if torch.is_tensor(t)]
+    assert moments and all(t.dtype == torch.float32 for t in moments if t.is_floating_point())
 
 
 @pytest.fixture

@@ -14,59 +14,20 @@ time goes, and what is done about it:
   `F.scaled_dot_product_attention` compute the same functions in fewer passes over memory.
 - Q, K and V come from one (N, H) x (H, 3H) product of the three weight matrices side by side,
   which keeps the cores busier than three narrow products.
-- Without autograd on a CPU, `reusing_memory()` keeps the two widest products in memory reused from
-  one call to the next, and GELU overwrites its input instead of allocating its output.
-
-Every matrix product goes through `linear`, the one place to change how products are computed.
+- Every matrix product goes through `linear` (fast/linear.py), the one place that decides how
+  products are computed: without autograd on a CPU, on the quicker of torch's default kernel and
+  oneDNN's (measured on this machine), with GELU applied in place or fused into the product, and
+  the two widest products written into memory reused from one call to the next (`reusing_memory`).
 Checked equal to the plain encoder (embeddings to 1e-6, training gradients too) in
 tests/test_encoder_fast.py, and against Hugging Face transformers in tests/test_encoder.py.
 """
 
-import contextlib
-import contextvars
-
-import torch
 import torch.nn.functional as F
 
 from ..encoder_inputs import additive_attention_mask, position_ids
+from .linear import linear
 
 GELU_APPROXIMATION = {"gelu": "none", "gelu_new": "tanh"}  # EncoderConfig.activation -> F.gelu's name
-
-# The memory kept by `reusing_memory()`: a dict from (name, dtype) to a flat tensor, or None
-# outside it. A context variable, so each thread (and each asyncio task) has its own.
-_scratch = contextvars.ContextVar("minisbert_scratch", default=None)
-
-
-@contextlib.contextmanager
-def reusing_memory():
-    """Within this block, products `linear` is asked to keep (Q, K and V side by side, and the
-    feed-forward's activations) are written, when there is no autograd and the tensors are on a
-    CPU, into memory kept from one call to the next, grown when needed and freed on leaving.
-
-    A fresh (2,048 x 1,536) float32 tensor, 12 MB, comes from the operating system page by page:
-    encoding 200 SciFact documents took 575,000 page faults and 1.1 s of system time (6% of the
-    CPU time) without this, 15,000 and 0.05 s with it. Results are bit for bit the same: the same
-    kernels write into an existing tensor.
-    """
-    token = _scratch.set({})
-    try:
-        yield
-    finally:
-        _scratch.reset(token)
-
-
-def linear(x, weight, bias, keep_as: str = None):
-    """x W^T + b for (N, in) x -> (N, out). With `keep_as`, written into the memory
-    `reusing_memory()` keeps under that name when it applies (see there)."""
-    scratch = _scratch.get()
-    if (keep_as is None or scratch is None or x.device.type != "cpu" or torch.is_grad_enabled()
-            or torch.is_autocast_enabled("cpu")):
-        return F.linear(x, weight, bias)  # (N, out)
-    rows, width = x.shape[0], weight.shape[0]
-    memory = scratch.get((keep_as, x.dtype))
-    if memory is None or memory.numel() < rows * width:
-        memory = scratch[(keep_as, x.dtype)] = torch.empty(rows * width, dtype=x.dtype)
-    return torch.addmm(bias, x, weight.T, out=memory[: rows * width].view(rows, width))  # (N, out)
 
 
 def to_grid(packed, token_positions, batch_size, seq_len):
@@ -104,30 +65,23 @@ def attention(module, x, additive_mask, token_positions):
     """The plain `SelfAttention` module's output for packed tokens: (N, H) -> (N, H)."""
     B, T, H = additive_mask.shape[0], additive_mask.shape[-1], x.shape[-1]
     nh, hs = module.num_heads, module.head_size
-    weight = torch.cat([module.query.weight, module.key.weight, module.value.weight])  # (3H, H)
-    bias = torch.cat([module.query.bias, module.key.bias, module.value.bias])  # (3H,)
-    q, k, v = linear(x, weight, bias, keep_as="qkv").split(H, dim=-1)  # 3 x (N, H)
-
-    def heads(projected):  # (N, H) -> (B, nh, T, hs) on the padded grid
-        return to_grid(projected, token_positions, B, T).view(B, T, nh, hs).transpose(1, 2)
+    qkv = linear(x, [module.query, module.key, module.value], keep_as="qkv")  # (N, 3H)
+    # Q, K and V go back to the padded grid together; each one's heads are then views into it.
+    grid = to_grid(qkv, token_positions, B, T).view(B, T, 3, nh, hs)  # (B, T, 3, nh, hs)
+    q, k, v = (grid[:, :, i].transpose(1, 2) for i in range(3))  # 3 x (B, nh, T, hs)
 
     dropout = module.attention_dropout.p if module.attention_dropout.training else 0.0
     # Without padding the mask is all zeros; leaving it out spares the kernel adding it.
     mask = None if token_positions is None else additive_mask
-    context = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=mask,
-                                             dropout_p=dropout)  # (B, nh, T, hs)
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, nh, T, hs)
     context = from_grid(context.transpose(1, 2).reshape(B, T, H), token_positions)  # (N, H)
-    return linear(context, module.output.weight, module.output.bias)  # (N, H)
+    return linear(context, [module.output])  # (N, H)
 
 
 def feed_forward(module, x, activation: str):
     """The plain `FeedForward` module's output for packed tokens: (N, H) -> (N, H)."""
-    h = linear(x, module.intermediate.weight, module.intermediate.bias, keep_as="feed-forward")  # (N, I)
-    if torch.is_grad_enabled():
-        h = F.gelu(h, approximate=GELU_APPROXIMATION[activation])
-    else:  # nothing needs the product any more: overwrite it
-        h = torch.ops.aten.gelu_(h, approximate=GELU_APPROXIMATION[activation])
-    return linear(h, module.output.weight, module.output.bias)  # (N, H)
+    h = linear(x, [module.intermediate], gelu=GELU_APPROXIMATION[activation], keep_as="feed-forward")  # (N, I)
+    return linear(h, [module.output])  # (N, H)
 
 
 def forward(encoder, input_ids, attention_mask, token_type_ids=None):

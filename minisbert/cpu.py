@@ -1,0 +1,33 @@
+"""What this processor can do: its instruction-set flags, and whether it multiplies bfloat16 natively.
+
+bfloat16 halves the memory a matrix product reads and, on a CPU with bfloat16 dot-product
+instructions (AVX512-BF16's `vdpbf16ps`, or Intel AMX tiles), doubles or better the products' speed.
+On a CPU without them torch still computes in bfloat16, by converting to float32 and back in
+software, which is slower than float32 itself; so minisbert offers bfloat16 on a CPU only where the
+flags say the hardware has it. Flags are read from Linux's /proc/cpuinfo; elsewhere none are known
+and bfloat16 is offered on GPUs only.
+
+Used by encode(), evaluate.py and train.py (model.py: `check_dtype`), by the fast products
+(fast/linear.py) and by the benchmarks' machine description; tests/test_bfloat16.py checks what is
+refused where.
+"""
+
+import functools
+
+
+@functools.cache
+def flags() -> frozenset:
+    """The instruction-set flags of the first processor in /proc/cpuinfo (empty if unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16)."""
+    return bool({"avx512_bf16", "amx_bf16"} & flags())

@@ -1,0 +1,52 @@
+"""How two sets of sentence embeddings are compared: the similarity functions a model can name.
+
+Reimers and Gurevych (2019), "Sentence-BERT", compare sentences by the cosine of their embeddings
+(section 3); a model trained with another objective may be meant to be compared by another function,
+and a sentence-transformers directory names it in config_sentence_transformers.json
+(`similarity_fn_name`; cosine where none is named). For embeddings a (n, D) and b (m, D), each gives
+an (n, m) matrix in which larger means more similar:
+
+    cosine     a_i·b_j / (|a_i| |b_j|)
+    dot        a_i·b_j
+    euclidean  -|a_i - b_j|              (the distance, negated)
+    manhattan  -sum_d |a_id - b_jd|      (the distance, negated)
+
+These are sentence-transformers' `SentenceTransformer.similarity` functions; tests/test_similarity.py
+checks each against its definition computed entry by entry in float64.
+"""
+
+import numpy as np
+import torch
+
+from .pooling import normalize
+
+SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
+
+
+def similarity(a, b, function: str = "cosine") -> torch.Tensor:
+    """(n, m) similarities of the rows of `a` (n, D) to those of `b` (m, D), by `function`.
+
+    a, b: numpy arrays or torch tensors; a single embedding (D,) counts as one row."""
+    if function not in SIMILARITY_FUNCTIONS:
+        raise ValueError(f"unknown similarity function {function!r}; choose one of {SIMILARITY_FUNCTIONS}")
+    a, b = as_rows(a, "a"), as_rows(b, "b")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"embeddings of different sizes: a has {a.shape[1]} dimensions, b has {b.shape[1]}")
+    if function == "cosine":
+        return normalize(a) @ normalize(b).T  # (n, m)
+    if function == "dot":
+        return a @ b.T  # (n, m)
+    return -torch.cdist(a, b, p=2.0 if function == "euclidean" else 1.0)  # (n, m)
+
+
+def as_rows(embeddings, name: str) -> torch.Tensor:
+    """A numpy array or tensor of embeddings as a 2-D tensor: (D,) -> (1, D), (n, D) as it is."""
+    if isinstance(embeddings, np.ndarray):
+        embeddings = torch.from_numpy(embeddings)
+    if not isinstance(embeddings, torch.Tensor):
+        raise TypeError(f"{name} must be a numpy array or a torch tensor of embeddings, "
+                        f"got {type(embeddings).__name__}")
+    if embeddings.dim() not in (1, 2):
+        raise ValueError(f"{name} must be one embedding (D,) or a matrix of them (n, D), "
+                         f"got shape {tuple(embeddings.shape)}")
+    return embeddings if embeddings.dim() == 2 else embeddings.unsqueeze(0)

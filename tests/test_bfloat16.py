@@ -1,0 +1,95 @@
+"""Encoding in bfloat16: refused where the CPU would only emulate it, and close to float32 where it runs.
+
+"Correct" means: on a CPU without native bfloat16, encode(dtype="bfloat16") and evaluate.py --dtype
+bfloat16 stop with an error that says so (and float16 is for GPUs); where bfloat16 runs, the matrix
+products take bfloat16 inputs while the hidden states that LayerNorm, pooling and normalisation see stay
+float32, and every embedding has cosine at least 0.9995 to its float32 embedding, on the plain and the
+fast path, on every fixture model and on all-MiniLM-L6-v2 (slow). This CPU may lack native bfloat16: the
+tests turn the capability check on, and torch then computes bfloat16 in software, slowly but with the
+same rounding.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate
+from minisbert import cpu
+from minisbert.fast import encoder as fast_encoder
+from minisbert.fast import linear as fast_linear
+from minisbert.model import SentenceModel, check_dtype
+
+from .conftest import reference
+from .test_encoder_fast import FIXTURE_MODELS
+
+BOTH_PATHS = pytest.mark.parametrize("fast", [False, True], ids=["plain", "fast"])
+
+
+@pytest.fixture
+def native_bfloat16(monkeypatch):
+    monkeypatch.setattr(cpu, "native_bfloat16", lambda: True)
+
+
+def min_cosine(a, b):
+    a, b = torch.from_numpy(a).double(), torch.from_numpy(b).double()
+    return torch.nn.functional.cosine_similarity(a, b).min().item()
+
+
+def test_a_cpu_without_native_bfloat16_is_told_so(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu, "native_bfloat16", lambda: False)
+    model = SentenceModel.from_dir(reference("tiny_bert")[0], device="cpu")
+    with pytest.raises(ValueError, match="dtype bfloat16 needs a CPU that multiplies bfloat16 natively .* "
+                                         "more slowly than float32: use float32 here, or a GPU"):
+        model.encode(["a sentence"], dtype="bfloat16")
+    with pytest.raises(ValueError, match="dtype bfloat16 needs a CPU"):
+        evaluate.main(["--model", str(reference("tiny_bert")[0]), "--device", "cpu", "--dtype", "bfloat16",
+                       "--no-cache", "--output", str(tmp_path / "results.json")])
+    assert not (tmp_path / "results.json").exists()
+    assert check_dtype("bfloat16", "cuda") == torch.bfloat16  # a GPU is not asked about its flags
+    with pytest.raises(ValueError, match="dtype float16 is for GPUs"):
+        check_dtype("float16", "cpu")
+
+
+@BOTH_PATHS
+@pytest.mark.parametrize("name", FIXTURE_MODELS)
+def test_bfloat16_embeddings_are_within_cosine_0_9995_of_float32(name, fast, native_bfloat16):
+    folder, _, info = reference(name)
+    model = SentenceModel.from_dir(folder, device="cpu", fast=fast)
+    float32 = model.encode(info["sentences"])
+    bfloat16 = model.encode(info["sentences"], dtype="bfloat16")
+    assert bfloat16.dtype == np.float32
+    assert np.abs(bfloat16 - float32).max() > 1e-4  # the products did round to bfloat16 ...
+    assert min_cosine(bfloat16, float32) >= 0.9995  # ... and the embeddings stay this close
+
+
+@pytest.mark.parametrize("backend", [b for b in fast_linear.BACKENDS if fast_linear.runs(b, torch.bfloat16)])
+def test_each_kernel_that_multiplies_bfloat16_here_stays_as_close(backend, native_bfloat16, monkeypatch):
+    """oneDNN's bfloat16 kernel needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT: elsewhere only torch's is tried."""
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, backend)
+    folder, _, info = reference("tiny_st_dense")
+    model = SentenceModel.from_dir(folder, device="cpu")
+    assert min_cosine(model.encode(info["sentences"], dtype="bfloat16"), model.encode(info["sentences"])) >= 0.9995
+
+
+def test_products_are_bfloat16_while_the_hidden_states_stay_float32(native_bfloat16, monkeypatch):
+    folder, _, info = reference("tiny_bert")
+    model = SentenceModel.from_dir(folder, device="cpu")
+    batch = model.tokenize(info["sentences"])
+    product_inputs = []
+    product = fast_linear.PRODUCTS["torch"]
+    monkeypatch.setitem(fast_linear.PRODUCTS, "torch",
+                        lambda x, *rest: product_inputs.append(x.dtype) or product(x, *rest))
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, "torch")
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fast = fast_encoder.forward(model.encoder, batch["input_ids"], batch["attention_mask"])
+        plain = model.encoder(batch["input_ids"], batch["attention_mask"])
+    assert product_inputs and set(product_inputs) == {torch.bfloat16}
+    assert fast.dtype == plain.dtype == torch.float32  # the residual stream, and so LayerNorm and pooling
+
+
+@pytest.mark.slow
+@BOTH_PATHS
+def test_minilm_bfloat16_embeddings_are_within_cosine_0_9995_of_float32(minilm, fast, native_bfloat16):
+    sentences = reference("minilm")[2]["sentences"]
+    float32 = minilm.encode(sentences, fast=fast)
+    assert min_cosine(minilm.encode(sentences, dtype="bfloat16", fast=fast), float32) >= 0.9995

@@ -1,0 +1,176 @@
+"""The fast encoder's products (minisbert/fast/linear.py): every kernel computes what the plain encoder
+computes, the measurement keeps the quicker one, and kept weights follow the parameters.
+
+"Correct" means: with each kernel forced (MINISBERT_GEMM=torch, =onednn where this CPU runs it), the
+fast encoder's hidden states and encode()'s embeddings agree with the plain encoder's to 1e-5 on random
+models of every family and activation and on every fixture model, and the forced kernel is the one
+that ran; left to measure, `linear` times each kernel on each shape once per process and keeps the
+quicker (checked with a kernel made slow on purpose); after an optimizer step or load_state_dict,
+encode() sees the new weights; reused memory changes no bit and autograd still flows; and a bad
+MINISBERT_GEMM, or a kernel forced where it cannot run, is refused naming it.
+"""
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from minisbert import cpu
+from minisbert.fast import encoder as fast_encoder
+from minisbert.fast import linear as fast_linear
+from minisbert.model import SentenceModel
+from minisbert.optim import AdamW
+
+from .conftest import reference
+from .test_encoder_fast import FIXTURE_MODELS, MASK, random_encoder, real_tokens
+
+BACKENDS_HERE = [backend for backend in fast_linear.BACKENDS if fast_linear.runs(backend, torch.float32)]
+
+
+@pytest.fixture
+def counted_kernels(monkeypatch):
+    """How often each kernel ran, counted while the kernels themselves run unchanged."""
+    counts = dict.fromkeys(fast_linear.BACKENDS, 0)
+    for backend, product in list(fast_linear.PRODUCTS.items()):
+        def counted(*args, backend=backend, product=product):
+            counts[backend] += 1
+            return product(*args)
+
+        monkeypatch.setitem(fast_linear.PRODUCTS, backend, counted)
+    return counts
+
+
+@pytest.mark.parametrize("backend", BACKENDS_HERE)
+@pytest.mark.parametrize("activation", ["gelu", "gelu_new"])
+@pytest.mark.parametrize("family", ["bert", "distilbert", "roberta"])
+def test_each_kernel_equals_the_plain_encoder_on_random_models(family, activation, backend, monkeypatch,
+                                                               counted_kernels):
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, backend)
+    encoder, ids = random_encoder(family, activation)
+    with torch.no_grad():
+        for mask in (MASK, torch.ones_like(MASK)):
+            plain = real_tokens(encoder(ids, mask), mask)
+            fast = real_tokens(fast_encoder.forward(encoder, ids, mask), mask)
+            assert (fast - plain).abs().max() <= 1e-5
+    assert counted_kernels[backend] == 2 * 4 * encoder.config.num_layers  # 4 products a block
+    assert sum(counted_kernels.values()) == counted_kernels[backend]
+
+
+@pytest.mark.parametrize("backend", BACKENDS_HERE)
+@pytest.mark.parametrize("name", FIXTURE_MODELS)
+def test_each_kernel_gives_the_plain_embeddings_on_fixture_models(name, backend, monkeypatch, counted_kernels):
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, backend)
+    folder, _, info = reference(name)
+    model = SentenceModel.from_dir(folder, device="cpu")
+    plain = model.encode(info["sentences"], fast=False)
+    assert sum(counted_kernels.values()) == 0  # the plain path never reaches fast/linear.py
+    fast = model.encode(info["sentences"], fast=True)
+    assert np.abs(fast - plain).max() <= 1e-5
+    assert counted_kernels[backend] > 0 and sum(counted_kernels.values()) == counted_kernels[backend]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS_HERE)
+def test_each_kernel_gives_the_plain_embeddings_on_minilm(minilm, backend, monkeypatch):
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, backend)
+    sentences = reference("minilm")[2]["sentences"]
+    assert np.abs(minilm.encode(sentences, fast=True) - minilm.encode(sentences, fast=False)).max() <= 1e-5
+
+
+def test_the_measurement_keeps_the_quicker_kernel_once_per_shape(monkeypatch):
+    if len(BACKENDS_HERE) < 2:
+        pytest.skip("this CPU runs one kernel only: nothing to choose")
+    monkeypatch.delenv(fast_linear.BACKEND_VARIABLE, raising=False)
+    encoder, ids = random_encoder("bert", "gelu")
+    measured = []
+    quickest = fast_linear._quickest
+    monkeypatch.setattr(fast_linear, "_quickest", lambda *args: measured.append(args[1]) or quickest(*args))
+    # The clock the measurement reads moves only when a kernel runs: 1 ms, or 1 s for the slow one.
+    clock = [0.0]
+    monkeypatch.setattr(fast_linear, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    for slow in fast_linear.BACKENDS:
+        measured.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(fast_linear, "_chosen", {})
+            for backend, product in list(fast_linear.PRODUCTS.items()):
+                def timed(*args, product=product, seconds=1.0 if backend == slow else 0.001):
+                    clock[0] += seconds
+                    return product(*args)
+
+                patch.setitem(fast_linear.PRODUCTS, backend, timed)
+            with torch.no_grad():
+                fast_encoder.forward(encoder, ids, MASK)
+                fast_encoder.forward(encoder, ids, MASK)
+            # Q/K/V, attention output, feed-forward in (with GELU), feed-forward out: four shapes, once each.
+            assert len(measured) == 4 and len(fast_linear._chosen) == 4
+            assert set(fast_linear._chosen.values()) == set(fast_linear.BACKENDS) - {slow}
+
+
+@pytest.mark.parametrize("backend", BACKENDS_HERE)
+def test_encode_after_training_uses_the_new_weights(backend, monkeypatch):
+    """Kept weights (cast, stacked, reordered) are made again when a parameter changes."""
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, backend)
+    folder, _, info = reference("tiny_st_dense")
+    model = SentenceModel.from_dir(folder, device="cpu")
+    before = model.encode(info["sentences"])
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    optimizer = AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    model(model.tokenize(info["sentences"])).sum().backward()  # autograd through the fast encoder
+    optimizer.step()
+    after = model.encode(info["sentences"])
+    assert np.abs(after - before).max() > 1e-3
+    assert np.abs(after - model.encode(info["sentences"], fast=False)).max() <= 1e-5
+    model.load_state_dict(state)  # and back: copied into the same tensors
+    assert np.abs(model.encode(info["sentences"]) - before).max() <= 1e-6
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_new"])
+def test_reusing_memory_gives_identical_results_and_keeps_autograd(activation, monkeypatch):
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, "torch")  # the kernel that writes into kept memory
+    encoder, ids = random_encoder("bert", activation)
+    with torch.no_grad():
+        expected = fast_encoder.forward(encoder, ids, MASK)
+        with fast_linear.reusing_memory():
+            reused = fast_encoder.forward(encoder, ids, MASK)
+            scratch = fast_linear._scratch.get()[("feed-forward", torch.float32)]
+            # A second, longer batch grows the memory; a shorter one reuses it.
+            longer = fast_encoder.forward(encoder, torch.cat([ids, ids]), torch.cat([MASK, MASK]))
+            again = fast_encoder.forward(encoder, ids, MASK)
+    assert torch.equal(reused, expected) and torch.equal(again, expected)
+    assert torch.equal(longer, torch.cat([expected, expected]))
+    assert scratch.numel() == int(MASK.sum()) * encoder.config.intermediate_size  # 13 tokens x 32
+    assert fast_linear._scratch.get() is None  # freed on leaving
+
+    # With autograd on, the memory is not reused and GELU does not overwrite: gradients still flow.
+    with fast_linear.reusing_memory():
+        fast_encoder.forward(encoder, ids, MASK).sum().backward()
+    gradient = encoder.layers[0].ffn.intermediate.weight.grad.clone()
+    encoder.zero_grad()
+    encoder(ids, MASK).sum().backward()
+    assert (gradient - encoder.layers[0].ffn.intermediate.weight.grad).abs().max() <= 1e-6
+
+
+def test_which_kernels_run_follows_the_cpu_flags(monkeypatch):
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx", "avx2", "fma"}))
+    assert fast_linear.runs("torch", torch.bfloat16)
+    assert fast_linear.runs("onednn", torch.float32) == torch.backends.mkldnn.is_available()
+    assert not fast_linear.runs("onednn", torch.bfloat16)  # oneDNN's bfloat16 needs AVX-512 BW/VL/DQ
+    assert not fast_linear.runs("onednn", torch.float64)
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}))
+    assert fast_linear.runs("onednn", torch.bfloat16) == torch.backends.mkldnn.is_available()
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"neon"}))
+    assert not fast_linear.runs("onednn", torch.float32)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("mkl", r"MINISBERT_GEMM='mkl': choose one of \['torch', 'onednn'\], or auto"),
+    ("onednn", "MINISBERT_GEMM=onednn, but that kernel cannot multiply torch.float64 on this CPU"),
+])
+def test_a_bad_or_impossible_kernel_choice_is_refused(value, message, monkeypatch):
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, value)
+    encoder, ids = random_encoder("bert", "gelu")
+    encoder.double()  # float64: torch's kernel only
+    with torch.no_grad(), pytest.raises(ValueError, match=message):
+        fast_encoder.forward(encoder, ids, MASK)

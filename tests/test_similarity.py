@@ -1,0 +1,52 @@
+"""The similarity functions: each entry of the (n, m) matrix is its definition, computed here one pair at
+a time in float64 (cosine a·b / (|a| |b|), dot a·b, euclidean -|a - b|, manhattan -sum |a_d - b_d|);
+numpy arrays and tensors, single embeddings and matrices are all accepted; wrong inputs are refused
+naming what is wrong."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from minisbert.similarity import SIMILARITY_FUNCTIONS, similarity
+
+DEFINITIONS = {
+    "cosine": lambda a, b: sum(x * y for x, y in zip(a, b)) / (math.hypot(*a) * math.hypot(*b)),
+    "dot": lambda a, b: sum(x * y for x, y in zip(a, b)),
+    "euclidean": lambda a, b: -math.dist(a, b),
+    "manhattan": lambda a, b: -sum(abs(x - y) for x, y in zip(a, b)),
+}
+
+
+@pytest.mark.parametrize("function", SIMILARITY_FUNCTIONS)
+def test_each_entry_is_the_definition(function):
+    generator = np.random.default_rng(0)
+    a = generator.normal(size=(5, 7)).astype(np.float32)
+    b = (3 * generator.normal(size=(4, 7))).astype(np.float32)  # rows of other lengths than a's
+    scores = similarity(a, b, function)
+    assert isinstance(scores, torch.Tensor) and scores.shape == (5, 4)
+    expected = [[DEFINITIONS[function](a[i].tolist(), b[j].tolist()) for j in range(4)] for i in range(5)]
+    scale = max(1.0, np.abs(expected).max())
+    assert np.abs(scores.numpy() - np.array(expected)).max() <= 1e-5 * scale
+    assert torch.equal(similarity(torch.from_numpy(a), torch.from_numpy(b), function), scores)
+    one = similarity(a[1], b, function)  # one embedding (D,) is one row
+    assert one.shape == (1, 4) and torch.allclose(one[0], scores[1])
+
+
+def test_cosine_is_the_default_and_zero_rows_score_zero():
+    a = np.array([[1.0, 0.0], [0.0, 0.0]], dtype=np.float32)
+    b = np.array([[2.0, 2.0]], dtype=np.float32)
+    assert torch.allclose(similarity(a, b), torch.tensor([[math.sqrt(0.5)], [0.0]]))
+
+
+@pytest.mark.parametrize("a, b, function, error, message", [
+    (np.ones((2, 3)), np.ones((2, 4)), "cosine", ValueError, "a has 3 dimensions, b has 4"),
+    (np.ones((2, 3, 1)), np.ones((2, 3)), "cosine", ValueError,
+     r"a must be one embedding \(D,\) or .* shape \(2, 3, 1\)"),
+    ([[1.0, 2.0]], np.ones((2, 2)), "cosine", TypeError, "a must be a numpy array or a torch tensor .* got list"),
+    (np.ones((2, 2)), np.ones((2, 2)), "cos_sim", ValueError, "unknown similarity function 'cos_sim'"),
+])
+def test_bad_inputs_are_refused(a, b, function, error, message):
+    with pytest.raises(error, match=message):
+        similarity(a, b, function)
