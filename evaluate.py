@@ -28,6 +28,7 @@ import minisbert
 from minisbert import datasets, distributed, metrics
 from minisbert.evaluation import CACHE_DIR, LEXICAL, rank, sts_correlations
 from minisbert.fileio import check_writable_folder, write_json
+from minisbert.model import AMP_DTYPES
 
 METRIC_ROWS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("Recall", "recall"),
                ("MRR", "mrr"), ("NDCG", "ndcg"), ("MAP", "map")]
@@ -51,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="precision the models encode in: bfloat16 on a GPU or a CPU with native bfloat16 "
                         "(avx512_bf16, amx_bf16), float16 on a GPU")
+    p.add_argument("--amp", choices=sorted(AMP_DTYPES), default=None,
+                   help="mixed precision, as --dtype: bf16 = bfloat16, fp16 = float16")
     p.add_argument("--device", default=None)
     p.add_argument("--output", type=Path, default=None, help="JSON results (default: runs/eval/<data>-<split>.json)")
     p.add_argument("--run-file", type=Path, default=None,
@@ -60,6 +63,10 @@ def parse_args(argv=None):
                    help="qrels for --run: TREC format (qid 0 docid grade) or a BEIR qrels/*.tsv")
     p.add_argument("--no-cache", action="store_true", help="encode the corpus even if cached")
     args = p.parse_args(argv)
+    if args.amp is not None:
+        if args.dtype not in ("float32", AMP_DTYPES[args.amp]):
+            p.error(f"--amp {args.amp} and --dtype {args.dtype} disagree: give one of them")
+        args.dtype = AMP_DTYPES[args.amp]
     if any(k <= 0 for k in args.k):
         p.error(f"--k values must be positive, got {args.k}")
     if args.batch_size <= 0:

@@ -5,7 +5,7 @@
     python train.py --arch triplet --metric euclidean --margin 1 --data scifact
     python train.py --arch siamese --loss softmax --data sick  # SBERT's classification objective
     python train.py --output runs/x --resume                   # continue an interrupted run
-    torchrun --nproc_per_node 8 train.py --loss mnrl ...        # one model trained by 8 processes (GPUs)
+    torchrun --nproc_per_node 8 train.py --loss mnrl --amp bf16 ...  # one model trained by 8 processes (GPUs)
 
 Reads top to bottom: arguments, model, data, the loop, saving. The loop is minisbert/fit.py (the
 experiment runner, `python -m minisbert.experiments`, trains through it too), the objectives are in
@@ -29,7 +29,7 @@ from minisbert.evaluation import evaluate_dev
 from minisbert.fileio import check_writable_folder, write_json
 from minisbert.fit import Interrupted, TrainingFailed, TrainingSettings, fit
 from minisbert.losses import SoftmaxClassifier, select_loss
-from minisbert.model import check_dtype
+from minisbert.model import AMP_DTYPES, check_dtype
 from minisbert.pooling import Dense
 
 
@@ -76,6 +76,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="compute precision: bfloat16 (on a GPU, or a CPU with native bfloat16) and float16 (GPU) "
                         "run under autocast, the weights and optimizer state staying float32")
+    p.add_argument("--amp", choices=sorted(AMP_DTYPES), default=None,
+                   help="mixed precision, as --dtype: bf16 = bfloat16, fp16 = float16")
     p.add_argument("--plain-encoder", action="store_true",
                    help="run the plain encoder (minisbert/encoder.py, the reference) instead of the fast one: "
                         "slower, the same numbers to 1e-6")
@@ -85,6 +87,10 @@ def parse_args(argv=None):
     p.add_argument("--output", type=Path, default=None, help="default: runs/<arch>-<metric>-<time>")
     p.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
     args = p.parse_args(argv)
+    if args.amp is not None:
+        if args.dtype not in ("float32", AMP_DTYPES[args.amp]):
+            p.error(f"--amp {args.amp} and --dtype {args.dtype} disagree: give one of them")
+        args.dtype = AMP_DTYPES[args.amp]
     if args.resume and args.output is None:
         p.error("--resume needs --output DIR: the folder of the run to continue")
     for flag, valid, requirement in FLAG_RANGES:

@@ -41,7 +41,7 @@ import minisbert  # noqa: E402
 from bench.peer import add_peer_python_option, check_peer_python, cpu_summary  # noqa: E402
 from minisbert import cpu  # noqa: E402
 from minisbert.fast import linear as fast_linear  # noqa: E402
-from minisbert.fileio import make_staging_dir, replace_dir  # noqa: E402
+from minisbert.fileio import write_dir  # noqa: E402
 from minisbert.hub import resolve  # noqa: E402
 from minisbert.model import check_dtype  # noqa: E402
 
@@ -81,14 +81,15 @@ def onnx_exports(args) -> tuple:
 
     config = onnx_quantization_config()
     pattern = f"model_*int8_{config}.onnx"  # model_qint8_<config>.onnx or model_quint8_<config>.onnx
-    if not any((args.onnx_dir / "onnx").glob(pattern)):
-        staging = make_staging_dir(args.onnx_dir)
+    def export(folder: Path):
         # Loading with backend="onnx" from a folder without model.onnx exports one.
-        SentenceTransformer(str(args.model), backend="onnx", device=args.device).save(str(staging))
-        float32 = SentenceTransformer(str(staging), backend="onnx", device=args.device,
+        SentenceTransformer(str(args.model), backend="onnx", device=args.device).save(str(folder))
+        float32 = SentenceTransformer(str(folder), backend="onnx", device=args.device,
                                       model_kwargs={"file_name": "onnx/model.onnx"})
-        export_dynamic_quantized_onnx_model(float32, config, str(staging))
-        replace_dir(staging, args.onnx_dir)
+        export_dynamic_quantized_onnx_model(float32, config, str(folder))
+
+    if not any((args.onnx_dir / "onnx").glob(pattern)):
+        write_dir(args.onnx_dir, export)
     return args.onnx_dir, next((args.onnx_dir / "onnx").glob(pattern)).name
 
 

@@ -38,6 +38,7 @@ from .weights import load_encoder
 
 PROGRESS_MIN_TEXTS = 1000  # show a progress line for inputs at least this long
 AUTOCAST_DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # train.py / evaluate.py --amp, another spelling of --dtype
 
 def check_dtype(dtype: str, device) -> torch.dtype:
     """The autocast dtype for computing in `dtype` on `device` (None: plain float32), or a ValueError

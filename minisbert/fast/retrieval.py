@@ -40,10 +40,10 @@ Tested identical to the plain path, and against brute force, in tests/test_retri
 """
 
 import contextlib
-import functools
 
 import torch
 
+from .. import cpu
 from ..search_inputs import TINY, SearchInputs, drop_excluded, row_norms
 
 # Columns per group in the first, coarse filter of each block (see _merge_block).
@@ -75,7 +75,7 @@ def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.T
     if score == "cosine":
         unit_buffer = torch.empty(min(corpus_chunk_size, num_docs), queries.shape[1], device=device)
     if bf16_screen is None:
-        bf16_screen = device.type == "cpu" and _cpu_has_native_bf16()
+        bf16_screen = device.type == "cpu" and cpu.native_bfloat16()
     screen = _Screen(queries, score, query_chunk_size, height) if bf16_screen else None
 
     for doc_start in range(0, num_docs, corpus_chunk_size):
@@ -389,25 +389,6 @@ def _error_bounds(
     relative = 2 * u + u * u + 4 * gamma * (1 + u) ** 2
     tiny = TINY * (dim**0.5 * norm_sum + dim)
     return (relative * sum_bound * (1 + 2 * gamma) ** 2 + tiny) * 1.01
-
-
-def _cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
-    return not cpu_flags().isdisjoint({"avx512_bf16", "amx_bf16"})
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags as Linux's /proc/cpuinfo lists them (avx2, avx512_bf16, ...);
-    empty elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def _entry_floor(block: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor | None:
