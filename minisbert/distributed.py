@@ -187,6 +187,17 @@ def any_rank(flag: bool) -> bool:
     return bool(value.item())
 
 
+def gather_objects(value) -> list:
+    """[rank 0's value, rank 1's, ...]: every rank's `value` (any picklable object), on every rank.
+    Each rank's random generator state goes into the checkpoint this way, so that a resumed run
+    draws, on every rank, the dropout masks the uninterrupted run would have drawn."""
+    if world_size() == 1:
+        return [value]
+    values = [None] * world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def _communication_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 

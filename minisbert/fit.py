@@ -120,7 +120,7 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
-        training.set_rng_state(state["rng"])
+        training.set_rng_state(rank_rng_state(state["rng"], main))
         step, epoch, next_batch, best = state["step"], state["epoch"], state["next_batch"], state["best"]
         if main:
             training.truncate_log(output / "log.jsonl", step)  # steps after the checkpoint run again
@@ -132,12 +132,12 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
     if classifier is not None:
         distributed.broadcast_parameters(classifier)
 
-    def save_state():
+    def save_state(rng_states: list):
         training.save_checkpoint(checkpoint_path, {
             "identity": identity, "model": model.state_dict(),
             "classifier": classifier.state_dict() if classifier is not None else {},
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(), "rng": training.rng_state(),
+            "scaler": scaler.state_dict(), "rng": rng_states,
             "step": step, "epoch": epoch, "next_batch": next_batch, "best": best})
 
     def evaluate_and_keep_best():
@@ -202,8 +202,10 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
                     training.append_log(output / "log.jsonl", entry)
                 progress.update(1, f"loss {entry['loss']:.4f}")
                 stop.requested = distributed.any_rank(stop.requested)
-                if main and (step % settings.checkpoint_steps == 0 or step == total_steps or stop.requested):
-                    save_state()
+                if step % settings.checkpoint_steps == 0 or step == total_steps or stop.requested:
+                    rng_states = distributed.gather_objects(training.rng_state())  # every rank's dropout generator
+                    if main:
+                        save_state(rng_states)
                 if stop.requested:
                     distributed.barrier()  # torchrun stops every rank once one exits: let rank 0 save first
                     raise Interrupted(step)
@@ -227,6 +229,19 @@ def compute_loss(spec: LossSpec, embeddings: list, batch: list, margin: float, c
     dtype = torch.float32 if spec.label_kind == "score" else torch.long
     labels = torch.tensor([e.label for e in batch], dtype=dtype, device=embeddings[0].device)
     return spec.function(*embeddings, labels, **kwargs)
+
+
+def rank_rng_state(saved, main: bool) -> dict:
+    """This rank's random generator state from a checkpoint's list of every rank's. A checkpoint
+    written by another number of processes cannot give each rank its own: every rank then takes
+    rank 0's (dropout draws other masks than the interrupted run would have, nothing else differs)."""
+    states = saved if isinstance(saved, list) else [saved]  # a dict: written before states were per rank
+    if len(states) == distributed.world_size():
+        return states[distributed.rank()]
+    if main:
+        print(f"note: the checkpoint was written by {len(states)} process(es), this run has "
+              f"{distributed.world_size()}: dropout will draw other masks than the interrupted run would have")
+    return states[0]
 
 
 def read_step(checkpoint_path: Path):

@@ -7,7 +7,8 @@ What "correct" means past one process:
   then sees only its own slice's negatives), which shows the gather is what makes it equal;
 - only rank 0 writes: one log line per step, one checkpoint, one final/ and best/;
 - Ctrl-C reaching one rank stops both after the same step with a checkpoint, and --resume under
-  2 processes logs what the uninterrupted 2-process run logs;
+  2 processes logs what the uninterrupted 2-process run logs, dropout on (the checkpoint holds
+  each rank's random generator state);
 - sharded search: every rank searches its contiguous shard of the corpus and rank 0 merges, and
   the top-k ids equal one process's exactly, for cosine, dot and euclidean, a corpus of odd size,
   and exact ties (duplicate rows) that straddle the shard boundary;
@@ -44,6 +45,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def model_without_dropout(tmp_path_factory) -> Path:
     """test_training's random 2-layer BERT of width 32, with dropout 0 so that slices compute what the batch does."""
     return make_tiny_model(tmp_path_factory, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def model_with_dropout(tmp_path_factory) -> Path:
+    """The same model with dropout 0.1, for resuming: ranks then draw masks from generators of their own."""
+    return make_tiny_model(tmp_path_factory, dropout=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -148,13 +155,14 @@ def test_mnrl_without_the_gather_would_log_other_losses(model_without_dropout, d
 
 
 @pytest.mark.slow
-def test_ctrl_c_on_one_rank_stops_both_and_resume_logs_the_uninterrupted_losses(model_without_dropout, data,
+def test_ctrl_c_on_one_rank_stops_both_and_resume_logs_the_uninterrupted_losses(model_with_dropout, data,
                                                                                  tmp_path):
+    # Dropout on: each rank draws its own masks, so the checkpoint must restore each rank's generator.
     objective = ["--arch", "triplet", "--metric", "euclidean", "--batch-size", "4"]
     expected = tmp_path / "uninterrupted"
-    train_ranks(2, train_args(model_without_dropout, data, expected, *objective), tmp_path)
+    train_ranks(2, train_args(model_with_dropout, data, expected, *objective), tmp_path)
     output = tmp_path / "interrupted"
-    argv = train_args(model_without_dropout, data, output, *objective)
+    argv = train_args(model_with_dropout, data, output, *objective)
     assert train_ranks(2, argv, tmp_path, ctrl_c_after=2) == [130, 130]
     assert training.load_checkpoint(output / "checkpoint.pt")["step"] == 2
     assert not (output / "final").exists()

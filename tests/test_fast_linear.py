@@ -107,6 +107,21 @@ def test_the_measurement_keeps_the_quicker_kernel_once_per_shape(monkeypatch):
             assert set(fast_linear._chosen.values()) == set(fast_linear.BACKENDS) - {slow}
 
 
+def test_the_measurement_leaves_torchs_random_numbers_alone(monkeypatch):
+    """Measuring draws its inputs from a generator of its own: a training run's dropout masks must not
+    depend on whether its process had met a shape before (a resumed run has not)."""
+    if len(BACKENDS_HERE) < 2:
+        pytest.skip("this CPU runs one kernel only: nothing is measured")
+    monkeypatch.delenv(fast_linear.BACKEND_VARIABLE, raising=False)
+    monkeypatch.setattr(fast_linear, "_chosen", {})
+    encoder, ids = random_encoder("bert", "gelu")
+    state = torch.get_rng_state()
+    with torch.no_grad():
+        fast_encoder.forward(encoder, ids, MASK)
+    assert len(fast_linear._chosen) == 4  # every shape was measured
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 @pytest.mark.parametrize("backend", BACKENDS_HERE)
 def test_encode_after_training_uses_the_new_weights(backend, monkeypatch):
     """Kept weights (cast, stacked, reordered) are made again when a parameter changes."""

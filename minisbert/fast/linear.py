@@ -183,8 +183,11 @@ def _quickest(candidates, layers, gelu, keep_as, dtype) -> str:
     Each round has a different number of rows, as encode's batches do: oneDNN prepares its kernel for
     each shape it meets, and that cost is part of what it costs."""
     best = dict.fromkeys(candidates, math.inf)
+    # Inputs from a generator of its own: drawing from torch's global one would change the dropout
+    # masks a training run draws next, depending on when (in which process) a shape is first met.
+    generator = torch.Generator().manual_seed(0)
     for round_number in range(PROBE_ROUNDS + 1):
-        x = torch.randn(PROBE_ROWS - round_number, layers[0].in_features, dtype=dtype)  # (N, in)
+        x = torch.randn(PROBE_ROWS - round_number, layers[0].in_features, dtype=dtype, generator=generator)  # (N, in)
         for backend in candidates:
             weights = _prepare(layers, backend, dtype)
             start = time.perf_counter()
