@@ -81,6 +81,7 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
     in the checkpoint so that a checkpoint of another run is never resumed. evaluate(model) returns
     the dev scores {metric: value, ...} or None; the first metric is the one maximised for best/.
     Returns {"steps", "training_seconds", "best"}; best is {"step", "metric", "value"} or None.
+    training_seconds counts the steps of earlier, interrupted runs too, up to their checkpoint.
     """
     output = Path(output)
     checkpoint_path = output / "checkpoint.pt"
@@ -107,7 +108,7 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
                 "examples": len(examples), "seed": settings.seed, "batch_size": settings.batch_size,
                 "steps": total_steps}
 
-    step, epoch, next_batch, best = 0, 0, 0, None
+    step, epoch, next_batch, best, seconds_before = 0, 0, 0, None, 0.0
     if resume:
         state = training.load_checkpoint(checkpoint_path)
         if state["identity"] != identity:
@@ -122,6 +123,7 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
         scaler.load_state_dict(state["scaler"])
         training.set_rng_state(rank_rng_state(state["rng"], main))
         step, epoch, next_batch, best = state["step"], state["epoch"], state["next_batch"], state["best"]
+        seconds_before = state.get("training_seconds", 0.0)  # absent from checkpoints of older versions
         if main:
             training.truncate_log(output / "log.jsonl", step)  # steps after the checkpoint run again
             print(f"resuming {output} at step {step} (epoch {epoch}, batch {next_batch})")
@@ -138,7 +140,8 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
             "classifier": classifier.state_dict() if classifier is not None else {},
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(), "rng": rng_states,
-            "step": step, "epoch": epoch, "next_batch": next_batch, "best": best})
+            "step": step, "epoch": epoch, "next_batch": next_batch, "best": best,
+            "training_seconds": seconds_before + time.perf_counter() - started})
 
     def evaluate_and_keep_best():
         nonlocal best
@@ -214,7 +217,7 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
     finally:
         stop.restore()
     progress.close()
-    return {"steps": step, "training_seconds": round(time.perf_counter() - started, 1), "best": best}
+    return {"steps": step, "training_seconds": round(seconds_before + time.perf_counter() - started, 1), "best": best}
 
 
 def compute_loss(spec: LossSpec, embeddings: list, batch: list, margin: float, classifier=None):

@@ -276,6 +276,8 @@ def test_ctrl_c_then_resume_logs_exactly_what_an_uninterrupted_run_logs(
             assert (output / folder / name).read_bytes() == (beir_run / folder / name).read_bytes()
     summary, expected_summary = (json.loads((out / "summary.json").read_text()) for out in (output, beir_run))
     assert summary["best"] == expected_summary["best"]
+    # The training time counts the interrupted run's steps too, up to its checkpoint.
+    assert summary["training_seconds"] >= round(checkpoint["training_seconds"], 1) > 0
 
 
 def test_ctrl_c_at_the_end_of_an_epoch_then_resume_with_the_softmax_classifier(
