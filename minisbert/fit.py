@@ -190,7 +190,8 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
                         "or bfloat16 instead of float16")
                 scaler.scaled(share).backward()
                 distributed.sum_gradients([p for _, p in parameters])
-                grad_norm, lr = torch.tensor(float("inf")), scheduler.current_lrs()[0]  # lr: this step's
+                grad_norm = torch.full((), float("inf"), device=model.device)  # stays inf if skipped
+                lr = scheduler.current_lrs()[0]  # this step's
                 if scaler.unscale(p for _, p in parameters):  # False: fp16 overflow, skip this update
                     grad_norm = clip_grad_norm_([p for _, p in parameters], settings.max_grad_norm)
                     optimizer.step()

@@ -249,9 +249,10 @@ def clip_grad_norm_(parameters: Iterable[Tensor], max_norm: float) -> Tensor:
     """
     if not max_norm > 0:
         raise ValueError(f"max_norm must be > 0, got {max_norm}")
+    parameters = list(parameters)
     grads = [param.grad for param in parameters if param.grad is not None]
-    if not grads:
-        return torch.tensor(0.0)
+    if not grads:  # on the parameters' device, as the norm of real gradients would be
+        return torch.zeros((), device=parameters[0].device if parameters else None)
     per_param_norms = torch.stack([torch.linalg.vector_norm(grad) for grad in grads])  # (P,)
     total_norm = torch.linalg.vector_norm(per_param_norms)
     scale = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)

@@ -13,7 +13,10 @@ Memory is a few blocks whatever N is, and the corpus is read once. `chunked_sear
 loop written out: the plain path, `search(..., fast=False)`, and the reference the fast path is
 tested against. The default, `fast=True`, runs minisbert/fast/retrieval.py, which returns the same
 top-k faster (it skips most of step 2 and, where the CPU multiplies bfloat16 natively, most of
-step 1); its docstring says how.
+step 1); its docstring says how. On a CUDA device the fast path is minisbert/fast/device_search.py:
+the same three steps, queued for the GPU without waiting on it, block after block (the loop below
+reads results back to the host at every chunk, to check it and to drop excluded pairs), with a
+corpus in CPU memory copied over while the previous chunk is scored.
 
 Score functions (`score=`):
     cosine     q·c / (|q| |c|)                    larger is better
@@ -70,10 +73,17 @@ def search(
             corpus row. When given, a corpus row whose id equals the query's id is never returned
             for that query (BEIR drops such self-matches), and the next best row takes its place.
         device: where to compute. Defaults to the corpus tensor's device (CPU for numpy). The
-            corpus may live elsewhere (e.g. in CPU memory): it is moved chunk by chunk.
-        bf16_screen: fast path only: screen each block with a bfloat16 matrix product (see
-            minisbert/fast/retrieval.py). The results are the same either way; only the speed
-            differs. None (the default) screens on a CPU with native bfloat16 dot products.
+            corpus may live elsewhere (e.g. in CPU memory): it is moved chunk by chunk. On a GPU
+            there are two ways to hold a large corpus (see minisbert/fast/device_search.py):
+            on the GPU in float16, half the memory of float32 (8.8M x 768 takes 13.5 GB):
+            `corpus = corpus.half().to("cuda")`; or in CPU memory, streamed to the GPU
+            chunk by chunk while the previous chunk is scored, fastest from pinned memory:
+            `corpus = corpus.pin_memory()` once, then `search(..., device="cuda")`. A corpus
+            in ordinary CPU memory is staged through pinned buffers, one more copy per chunk.
+        bf16_screen: fast path on a CPU only: screen each block with a bfloat16 matrix product
+            (see minisbert/fast/retrieval.py). The results are the same either way; only the
+            speed differs. None (the default) screens on a CPU with native bfloat16 dot
+            products. The search on a CUDA device never screens.
         fast: True (the default) runs minisbert/fast/retrieval.py, False the plain
             `chunked_search` below. Both return the same top-k.
 

@@ -12,8 +12,12 @@ things. What is checked, for the queries and the corpus alike:
   (Cauchy-Schwarz), so the largest query norm and the largest corpus norm bound every score. Cosine
   scores lie in [-1, 1].
 
-An input that fails gets a ValueError naming the input and the row. Tested through both searches in
-tests/test_retrieval.py.
+An input that fails gets a ValueError naming the input and the row. The corpus is checked chunk by
+chunk as it is scored: here by `SearchInputs.corpus_chunk`, which reads each chunk's outcome back
+to the host, and on a GPU by minisbert/fast/device_search.py, which keeps it on the device and
+reads it once at the end; both raise through `not_finite_error` and `check_scores_fit`, so the
+messages are the same. Tested through every search in tests/test_retrieval.py and
+tests/test_device_search.py.
 """
 
 from collections.abc import Hashable, Sequence
@@ -32,8 +36,10 @@ SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
 # (1024, 8192) float32 blocks, 32 MB, balance the two.
 DEFAULT_QUERY_CHUNK_SIZE = 1024
 DEFAULT_CORPUS_CHUNK_SIZE = 8192
-# On a GPU each block costs a few kernel launches and one host synchronisation, so fewer, wider
-# blocks are better; this value was chosen by that argument, not measured.
+# On a GPU each block costs a few kernel launches (and no host synchronisation: see
+# minisbert/fast/device_search.py), so fewer, wider blocks are better; this value was chosen by
+# that argument, not measured. At 1024 queries a block takes 128 MB of float32 scores and, for
+# the device search's top-k, 256 MB of int64 keys.
 DEFAULT_CUDA_CORPUS_CHUNK_SIZE = 32768
 # Cosine divides by max(|v|, TINY): a zero vector scores 0 instead of NaN.
 TINY = torch.finfo(torch.float32).tiny
@@ -77,18 +83,7 @@ class SearchInputs:
         """Raise if the largest query and the largest row of a chunk could score beyond float32."""
         query_row, doc_row = int(self.query_sizes.argmax()), int(chunk_sizes.argmax())
         query_size, doc_size = float(self.query_sizes[query_row]), float(chunk_sizes[doc_row])
-        if self.score == "euclidean":
-            query_norm, doc_norm = query_size**0.5, doc_size**0.5
-            bound = (query_norm + doc_norm) ** 2
-        else:
-            query_norm, doc_norm = query_size, doc_size
-            bound = query_norm * doc_norm
-        if bound > LARGEST_SCORE:
-            raise ValueError(
-                f"queries row {query_row} (norm {query_norm:.3g}) and corpus row "
-                f"{doc_start + doc_row} (norm {doc_norm:.3g}) may score beyond float32 with "
-                f"score={self.score!r}; scale the embeddings down or use score='cosine'"
-            )
+        check_scores_fit(self.score, query_row, query_size, doc_start + doc_row, doc_size)
 
     def results(
         self, top_scores: torch.Tensor, top_indices: torch.Tensor
@@ -175,10 +170,35 @@ def check_finite_rows(sizes: torch.Tensor, name: str, start: int) -> None:
     """Raise naming the first of the (n,) rows, numbered from `start`, whose size is NaN or inf."""
     finite = torch.isfinite(sizes)  # (n,)
     if not finite.all():
-        row = start + int(finite.logical_not().nonzero()[0])
+        raise not_finite_error(name, start + int(finite.logical_not().nonzero()[0]))
+
+
+def not_finite_error(name: str, row: int) -> ValueError:
+    """The error for row `row` of `name` ("queries" or "corpus"), whose size is NaN or inf."""
+    return ValueError(
+        f"{name} row {row} contains NaN or inf, or values too large for float32; embed it "
+        f"again or drop it"
+    )
+
+
+def check_scores_fit(
+    score: str, query_row: int, query_size: float, doc_row: int, doc_size: float
+) -> None:
+    """Raise if the query row and the corpus row with the largest sizes (norms, or squared norms
+    for euclidean; see `row_sizes`) could score beyond float32. Plain numbers, read from the
+    device by the caller: `SearchInputs.corpus_chunk` reads them chunk by chunk, the device
+    search (minisbert/fast/device_search.py) all at once at the end."""
+    if score == "euclidean":
+        query_norm, doc_norm = query_size**0.5, doc_size**0.5
+        bound = (query_norm + doc_norm) ** 2
+    else:
+        query_norm, doc_norm = query_size, doc_size
+        bound = query_norm * doc_norm
+    if bound > LARGEST_SCORE:
         raise ValueError(
-            f"{name} row {row} contains NaN or inf, or values too large for float32; embed it "
-            f"again or drop it"
+            f"queries row {query_row} (norm {query_norm:.3g}) and corpus row {doc_row} "
+            f"(norm {doc_norm:.3g}) may score beyond float32 with score={score!r}; scale the "
+            f"embeddings down or use score='cosine'"
         )
 
 

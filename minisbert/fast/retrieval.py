@@ -2,7 +2,10 @@
 minisbert/retrieval.py (score a block, take its top-k, merge), with less work per block.
 
 Called by `minisbert.retrieval.search` (its default, fast=True), which checks the inputs with
-minisbert/search_inputs.py and documents the arguments, score functions and the tie rule.
+minisbert/search_inputs.py and documents the arguments, score functions and the tie rule. On a
+CUDA device `fast_search` hands the search to minisbert/fast/device_search.py: what follows is
+built for a CPU, where reading a result to decide what to do next costs nothing, and on a GPU
+every such read stalls the device.
 
 Why it is fast on a CPU. The matrix product costs 2·Q·N·d FLOP and is compute-bound when the
 query chunk is large (BLAS-3), so the time to beat is the product itself; choosing the k best must
@@ -45,6 +48,7 @@ import torch
 
 from .. import cpu
 from ..search_inputs import TINY, SearchInputs, drop_excluded, row_norms
+from .device_search import device_search
 
 # Columns per group in the first, coarse filter of each block (see _merge_block).
 GROUP_SIZE = 64
@@ -59,6 +63,8 @@ F32_UNIT = 2.0**-24
 def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (Q, k) scores (ranking keys 2 q·c - |c|² for euclidean) and corpus indices, best
     first, as `minisbert.retrieval.chunked_search` returns them. bf16_screen: see `search`."""
+    if inputs.device.type == "cuda":
+        return device_search(inputs)  # screening is for CPUs: bf16_screen does not apply
     queries, score, device = inputs.queries, inputs.score, inputs.device
     num_queries, num_docs, k = queries.shape[0], inputs.corpus.shape[0], inputs.k
     query_chunk_size, corpus_chunk_size = inputs.query_chunk_size, inputs.corpus_chunk_size
@@ -110,7 +116,7 @@ def _largest_norm(sizes: torch.Tensor, score: str, dim: int) -> torch.Tensor:
     """An upper bound on the norms of a chunk's rows as scored, from their (Nc,) sizes."""
     if score == "cosine":
         # Unit rows (or zero), up to the float32 rounding of the norm and of the division.
-        return torch.tensor(1 + 2 * (dim + 2) * F32_UNIT)
+        return torch.tensor(1 + 2 * (dim + 2) * F32_UNIT, device=sizes.device)
     if score == "euclidean":
         # The sizes are squared norms; 2^-100 stands in for squares that underflowed to zero.
         return (sizes.amax() + 2.0**-100).sqrt()
