@@ -21,12 +21,14 @@ Without CUDA it says so and exits with code 0 and nothing measured. The parts th
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-import minisbert
-from minisbert.retrieval import search
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as `python bench/gpu.py` from a clone
+import minisbert  # noqa: E402
+from minisbert.retrieval import search  # noqa: E402
 
 TEXTS = [f"sentence number {i} about {topic}" for i in range(256)
          for topic in ("bread", "bikes", "the sky", "gardens")][:512]
