@@ -16,13 +16,16 @@ What "correct" means past one process:
 
 Tests that start 2 processes more than once (each start costs seconds) are marked slow.
 The processes are started with torch.multiprocessing and the environment torchrun would set
-(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so train.main runs as under torchrun.
+(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so train.main runs as under torchrun;
+one test starts train.py with torchrun itself, as the README does.
 """
 
 import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +39,7 @@ from minisbert import datasets
 from minisbert import distributed, training
 from minisbert.retrieval import search
 
+from .conftest import REPO
 from .test_training import CORPUS, PAIRS, QRELS, QUERIES, TRIPLETS, make_tiny_model, read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -171,6 +175,26 @@ def test_ctrl_c_on_one_rank_stops_both_and_resume_logs_the_uninterrupted_losses(
     assert (output / "final" / "model.safetensors").read_bytes() == \
         (expected / "final" / "model.safetensors").read_bytes()
     assert sorted(p.name for p in output.iterdir()) == ["best", "checkpoint.pt", "final", "log.jsonl", "summary.json"]
+
+
+@pytest.mark.slow
+def test_the_readme_torchrun_command_trains_one_model(model_without_dropout, data, tmp_path):
+    """The real launcher, as the README runs it: torchrun starts 2 processes of train.py, which log
+    the losses of one process and write one log, one checkpoint and one model."""
+    argv = train_args(model_without_dropout, data, tmp_path / "torchrun", "--loss", "mnrl", "--batch-size", "4")
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    finished = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                               "train.py", *argv], cwd=REPO, env=environment, capture_output=True, text=True,
+                              timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert train_ranks(1, train_args(model_without_dropout, data, tmp_path / "one", "--loss", "mnrl",
+                                     "--batch-size", "4"), tmp_path) == [0]
+    two, one = read_log(tmp_path / "torchrun"), read_log(tmp_path / "one")
+    assert [e["step"] for e in two] == [e["step"] for e in one]
+    assert [e["loss"] for e in two] == pytest.approx([e["loss"] for e in one], abs=1e-5)
+    assert sorted(p.name for p in (tmp_path / "torchrun").iterdir()) == \
+        ["best", "checkpoint.pt", "final", "log.jsonl", "summary.json"]
+    assert "2 process(es)" in finished.stdout
 
 
 @pytest.mark.slow
