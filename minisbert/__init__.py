@@ -23,6 +23,13 @@ def load(name_or_path, device=None, fast: bool = True):
     return SentenceModel.from_dir(resolve(name_or_path), device=device, fast=fast)
 
 
+def SentenceTransformer(model_name_or_path, device=None):  # noqa: N802 (sentence-transformers' name)
+    """sentence-transformers' constructor, by name, so that its snippets run with the import changed
+    (`from minisbert import SentenceTransformer`): the same as load(). encode() and similarity()
+    take sentence-transformers' arguments (minisbert/model.py)."""
+    return load(model_name_or_path, device=device)
+
+
 def __getattr__(name):
     # Imported on first use, so `python -m minisbert.weights` does not find weights already loaded.
     if name == "SentenceModel":
@@ -32,4 +39,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'minisbert' has no attribute {name!r}")
 
 
-__all__ = ["load", "SentenceModel"]
+__all__ = ["load", "SentenceModel", "SentenceTransformer"]

@@ -1,7 +1,7 @@
 """The similarity functions: each entry of the (n, m) matrix is its definition, computed here one pair at
 a time in float64 (cosine a·b / (|a| |b|), dot a·b, euclidean -|a - b|, manhattan -sum |a_d - b_d|);
 numpy arrays and tensors, single embeddings and matrices are all accepted; wrong inputs are refused
-naming what is wrong."""
+naming what is wrong; and sentence-transformers' own snippet runs on minisbert with the import changed."""
 
 import math
 
@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+import minisbert
 from minisbert.similarity import SIMILARITY_FUNCTIONS, similarity
+
+from .conftest import reference
 
 DEFINITIONS = {
     "cosine": lambda a, b: sum(x * y for x, y in zip(a, b)) / (math.hypot(*a) * math.hypot(*b)),
@@ -50,3 +53,30 @@ def test_cosine_is_the_default_and_zero_rows_score_zero():
 def test_bad_inputs_are_refused(a, b, function, error, message):
     with pytest.raises(error, match=message):
         similarity(a, b, function)
+
+
+# A snippet written for sentence-transformers (its usual quickstart shape: construct, encode, compare),
+# with only the import line changed.
+SNIPPET = """
+from minisbert import SentenceTransformer
+
+model = SentenceTransformer(MODEL)
+sentences = [
+    "The train left the station late.",
+    "Our train was delayed this morning.",
+    "She planted tomatoes in the garden.",
+]
+embeddings = model.encode(sentences)
+similarities = model.similarity(embeddings, embeddings)
+"""
+
+
+def test_a_sentence_transformers_snippet_runs_with_the_import_changed():
+    folder = reference("tiny_st_dense")[0]
+    names = {"MODEL": str(folder)}
+    exec(SNIPPET, names)
+    embeddings, similarities = names["embeddings"], names["similarities"]
+    assert isinstance(embeddings, np.ndarray) and embeddings.shape == (3, minisbert.load(folder).dimension)
+    assert similarities.shape == (3, 3)
+    assert torch.allclose(similarities, similarity(embeddings, embeddings, "cosine"))
+    assert torch.allclose(similarities.diagonal(), torch.ones(3), atol=1e-6)
