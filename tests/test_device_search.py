@@ -24,7 +24,7 @@ from minisbert.fast.device_search import device_search
 from minisbert.retrieval import chunked_search
 from minisbert.search_inputs import check_inputs
 
-from .test_retrieval import SCORES, brute_force, tied_problem, two_norm_embeddings
+from .test_retrieval import SCORES, brute_force, ids_problem, tied_problem, two_norm_embeddings
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -45,24 +45,6 @@ def assert_same_top_k(plain, device, exact=False):
         assert torch.equal(device[0].cpu(), plain[0].cpu())
     else:  # the norms for cosine are summed in float64 here, in float32 by the plain path
         torch.testing.assert_close(device[0].cpu(), plain[0].cpu())
-
-
-def ids_problem(score, generator):
-    """203 corpus rows, 47 queries, 7 of them corpus rows whose self-match is excluded; rows
-    150 on repeat earlier ones (ties). Every score is exact in float32 (see tied_problem)."""
-    if score == "cosine":
-        corpus, queries = two_norm_embeddings(203, 24, generator), two_norm_embeddings(40, 24, generator)
-    else:
-        corpus = torch.randint(-16, 17, (203, 24), generator=generator) / 8
-        queries = torch.randint(-16, 17, (40, 24), generator=generator) / 8
-    corpus[150:] = corpus[torch.randint(0, 150, (53,), generator=generator)]
-    self_rows = [0, 7, 151, 160, 170, 200, 202]
-    queries = torch.cat([queries, corpus[self_rows]])
-    ids = {
-        "query_ids": [f"q{i}" for i in range(40)] + [f"d{i}" for i in self_rows],
-        "corpus_ids": [f"d{i}" for i in range(203)],
-    }
-    return queries, corpus, ids
 
 
 # ---- the keys ------------------------------------------------------------------------------

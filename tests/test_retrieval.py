@@ -197,6 +197,26 @@ def test_empty_query_set_gives_empty_results(path):
 # ---- plain and fast agree ------------------------------------------------------------------
 
 
+SELF_ROWS = [0, 7, 151, 160, 170, 200, 202]  # corpus rows that are also ids_problem's last 7 queries
+
+
+def ids_problem(score, generator):
+    """203 corpus rows, 47 queries, 7 of them corpus rows whose self-match is excluded; rows
+    150 on repeat earlier ones (ties). Every score is exact in float32 (see tied_problem)."""
+    if score == "cosine":
+        corpus, queries = two_norm_embeddings(203, 24, generator), two_norm_embeddings(40, 24, generator)
+    else:
+        corpus = torch.randint(-16, 17, (203, 24), generator=generator) / 8
+        queries = torch.randint(-16, 17, (40, 24), generator=generator) / 8
+    corpus[150:] = corpus[torch.randint(0, 150, (53,), generator=generator)]
+    queries = torch.cat([queries, corpus[SELF_ROWS]])
+    ids = {
+        "query_ids": [f"q{i}" for i in range(40)] + [f"d{i}" for i in SELF_ROWS],
+        "corpus_ids": [f"d{i}" for i in range(203)],
+    }
+    return queries, corpus, ids
+
+
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("chunk_sizes", [(5, 17), (17, 5), (64, 1000)])
 def test_plain_and_fast_return_the_same_top_k(score, chunk_sizes):
@@ -204,20 +224,8 @@ def test_plain_and_fast_return_the_same_top_k(score, chunk_sizes):
     # rows (ties within and across chunks), and 7 queries are corpus rows whose self-match is
     # dropped. The entries are multiples of 1/8 (cosine: see two_norm_embeddings), so every score
     # is exact in float32 whatever the order of the sums: the two paths must agree exactly.
-    generator = torch.Generator().manual_seed(12)
-    if score == "cosine":
-        corpus = two_norm_embeddings(203, 24, generator)
-        queries = two_norm_embeddings(40, 24, generator)
-    else:
-        corpus = torch.randint(-16, 17, (203, 24), generator=generator) / 8
-        queries = torch.randint(-16, 17, (40, 24), generator=generator) / 8
-    corpus[150:] = corpus[torch.randint(0, 150, (53,), generator=generator)]
-    self_rows = [0, 7, 151, 160, 170, 200, 202]
-    queries = torch.cat([queries, corpus[self_rows]])
-    ids = {
-        "query_ids": [f"q{i}" for i in range(40)] + [f"d{i}" for i in self_rows],
-        "corpus_ids": [f"d{i}" for i in range(203)],
-    }
+    queries, corpus, ids = ids_problem(score, torch.Generator().manual_seed(12))
+    self_rows = SELF_ROWS
     query_chunk_size, corpus_chunk_size = chunk_sizes
     chunks = {"query_chunk_size": query_chunk_size, "corpus_chunk_size": corpus_chunk_size}
     plain_scores, plain_indices = search(queries, corpus, 12, score=score, **chunks, **ids, fast=False)
