@@ -119,7 +119,12 @@ def dims_figure(path: Path, dims: list, quality: dict, speed: dict, untrained: d
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(dims, [str(d) for d in dims])
-        ax.minorticks_off()
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+    # Speeds span one or two powers of ten: label 1, 2 and 5 times each, written out (2,000, not 2x10^3).
+    right.yaxis.set_major_locator(plt.LogLocator(subs=(1.0, 2.0, 5.0)))
+    right.yaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    right.yaxis.set_minor_locator(plt.NullLocator())
+    for ax in (left, right):
         ax.set_xlabel("embedding size D")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
