@@ -28,7 +28,7 @@ import minisbert
 from minisbert import datasets, distributed, metrics
 from minisbert.evaluation import CACHE_DIR, LEXICAL, rank, sts_correlations
 from minisbert.fileio import check_writable_folder, write_json
-from minisbert.model import AMP_DTYPES
+from minisbert.model import AMP_DTYPES, dtype_for
 
 METRIC_ROWS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("Recall", "recall"),
                ("MRR", "mrr"), ("NDCG", "ndcg"), ("MAP", "map")]
@@ -63,10 +63,10 @@ def parse_args(argv=None):
                    help="qrels for --run: TREC format (qid 0 docid grade) or a BEIR qrels/*.tsv")
     p.add_argument("--no-cache", action="store_true", help="encode the corpus even if cached")
     args = p.parse_args(argv)
-    if args.amp is not None:
-        if args.dtype not in ("float32", AMP_DTYPES[args.amp]):
-            p.error(f"--amp {args.amp} and --dtype {args.dtype} disagree: give one of them")
-        args.dtype = AMP_DTYPES[args.amp]
+    try:
+        args.dtype = dtype_for(args.amp, args.dtype)
+    except ValueError as disagreement:
+        p.error(str(disagreement))
     if any(k <= 0 for k in args.k):
         p.error(f"--k values must be positive, got {args.k}")
     if args.batch_size <= 0:

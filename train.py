@@ -29,7 +29,7 @@ from minisbert.evaluation import evaluate_dev
 from minisbert.fileio import check_writable_folder, write_json
 from minisbert.fit import Interrupted, TrainingFailed, TrainingSettings, fit
 from minisbert.losses import SoftmaxClassifier, select_loss
-from minisbert.model import AMP_DTYPES, check_dtype
+from minisbert.model import AMP_DTYPES, check_dtype, dtype_for
 from minisbert.pooling import Dense
 
 
@@ -87,10 +87,10 @@ def parse_args(argv=None):
     p.add_argument("--output", type=Path, default=None, help="default: runs/<arch>-<metric>-<time>")
     p.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
     args = p.parse_args(argv)
-    if args.amp is not None:
-        if args.dtype not in ("float32", AMP_DTYPES[args.amp]):
-            p.error(f"--amp {args.amp} and --dtype {args.dtype} disagree: give one of them")
-        args.dtype = AMP_DTYPES[args.amp]
+    try:
+        args.dtype = dtype_for(args.amp, args.dtype)
+    except ValueError as disagreement:
+        p.error(str(disagreement))
     if args.resume and args.output is None:
         p.error("--resume needs --output DIR: the folder of the run to continue")
     for flag, valid, requirement in FLAG_RANGES:

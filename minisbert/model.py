@@ -40,6 +40,17 @@ PROGRESS_MIN_TEXTS = 1000  # show a progress line for inputs at least this long
 AUTOCAST_DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # train.py / evaluate.py --amp, another spelling of --dtype
 
+
+def dtype_for(amp: str | None, dtype: str) -> str:
+    """The precision asked for by train.py's and evaluate.py's --dtype and --amp, its other spelling
+    (bf16 = bfloat16, fp16 = float16); a ValueError when both are given and disagree."""
+    if amp is None:
+        return dtype
+    if dtype not in ("float32", AMP_DTYPES[amp]):
+        raise ValueError(f"--amp {amp} and --dtype {dtype} disagree: give one of them")
+    return AMP_DTYPES[amp]
+
+
 def check_dtype(dtype: str, device) -> torch.dtype:
     """The autocast dtype for computing in `dtype` on `device` (None: plain float32), or a ValueError
     saying why not. float32 runs anywhere; float16 on GPUs; bfloat16 on GPUs and on CPUs that

@@ -24,7 +24,7 @@ from minisbert.fast.device_search import device_search
 from minisbert.retrieval import chunked_search
 from minisbert.search_inputs import check_inputs
 
-from .test_retrieval import SCORES, brute_force, ids_problem, tied_problem, two_norm_embeddings
+from .test_retrieval import AWKWARD_CHUNKINGS, SCORES, brute_force, ids_problem, tied_problem, two_norm_embeddings
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -78,12 +78,8 @@ def test_keys_order_by_score_then_lower_row_and_decode_back():
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize(
     "k, query_chunk_size, corpus_chunk_size",
-    [
-        (7, 5, 17),  # chunk sizes divide neither Q = 23 nor N = 101
-        (1, 5, 17),  # k = 1
-        (30, 4, 17),  # k larger than a corpus chunk
+    AWKWARD_CHUNKINGS + [
         (150, 23, 40),  # k > N: the whole corpus, ranked
-        (7, 1, 1),  # one query against one document at a time
         (7, 1024, 32768),  # the CUDA defaults: a single block here
     ],
 )

@@ -95,15 +95,21 @@ def test_worked_example_each_score(path):
 # ---- agreement with brute force ------------------------------------------------------------
 
 
+# (k, query_chunk_size, corpus_chunk_size) for the random tests' 23 queries over 101 rows (here and in
+# test_device_search.py).
+AWKWARD_CHUNKINGS = [
+    (7, 5, 17),  # chunk sizes divide neither Q = 23 nor N = 101
+    (1, 5, 17),  # k = 1
+    (30, 4, 17),  # k larger than a corpus chunk
+    (7, 1, 1),  # one query against one document at a time
+]
+
+
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize(
     "k, query_chunk_size, corpus_chunk_size",
-    [
-        (7, 5, 17),  # chunk sizes divide neither Q = 23 nor N = 101
-        (1, 5, 17),  # k = 1
-        (30, 4, 17),  # k larger than a corpus chunk
+    AWKWARD_CHUNKINGS + [
         (101, 23, 101),  # k = N, one block
-        (7, 1, 1),  # one query against one document at a time
         (7, 1024, 8192),  # the CPU defaults: a single block here
     ],
 )

@@ -3,8 +3,8 @@ directory can describe its tokenizer.
 
 The fixtures hold one of each: tiny_bert a `vocab.txt` (WordPiece, lowercasing, built by
 minisbert), tiny_roberta a `vocab.json` + `merges.txt` (byte-level BPE, built by minisbert),
-tiny_distilbert and tiny_st_dense a `tokenizer.json`; their reference ids and token strings come
-from transformers' AutoTokenizer and from sentence-transformers (tests/fixtures/make_fixtures.py).
+tiny_distilbert and tiny_st_dense a `tokenizer.json`; their reference ids and token strings were
+made by transformers' AutoTokenizer and by sentence-transformers (tests/fixtures/make_fixtures.py).
 "Correct" means: the same ids and tokens on six sentences (accents, an emoji, unknown words, runs of
 spaces, one cut by truncation); truncation at max_seq_length with the special tokens kept, whatever
 a tokenizer.json carried; padding with the model's own padding id and a mask that marks real tokens.
