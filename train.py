@@ -128,10 +128,9 @@ def main(argv=None):
         model.dense = Dense(model.dimension, args.dim, activation="tanh").to(model.device)
     # The losses see what the model outputs, unit length if it normalises (as in sentence-transformers).
 
-    # The data: examples of the shape the loss needs (MNRL without hard negatives uses the first two
-    # texts of each), and a dev split, when the data has one, to choose the best model.
-    shape = {"score": training.SCORED, "class": training.LABELLED, None: training.TRIPLETS}[spec.label_kind]
-    examples = training.training_examples(args.data, shape, model=model, seed=args.seed)
+    # The data: examples of the shape the loss needs (MNRL without hard negatives reads pairs), and a
+    # dev split, when the data has one, to choose the best model.
+    examples = training.training_examples(args.data, training.example_shape(spec), model=model, seed=args.seed)
     if not examples:
         sys.exit(f"no training examples in {args.data}")
     classifier = None

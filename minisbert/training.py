@@ -30,6 +30,7 @@ from .retrieval import search
 from .fileio import atomic_write
 
 SCORED, TRIPLETS, LABELLED = "scored pairs", "triplets", "labelled pairs"
+POSITIVE_PAIRS = "positive pairs"  # (query, relevant text): what MNRL without hard negatives reads
 
 
 @dataclass(frozen=True)
@@ -66,15 +67,38 @@ def mine_hard_negatives(model, retrieval: datasets.RetrievalData, top_k: int = 1
     return examples
 
 
+def example_shape(spec) -> str:
+    """The examples a loss (losses.LossSpec) reads: scored pairs, labelled pairs, triplets, or
+    positive pairs for MNRL without hard negatives (so that nothing is mined for it)."""
+    if spec.label_kind is not None:
+        return {"score": SCORED, "class": LABELLED}[spec.label_kind]
+    return POSITIVE_PAIRS if spec.n_texts == 2 else TRIPLETS
+
+
+def relevant_pairs(retrieval: datasets.RetrievalData) -> list:
+    """One (query, relevant document) pair per judgment with relevance > 0, in the order of
+    mine_hard_negatives' triplets (which add a negative to each)."""
+    return [Example((retrieval.queries[query_id], retrieval.corpus[doc_id]))
+            for query_id in retrieval.queries for doc_id, relevance in retrieval.qrels.get(query_id, {}).items()
+            if relevance > 0 and doc_id in retrieval.corpus]
+
+
 def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
     """Examples of `shape` from a dataset: `stsb`, `sick`, `scifact`, `example`, or a folder.
 
     Folders may hold STS-B or SICK (themselves or as stsb/, sick/), pairs.tsv (scored pairs),
     triplets.tsv, MS MARCO files (`msmarco_examples`), or a BEIR layout (triplets mined from
     qrels/train.tsv with `model`). STS-B and SICK give scored pairs scaled to [0, 1]; SICK also
-    gives labelled pairs from its entailment judgments.
+    gives labelled pairs from its entailment judgments. Positive pairs are the triplets' first two
+    texts; a BEIR layout gives them straight from its judgments, without mining.
     """
     sts = datasets.sts_name(data)
+    if shape == POSITIVE_PAIRS:
+        folder = None if sts else datasets.dataset_folder(data)
+        if folder is not None and (folder / "qrels" / "train.tsv").is_file() and not any(
+                (folder / name).is_file() for name in ("collection.tsv", "triplets.tsv")):
+            return relevant_pairs(datasets.load_beir(folder, "train"))  # no model needed: nothing to mine
+        return [Example(example.texts[:2]) for example in training_examples(data, TRIPLETS, model, seed)]
     if sts:
         pairs = datasets.load_sts(data, "train")
         if shape == SCORED:

@@ -54,6 +54,7 @@ from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
 from minisbert.evaluation import evaluate_dev
 from minisbert.fast import encoder as fast_encoder
+from minisbert.losses import select_loss
 from minisbert.model import SentenceModel
 from minisbert.tokenizer import Tokenizer
 
@@ -788,3 +789,22 @@ def test_the_command_line_refuses_a_nan_learning_rate_in_one_line(tiny_model, ts
     finished = run_script("train.py", "--model", tiny_model, "--data", tsv_data, "--lr", "nan", "--output", tmp_path / "run")
     assert_one_clear_line(finished, "--lr must be positive, got nan")
     assert not (tmp_path / "run").exists()
+
+
+def test_mnrl_on_pairs_reads_the_judgments_as_they_are_and_mines_nothing(tiny_model, beir_data, monkeypatch):
+    """MNRL without hard negatives reads (query, relevant document) pairs: the mined triplets'
+    first two texts, in their order, taken from qrels/train.tsv with no model and no mining."""
+    model = minisbert.load(tiny_model)
+    triplets = training.training_examples(str(beir_data), training.TRIPLETS, model=model)
+    monkeypatch.setattr(training, "mine_hard_negatives", lambda *a, **k: pytest.fail("mined for pairs"))
+    pairs = training.training_examples(str(beir_data), training.POSITIVE_PAIRS)
+    assert pairs and [e.texts for e in pairs] == [e.texts[:2] for e in triplets]
+    assert all(e.label is None for e in pairs)
+    assert training.example_shape(select_loss("siamese", "cosine", "mnrl")) == training.POSITIVE_PAIRS
+    assert training.example_shape(select_loss("triplet", "cosine", "mnrl")) == training.TRIPLETS
+
+
+def test_positive_pairs_from_triplets_tsv_are_each_triplets_first_two_texts(tmp_path):
+    (tmp_path / "triplets.tsv").write_text("a query\tits answer\ta wrong answer\n")
+    pairs = training.training_examples(str(tmp_path), training.POSITIVE_PAIRS)
+    assert [e.texts for e in pairs] == [("a query", "its answer")]
