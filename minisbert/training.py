@@ -289,7 +289,9 @@ class LossScaler:
         grads = [p.grad for p in parameters if p.grad is not None]
         for grad in grads:
             grad.div_(self.scale)
-        if all(torch.isfinite(grad).all() for grad in grads):
+        # All gradients' checks are gathered on their device, so the host reads one value, not one per gradient.
+        finite = [torch.isfinite(grad).all() for grad in grads]
+        if not finite or bool(torch.stack(finite).all()):
             self.good_steps += 1
             if self.good_steps % self.growth_interval == 0:
                 self.scale *= 2.0

@@ -16,7 +16,6 @@ import warnings
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode, resolve_name
 
 from minisbert.fast import device_search as device_module
 from minisbert.fast import retrieval as fast_retrieval
@@ -24,6 +23,7 @@ from minisbert.fast.device_search import device_search
 from minisbert.retrieval import chunked_search
 from minisbert.search_inputs import check_inputs
 
+from .host_reads import HostReads
 from .test_retrieval import AWKWARD_CHUNKINGS, SCORES, brute_force, ids_problem, tied_problem, two_norm_embeddings
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -195,41 +195,6 @@ def test_corpora_beyond_32_bit_row_numbers_are_refused(monkeypatch):
 
 
 # ---- no host reads per chunk ---------------------------------------------------------------
-
-# Tensor methods and torch functions that read a tensor's values on the host, or whose result's
-# size depends on its values (so that the host must read it before queueing what follows).
-# Moves to the CPU are not listed: on the CPU, where these tests run, they move nothing; the CUDA
-# test below catches them.
-HOST_READS = {
-    "item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "nonzero",
-    "argwhere", "unique", "unique_consecutive", "masked_select", "repeat_interleave", "equal",
-    "allclose",
-}
-
-
-class HostReads(TorchFunctionMode):
-    """Records the name of every torch call in HOST_READS, and of every indexing with a boolean
-    mask (which must count the mask's True entries on the host)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = (resolve_name(func) or getattr(func, "__name__", "")).rsplit(".", 1)[-1]
-        indexing = name in ("__getitem__", "__setitem__", "index_put_", "index_put")
-        if name in HOST_READS or (indexing and _holds_a_mask(args[1:])):
-            self.calls.append(name)
-        return func(*args, **(kwargs or {}))
-
-
-def _holds_a_mask(value):
-    if isinstance(value, torch.Tensor):
-        return value.dtype == torch.bool
-    if isinstance(value, (list, tuple)):
-        return any(_holds_a_mask(item) for item in value)
-    return False
-
 
 def test_host_read_spy_sees_what_the_plain_path_does():
     # The spy catches the reads the plain path makes at every chunk (checks, excluded pairs).

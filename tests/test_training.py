@@ -59,6 +59,7 @@ from minisbert.model import SentenceModel
 from minisbert.tokenizer import Tokenizer
 
 from .conftest import FIXTURES, assert_one_clear_line, run_script
+from .host_reads import HostReads
 
 # (anchor, positive, negative): six questions, each with an answer and an answer to another question.
 TRIPLETS = [
@@ -752,6 +753,15 @@ def test_loss_scaler_skips_overflowing_steps_halves_and_grows_the_scale():
     restored = training.LossScaler(enabled=True)
     restored.load_state_dict(scaler.state_dict())
     assert (restored.scale, restored.good_steps) == (4.0, 1)
+
+
+@pytest.mark.parametrize("overflow", [False, True])
+def test_the_loss_scaler_reads_one_value_from_the_device_however_many_gradients(overflow):
+    for count in (1, 12):
+        parameters = gradients(*[[1.0, 3.0]] * (count - 1), [float("inf") if overflow else 2.0])
+        with HostReads() as spy:
+            assert training.LossScaler(enabled=True, scale=8.0).unscale(parameters) is not overflow
+        assert spy.calls == ["__bool__"]
 
 
 def test_a_disabled_loss_scaler_changes_nothing_and_never_skips():
