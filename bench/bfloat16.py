@@ -60,14 +60,14 @@ def encoding(model, texts, batch_size) -> dict:
     return {"cosines": (embeddings["bfloat16"] * embeddings["float32"]).sum(axis=1), "rates": rates}
 
 
-def training(steps: int, stsb: str, folder: Path) -> dict:
+def training(model_name: str, steps: int, stsb: str, folder: Path) -> dict:
     """train.py for `steps` steps in each precision; {dtype: (training seconds, STS-B test Spearman)}."""
     test = datasets.load_sts(stsb, "test")
     results = {}
     for dtype in DTYPES:
         output = folder / dtype
-        train.main(["--arch", "siamese", "--metric", "cosine", "--data", stsb, "--max-steps", str(steps),
-                    "--dtype", dtype, "--eval-steps", "0", "--output", str(output)])
+        train.main(["--model", model_name, "--arch", "siamese", "--metric", "cosine", "--data", stsb,
+                    "--max-steps", str(steps), "--dtype", dtype, "--eval-steps", "0", "--output", str(output)])
         seconds = json.loads((output / "summary.json").read_text())["training_seconds"]
         spearman = sts_correlations(minisbert.load(str(output / "final")), test)["spearman"]
         results[dtype] = (seconds, spearman)
@@ -75,7 +75,7 @@ def training(steps: int, stsb: str, folder: Path) -> dict:
     return results
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data_root = Path(os.environ.get("MINISBERT_DATA_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data"))
     p.add_argument("--model", default="all-MiniLM-L6-v2")
@@ -88,7 +88,7 @@ def main():
     p.add_argument("--train-steps", type=int, default=0, help="train.py on STS-B for this many steps in each (0: no)")
     p.add_argument("--emulate", action="store_true",
                    help="on a CPU without native bfloat16, run torch's software bfloat16 (accuracy only)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.limit < 0 or args.train_steps < 0 or args.batch_size < 1 or args.max_seq_length < 1:
         p.error("--limit and --train-steps must be >= 0, --batch-size and --max-seq-length positive")
     if (args.limit or args.ndcg) and not (args.data / "corpus.jsonl").is_file():
@@ -106,10 +106,10 @@ def main():
               "bfloat16 speeds below do not.")
 
     model = minisbert.load(args.model, device="cpu")
-    model.tokenizer.max_seq_length = args.max_seq_length
+    model.tokenizer.max_seq_length = min(args.max_seq_length, model.encoder.config.max_tokens)
     if args.limit:
         texts = scifact_documents(args.data, args.limit)
-        print(f"\n{len(texts):,} SciFact documents, batch {args.batch_size}, max_seq_length {args.max_seq_length}:")
+        print(f"\n{len(texts):,} SciFact documents, batch {args.batch_size}, max_seq_length {model.tokenizer.max_seq_length}:")
         result = encoding(model, texts, args.batch_size)
         lowest = float(result["cosines"].min())
         print(f"  lowest cosine, bfloat16 to float32: {lowest:.6f} (median {float(np.median(result['cosines'])):.6f}; "
@@ -132,7 +132,7 @@ def main():
     if args.train_steps:
         print(f"\ntrain.py --arch siamese --metric cosine --data {args.stsb} --max-steps {args.train_steps}:")
         with tempfile.TemporaryDirectory(prefix="minisbert-bfloat16-") as folder:
-            trained = training(args.train_steps, args.stsb, Path(folder))
+            trained = training(args.model, args.train_steps, args.stsb, Path(folder))
         (f32_seconds, f32_spearman), (bf16_seconds, bf16_spearman) = trained["float32"], trained["bfloat16"]
         print(f"  Spearman, bfloat16 - float32: {bf16_spearman - f32_spearman:+.4f}"
               + ("" if emulated else f"; fit speed bfloat16 / float32: {f32_seconds / bf16_seconds:.2f}x"))

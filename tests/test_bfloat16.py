@@ -9,6 +9,9 @@ tests turn the capability check on, and torch then computes bfloat16 in software
 same rounding.
 """
 
+import importlib.util
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -19,7 +22,7 @@ from minisbert.fast import encoder as fast_encoder
 from minisbert.fast import linear as fast_linear
 from minisbert.model import SentenceModel, check_dtype
 
-from .conftest import reference
+from .conftest import REPO, reference
 from .test_encoder_fast import FIXTURE_MODELS
 
 BOTH_PATHS = pytest.mark.parametrize("fast", [False, True], ids=["plain", "fast"])
@@ -93,3 +96,19 @@ def test_minilm_bfloat16_embeddings_are_within_cosine_0_9995_of_float32(minilm, 
     sentences = reference("minilm")[2]["sentences"]
     float32 = minilm.encode(sentences, fast=fast)
     assert min_cosine(minilm.encode(sentences, dtype="bfloat16", fast=fast), float32) >= 0.9995
+
+
+def test_the_bfloat16_benchmark_needs_emulate_here_and_then_reports_against_its_bounds(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("bfloat16_bench", REPO / "bench" / "bfloat16.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(cpu, "native_bfloat16", lambda: False)
+    args = ["--model", str(reference("tiny_bert")[0]), "--data", str(REPO / "data" / "example"), "--limit", "6"]
+    with pytest.raises(SystemExit):
+        bench.main(args)
+    assert "pass --emulate" in capsys.readouterr().err
+    bench.main(args + ["--ndcg", "--emulate"])
+    out = capsys.readouterr().out
+    assert "EMULATED bfloat16" in out and "6 SciFact documents" in out
+    assert re.search(r"lowest cosine, bfloat16 to float32: 0\.99\d+ .*bound 0\.9995: holds", out)
+    assert re.search(r"bfloat16 - float32: [+-]0\.\d{5} \(bound 0\.002: (holds|FAILS)\)", out)
