@@ -45,13 +45,22 @@ def run_peer(python, script, arguments: list) -> dict:
 
 
 def cpu_summary() -> str:
-    """e.g. 'AMD EPYC, 2 cores; avx avx2 fma; no avx512f avx512_vnni avx512_bf16 amx_tile ...'."""
-    model = "unknown CPU"
+    """e.g. 'AMD EPYC (family 25, model 1), 2 cores; flags avx avx2 fma; no avx512f avx512_vnni ...'.
+    The family and model tell apart processor generations that share a name and flags (AMD family 23
+    is Zen and Zen 2, 25 is Zen 3 and Zen 4), whose kernels' speeds differ."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
+            for line in cpuinfo:
+                name, _, value = line.partition(":")
+                if not line.strip():  # the first processor's block ends here
+                    break
+                fields[name.strip()] = value.strip()
     except OSError:
         return f"{os.cpu_count()} cores; CPU flags unknown (no /proc/cpuinfo)"
+    model = fields.get("model name", "unknown CPU")
+    if "cpu family" in fields:
+        model += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
     present = " ".join(f for f in CPU_FLAGS if f in cpu.flags())
     absent = " ".join(f for f in CPU_FLAGS if f not in cpu.flags())
     return f"{model}, {os.cpu_count()} cores; flags {present or '-'}; no {absent or '-'}"
