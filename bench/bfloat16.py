@@ -79,7 +79,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data_root = Path(os.environ.get("MINISBERT_DATA_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data"))
     p.add_argument("--model", default="all-MiniLM-L6-v2")
-    p.add_argument("--data", type=Path, default=data_root / "scifact", help="SciFact in the BEIR layout")
+    p.add_argument("--data", type=Path, default=data_root / "scifact",
+                   help="SciFact (or another corpus with test qrels) in the BEIR layout")
     p.add_argument("--stsb", default="stsb", help="STS-B for --train-steps: stsb or a folder")
     p.add_argument("--limit", type=int, default=320, help="documents compared by cosine (0: none)")
     p.add_argument("--batch-size", type=int, default=32)
@@ -109,7 +110,8 @@ def main(argv=None):
     model.tokenizer.max_seq_length = min(args.max_seq_length, model.encoder.config.max_tokens)
     if args.limit:
         texts = scifact_documents(args.data, args.limit)
-        print(f"\n{len(texts):,} SciFact documents, batch {args.batch_size}, max_seq_length {model.tokenizer.max_seq_length}:")
+        print(f"\n{len(texts):,} documents of {args.data}, batch {args.batch_size}, "
+              f"max_seq_length {model.tokenizer.max_seq_length}:")
         result = encoding(model, texts, args.batch_size)
         lowest = float(result["cosines"].min())
         print(f"  lowest cosine, bfloat16 to float32: {lowest:.6f} (median {float(np.median(result['cosines'])):.6f}; "
@@ -119,7 +121,7 @@ def main(argv=None):
 
     if args.ndcg:
         test = datasets.load_beir(args.data, "test")
-        print(f"\nSciFact test, {len(test.queries)} queries, {len(test.corpus):,} documents:")
+        print(f"\n{args.data} test split, {len(test.queries)} queries, {len(test.corpus):,} documents:")
         ndcg = {}
         for dtype in DTYPES:
             start = time.perf_counter()

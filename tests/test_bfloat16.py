@@ -109,6 +109,6 @@ def test_the_bfloat16_benchmark_needs_emulate_here_and_then_reports_against_its_
     assert "pass --emulate" in capsys.readouterr().err
     bench.main(args + ["--ndcg", "--emulate"])
     out = capsys.readouterr().out
-    assert "EMULATED bfloat16" in out and "6 SciFact documents" in out
+    assert "EMULATED bfloat16" in out and "6 documents of " in out and "test split, 8 queries, 48 documents" in out
     assert re.search(r"lowest cosine, bfloat16 to float32: 0\.99\d+ .*bound 0\.9995: holds", out)
     assert re.search(r"bfloat16 - float32: [+-]0\.\d{5} \(bound 0\.002: (holds|FAILS)\)", out)
