@@ -3,10 +3,10 @@
 `SentenceModel.encode` sorts texts longest first and runs them batch by batch. The plain way takes
 `batch_size` texts at a time. The fast way, on a CPU, also stops a batch at CPU_TOKENS_PER_FORWARD
 tokens (padding included), so that each layer's activations stay in the processor's cache instead
-of streaming through main memory: on 2 cores, 4 forward passes of 8 x 256 tokens ran about 20%
-faster than one of 32 x 256 on one EPYC, and 7% faster on a Zen 3 EPYC, where
-budgets of 1,024 and 4,096 tokens were within 5% of 2,048. Every text's embedding is the same either way, since texts in a batch
-never interact (tests/test_encoder_fast.py checks both ways give the same embeddings).
+of streaming through main memory. On 2 cores, 4 forward passes of 8 x 256 tokens ran about 20%
+faster than one of 32 x 256 on one EPYC, and 7% faster on a Zen 3 EPYC, where budgets of 1,024 and
+4,096 tokens were within 5% of 2,048. Every text's embedding is the same either way, since texts in
+a batch never interact (tests/test_encoder_fast.py checks both ways give the same embeddings).
 """
 
 CPU_TOKENS_PER_FORWARD = 2048
