@@ -39,32 +39,37 @@ class Example:
     label: float = None  # score in [0, 1], class id, or None
 
 
+def judged_pairs(retrieval: datasets.RetrievalData) -> list:
+    """(query id, document id) of every judgment with relevance > 0 whose document is in the corpus,
+    query by query: the pairs a BEIR layout's training examples are made of."""
+    return [(query_id, doc_id) for query_id in retrieval.queries
+            for doc_id, relevance in retrieval.qrels.get(query_id, {}).items()
+            if relevance > 0 and doc_id in retrieval.corpus]
+
+
 def mine_hard_negatives(model, retrieval: datasets.RetrievalData, top_k: int = 10, batch_size: int = 32,
                         seed: int = 0, cache_dir: Path = None) -> list:
-    """One triplet per judged (query, relevant document): the negative is drawn from the query's top_k
-    retrieved documents that are not judged relevant (the hard negatives Rygaard et al. train on,
-    "Distance Dilemma", section 2.1, were mined from retrievers' top results the same way). Uses
-    cosine similarity with `model`; the corpus embeddings are read from / written to `cache_dir`
-    (evaluation.encode_cached) when it is given, so evaluating the same model encodes nothing again."""
-    doc_ids = list(retrieval.corpus)
-    query_ids = [q for q in retrieval.queries if any(r > 0 for r in retrieval.qrels.get(q, {}).values())]
-    if not query_ids:  # nothing judged relevant: no triplets (train.py then says there is no data)
+    """One triplet per judged (query, relevant document) of `judged_pairs`: the negative is drawn
+    from the query's top_k retrieved documents that are not judged relevant (the hard negatives
+    Rygaard et al. train on, "Distance Dilemma", section 2.1, were mined from retrievers' top results
+    the same way). Uses cosine similarity with `model`; the corpus embeddings are read from / written
+    to `cache_dir` (evaluation.encode_cached) when it is given, so evaluating the same model encodes
+    nothing again."""
+    pairs = judged_pairs(retrieval)
+    if not pairs:  # nothing judged relevant: no triplets (train.py then says there is no data)
         return []
+    doc_ids = list(retrieval.corpus)
+    query_ids = list(dict.fromkeys(query_id for query_id, _ in pairs))  # each once, in order
     corpus = encode_cached(model, [retrieval.corpus[d] for d in doc_ids], batch_size, cache_dir)
     queries = model.encode([retrieval.queries[q] for q in query_ids], batch_size=batch_size)
     k = min(top_k + max(len(retrieval.qrels[q]) for q in query_ids), len(doc_ids))
     _, indices = search(queries, corpus, k, score="cosine")  # (Q, k)
+    negatives = {query_id: [doc_ids[i] for i in indices[row] if doc_ids[i] not in retrieval.qrels[query_id]][:top_k]
+                 for row, query_id in enumerate(query_ids)}
     rng = random.Random(seed)
-    examples = []
-    for row, query_id in enumerate(query_ids):
-        judged = retrieval.qrels[query_id]
-        negatives = [doc_ids[i] for i in indices[row] if doc_ids[i] not in judged][:top_k]
-        for doc_id, relevance in judged.items():
-            if relevance > 0 and negatives and doc_id in retrieval.corpus:
-                negative = rng.choice(negatives)
-                examples.append(Example((retrieval.queries[query_id], retrieval.corpus[doc_id],
-                                         retrieval.corpus[negative])))
-    return examples
+    return [Example((retrieval.queries[query_id], retrieval.corpus[doc_id],
+                     retrieval.corpus[rng.choice(negatives[query_id])]))
+            for query_id, doc_id in pairs if negatives[query_id]]
 
 
 def example_shape(spec) -> str:
@@ -75,30 +80,18 @@ def example_shape(spec) -> str:
     return POSITIVE_PAIRS if spec.n_texts == 2 else TRIPLETS
 
 
-def relevant_pairs(retrieval: datasets.RetrievalData) -> list:
-    """One (query, relevant document) pair per judgment with relevance > 0, in the order of
-    mine_hard_negatives' triplets (which add a negative to each)."""
-    return [Example((retrieval.queries[query_id], retrieval.corpus[doc_id]))
-            for query_id in retrieval.queries for doc_id, relevance in retrieval.qrels.get(query_id, {}).items()
-            if relevance > 0 and doc_id in retrieval.corpus]
-
-
-def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
+def training_examples(data: str, shape: str, model=None, seed: int = 0, mine: bool = True) -> list:
     """Examples of `shape` from a dataset: `stsb`, `sick`, `scifact`, `example`, or a folder.
 
     Folders may hold STS-B or SICK (themselves or as stsb/, sick/), pairs.tsv (scored pairs),
     triplets.tsv, MS MARCO files (`msmarco_examples`), or a BEIR layout (triplets mined from
     qrels/train.tsv with `model`). STS-B and SICK give scored pairs scaled to [0, 1]; SICK also
     gives labelled pairs from its entailment judgments. Positive pairs are the triplets' first two
-    texts; a BEIR layout gives them straight from its judgments, without mining.
+    texts; a BEIR layout gives them straight from its judgments (mine=False: nothing is mined).
     """
     sts = datasets.sts_name(data)
     if shape == POSITIVE_PAIRS:
-        folder = None if sts else datasets.dataset_folder(data)
-        if folder is not None and (folder / "qrels" / "train.tsv").is_file() and not any(
-                (folder / name).is_file() for name in ("collection.tsv", "triplets.tsv")):
-            return relevant_pairs(datasets.load_beir(folder, "train"))  # no model needed: nothing to mine
-        return [Example(example.texts[:2]) for example in training_examples(data, TRIPLETS, model, seed)]
+        return [Example(example.texts[:2]) for example in training_examples(data, TRIPLETS, model, seed, mine=False)]
     if sts:
         pairs = datasets.load_sts(data, "train")
         if shape == SCORED:
@@ -116,9 +109,11 @@ def training_examples(data: str, shape: str, model=None, seed: int = 0) -> list:
     if shape == TRIPLETS and (folder / "triplets.tsv").is_file():
         return [Example((t.anchor, t.positive, t.negative)) for t in datasets.read_triplets_tsv(folder / "triplets.tsv")]
     if shape in (TRIPLETS, SCORED) and (folder / "qrels" / "train.tsv").is_file():
+        retrieval = datasets.load_beir(folder, "train")
+        if not mine:  # only the pairs are wanted, and the judgments are all they need
+            return [Example((retrieval.queries[q], retrieval.corpus[d])) for q, d in judged_pairs(retrieval)]
         # The corpus embeddings are shared with evaluate.py's cache: the start model's are often there.
-        triplets = mine_hard_negatives(model, datasets.load_beir(folder, "train"), seed=seed,
-                                       cache_dir=CACHE_DIR / "embeddings")
+        triplets = mine_hard_negatives(model, retrieval, seed=seed, cache_dir=CACHE_DIR / "embeddings")
         if shape == TRIPLETS:
             return triplets
         return [Example((e.texts[0], e.texts[1]), 1.0) for e in triplets] + \
