@@ -117,7 +117,7 @@ def main(argv=None):
 
     # The model: a pretrained encoder with its pooling, plus what this run adds (dense layer, pooling).
     model = minisbert.load(args.model, device=args.device, fast=not args.plain_encoder)
-    model.tokenizer.max_seq_length = min(args.max_seq_length, model.encoder.config.max_tokens)
+    model.limit_max_seq_length(args.max_seq_length)  # at most the model's positions
     check_dtype(args.dtype, model.device)  # a precision this device cannot use is refused before the data is read
     if args.pooling:
         model.pooling = args.pooling

@@ -107,7 +107,7 @@ def main(argv=None):
               "bfloat16 speeds below do not.")
 
     model = minisbert.load(args.model, device="cpu")
-    model.tokenizer.max_seq_length = min(args.max_seq_length, model.encoder.config.max_tokens)
+    model.limit_max_seq_length(args.max_seq_length)  # at most the model's positions
     if args.limit:
         texts = scifact_documents(args.data, args.limit)
         print(f"\n{len(texts):,} documents of {args.data}, batch {args.batch_size}, "

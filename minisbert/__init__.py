@@ -13,21 +13,33 @@ minisbert/fast/.
 """
 
 
-def load(name_or_path, device=None, fast: bool = True):
+def load(name_or_path, device=None, fast: bool = True, **st_options):
     """A known model name (fetched on first use), a sentence-transformers directory, or a plain
     Hugging Face model directory -> SentenceModel. device: None picks cuda, then mps, then cpu.
-    fast: run the fast encoder (minisbert/fast/) or, with False, the plain one (encoder.py)."""
+    fast: run the fast encoder (minisbert/fast/) or, with False, the plain one (encoder.py).
+    st_options: sentence-transformers' truncate_dim, prompts, default_prompt_name (model.py)."""
     from .hub import resolve
     from .model import SentenceModel
 
-    return SentenceModel.from_dir(resolve(name_or_path), device=device, fast=fast)
+    return SentenceModel.from_dir(resolve(name_or_path), device=device, fast=fast, **st_options)
 
 
-def SentenceTransformer(model_name_or_path, device=None):  # noqa: N802 (sentence-transformers' name)
+def SentenceTransformer(model_name_or_path, device=None, *, truncate_dim=None, prompts=None,  # noqa: N802
+                        default_prompt_name=None, similarity_fn_name=None, **unsupported):
     """sentence-transformers' constructor, by name, so that its snippets run with the import changed
-    (`from minisbert import SentenceTransformer`): the same as load(). encode() and similarity()
-    take sentence-transformers' arguments (minisbert/model.py)."""
-    return load(model_name_or_path, device=device)
+    (`from minisbert import SentenceTransformer`): the same as load(), with the constructor's
+    truncate_dim, prompts, default_prompt_name and similarity_fn_name (None: the directory's).
+    Its other arguments are refused by name. encode() and similarity() take sentence-transformers'
+    arguments (minisbert/model.py); README.md lists where minisbert differs."""
+    if unsupported:
+        raise TypeError(f"minisbert's SentenceTransformer() does not support the argument(s) {sorted(unsupported)}; "
+                        "it takes model_name_or_path, device, truncate_dim, prompts, default_prompt_name and "
+                        "similarity_fn_name")
+    model = load(model_name_or_path, device=device, truncate_dim=truncate_dim, prompts=prompts,
+                 default_prompt_name=default_prompt_name)
+    if similarity_fn_name is not None:
+        model.similarity_fn_name = similarity_fn_name
+    return model
 
 
 def __getattr__(name):

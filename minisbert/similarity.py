@@ -11,8 +11,11 @@ an (n, m) matrix in which larger means more similar:
     euclidean  -|a_i - b_j|              (the distance, negated)
     manhattan  -sum_d |a_id - b_jd|      (the distance, negated)
 
-These are sentence-transformers' `SentenceTransformer.similarity` functions; tests/test_similarity.py
-checks each against its definition computed entry by entry in float64.
+`similarity_pairwise` compares a_i with b_i only, an (n,) vector of the same functions.
+
+These are sentence-transformers' `SentenceTransformer.similarity` and `similarity_pairwise`
+functions; tests/test_similarity.py checks each against its definition computed entry by entry in
+float64, tests/test_st_calls.py against sentence-transformers' own results.
 """
 
 import numpy as np
@@ -26,12 +29,9 @@ SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
 def similarity(a, b, function: str = "cosine") -> torch.Tensor:
     """(n, m) similarities of the rows of `a` (n, D) to those of `b` (m, D), by `function`.
 
-    a, b: numpy arrays or torch tensors; a single embedding (D,) counts as one row."""
-    if function not in SIMILARITY_FUNCTIONS:
-        raise ValueError(f"unknown similarity function {function!r}; choose one of {SIMILARITY_FUNCTIONS}")
-    a, b = as_rows(a, "a"), as_rows(b, "b")
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"embeddings of different sizes: a has {a.shape[1]} dimensions, b has {b.shape[1]}")
+    a, b: numpy arrays, torch tensors, or lists of embeddings (what encode(convert_to_numpy=False)
+    returns; lists of lists of floats too); a single embedding (D,) counts as one row."""
+    a, b = checked_pair(a, b, function)
     if function == "cosine":
         return normalize(a) @ normalize(b).T  # (n, m)
     if function == "dot":
@@ -39,12 +39,41 @@ def similarity(a, b, function: str = "cosine") -> torch.Tensor:
     return -torch.cdist(a, b, p=2.0 if function == "euclidean" else 1.0)  # (n, m)
 
 
+def similarity_pairwise(a, b, function: str = "cosine") -> torch.Tensor:
+    """(n,) similarities of a_i (n, D) to b_i (n, D) alone, by `function`; inputs as for `similarity`."""
+    a, b = checked_pair(a, b, function)
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"pairwise similarity needs as many rows in a as in b, got {a.shape[0]} and {b.shape[0]}")
+    if function == "cosine":
+        return (normalize(a) * normalize(b)).sum(dim=-1)  # (n,)
+    if function == "dot":
+        return (a * b).sum(dim=-1)  # (n,)
+    return -torch.linalg.vector_norm(a - b, ord=2.0 if function == "euclidean" else 1.0, dim=-1)  # (n,)
+
+
+def checked_pair(a, b, function: str) -> tuple:
+    """a and b as 2-D tensors of embeddings of the same size, for a known similarity function."""
+    if function not in SIMILARITY_FUNCTIONS:
+        raise ValueError(f"unknown similarity function {function!r}; choose one of {SIMILARITY_FUNCTIONS}")
+    a, b = as_rows(a, "a"), as_rows(b, "b")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"embeddings of different sizes: a has {a.shape[1]} dimensions, b has {b.shape[1]}")
+    return a, b
+
+
 def as_rows(embeddings, name: str) -> torch.Tensor:
-    """A numpy array or tensor of embeddings as a 2-D tensor: (D,) -> (1, D), (n, D) as it is."""
+    """Embeddings as a 2-D tensor: (D,) -> (1, D), (n, D) as it is; a list of embeddings stacked."""
+    if isinstance(embeddings, list) and embeddings:
+        if all(isinstance(row, torch.Tensor) for row in embeddings):
+            embeddings = torch.stack(embeddings)
+        elif all(isinstance(row, np.ndarray) for row in embeddings):
+            embeddings = np.stack(embeddings)
+        else:
+            embeddings = torch.tensor(embeddings, dtype=torch.float32)
     if isinstance(embeddings, np.ndarray):
         embeddings = torch.from_numpy(embeddings)
     if not isinstance(embeddings, torch.Tensor):
-        raise TypeError(f"{name} must be a numpy array or a torch tensor of embeddings, "
+        raise TypeError(f"{name} must be a numpy array, a torch tensor or a non-empty list of embeddings, "
                         f"got {type(embeddings).__name__}")
     if embeddings.dim() not in (1, 2):
         raise ValueError(f"{name} must be one embedding (D,) or a matrix of them (n, D), "

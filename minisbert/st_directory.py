@@ -2,7 +2,8 @@
 here so that models move freely between the two libraries.
 
     modules.json               the pipeline: Transformer, Pooling, [Dense], [Normalize]
-    config_sentence_transformers.json   similarity_fn_name: how embeddings are compared (similarity.py)
+    config_sentence_transformers.json   similarity_fn_name: how embeddings are compared (similarity.py);
+                               prompts, default_prompt_name (prompts.py)
     config.json, model.safetensors, tokenizer files, sentence_bert_config.json (max_seq_length)
     1_Pooling/config.json      pooling_mode_{mean_tokens, max_tokens, cls_token}
     2_Dense/config.json, 2_Dense/model.safetensors   optional projection
@@ -48,6 +49,8 @@ class Layout:
     normalize_embeddings: bool
     max_seq_length: int  # as the directory states it, before the encoder's position limit
     similarity_fn_name: str  # one of SIMILARITY_FUNCTIONS
+    prompts: dict  # prompt name -> text, as saved ({} if none)
+    default_prompt_name: str | None  # the prompt encode() uses when told none
 
 
 def read_layout(model_dir) -> Layout:
@@ -55,7 +58,7 @@ def read_layout(model_dir) -> Layout:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
-    layout = Layout(model_dir, "mean", None, False, 0, read_similarity_fn_name(model_dir))
+    layout = Layout(model_dir, "mean", None, False, 0, *read_st_config(model_dir))
     if (model_dir / "modules.json").is_file():
         read_modules(model_dir, read_json(model_dir / "modules.json"), layout)
     max_len = read_json(layout.transformer_dir / "sentence_bert_config.json", {}).get("max_seq_length")
@@ -93,9 +96,9 @@ def read_modules(model_dir: Path, modules: list, layout: Layout) -> None:
                              "minisbert supports Transformer, Pooling, Dense and Normalize")
 
 
-def read_similarity_fn_name(model_dir: Path) -> str:
-    """config_sentence_transformers.json's `similarity_fn_name`; cosine where the file or the name
-    is missing (or null), as in sentence-transformers."""
+def read_st_config(model_dir: Path) -> tuple:
+    """config_sentence_transformers.json's `similarity_fn_name` (cosine where the file or the name is
+    missing, or null, as in sentence-transformers), `prompts` ({}) and `default_prompt_name` (None)."""
     path = model_dir / "config_sentence_transformers.json"
     config = read_json(path, {})
     if not isinstance(config, dict):
@@ -103,7 +106,7 @@ def read_similarity_fn_name(model_dir: Path) -> str:
     name = config.get("similarity_fn_name") or "cosine"
     if name not in SIMILARITY_FUNCTIONS:
         raise ValueError(f"{path}: similarity_fn_name {name!r} is not one of {SIMILARITY_FUNCTIONS}")
-    return name
+    return name, config.get("prompts") or {}, config.get("default_prompt_name")
 
 
 def read_pooling(config_path: Path) -> str:
@@ -111,6 +114,9 @@ def read_pooling(config_path: Path) -> str:
     true/false flags `pooling_mode_{mean_tokens, max_tokens, cls_token, ...}` (classic), or one
     string `pooling_mode` (sentence-transformers 6)."""
     config = read_json(config_path)
+    if config.get("include_prompt", True) is not True:
+        raise ValueError(f"{config_path}: include_prompt false (prompt tokens left out of the pooling) is not "
+                         "supported by minisbert, which pools a prompt's tokens with the text's")
     if "pooling_mode" in config:
         chosen = [config["pooling_mode"]]
     else:
@@ -157,9 +163,11 @@ def write_layout(folder: Path, model) -> None:
         for name in TOKENIZER_FILES:
             if (model.tokenizer_dir / name).is_file():
                 shutil.copyfile(model.tokenizer_dir / name, folder / name)
-    write_json(folder / "config_sentence_transformers.json", {"similarity_fn_name": model.similarity_fn_name})
+    write_json(folder / "config_sentence_transformers.json", {
+        "similarity_fn_name": model.similarity_fn_name, "prompts": model.prompts,
+        "default_prompt_name": model.default_prompt_name})
     write_json(folder / "sentence_bert_config.json",
-               {"max_seq_length": model.tokenizer.max_seq_length, "do_lower_case": False})
+               {"max_seq_length": model.max_seq_length, "do_lower_case": False})
     write_json(folder / "1_Pooling" / "config.json", {
         "word_embedding_dimension": model.encoder.config.hidden_size,
         "pooling_mode_cls_token": model.pooling == "cls",

@@ -128,6 +128,23 @@ class Tokenizer:
         """Token ids of each text, truncated but not padded: a list of lists, one per text.
 
         `texts` is any iterable of str (a list, a tuple, a generator, ...), read once."""
+        texts = self.text_list(texts)
+        try:
+            encodings = self.rust.encode_batch(texts)
+        except TypeError:  # the Rust side refuses a str that is not valid Unicode, without saying which
+            for position, text in enumerate(texts):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as error:
+                    raise ValueError(f"text {position} is not valid Unicode: character {error.start} is "
+                                     f"{text[error.start]!r} ({error.reason}), near {text[max(0, error.start - 30):error.start]!r}; "
+                                     "fix the text or the way it was read (decode files as UTF-8)") from None
+            raise
+        return [encoding.ids for encoding in encodings]
+
+    @staticmethod
+    def text_list(texts) -> list:
+        """`texts`, any iterable of str read once, as a list; a clear error for anything else."""
         if isinstance(texts, (str, bytes)):
             raise TypeError(f"expected an iterable of texts, got a single {type(texts).__name__} "
                             f"{texts[:40]!r}; wrap it in a list")
@@ -142,18 +159,7 @@ class Tokenizer:
         for position, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"text {position} is {type(text).__name__}, not str: {text!r:.60}")
-        try:
-            encodings = self.rust.encode_batch(texts)
-        except TypeError:  # the Rust side refuses a str that is not valid Unicode, without saying which
-            for position, text in enumerate(texts):
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError as error:
-                    raise ValueError(f"text {position} is not valid Unicode: character {error.start} is "
-                                     f"{text[error.start]!r} ({error.reason}), near {text[max(0, error.start - 30):error.start]!r}; "
-                                     "fix the text or the way it was read (decode files as UTF-8)") from None
-            raise
-        return [encoding.ids for encoding in encodings]
+        return texts
 
     def pad(self, id_lists) -> dict:
         """Pad token id lists to the longest into tensors: input_ids, attention_mask (B, T)."""

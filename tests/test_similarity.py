@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import minisbert
-from minisbert.similarity import SIMILARITY_FUNCTIONS, similarity
+from minisbert.similarity import SIMILARITY_FUNCTIONS, similarity, similarity_pairwise
 
 from .conftest import reference
 
@@ -47,12 +47,26 @@ def test_cosine_is_the_default_and_zero_rows_score_zero():
     (np.ones((2, 3)), np.ones((2, 4)), "cosine", ValueError, "a has 3 dimensions, b has 4"),
     (np.ones((2, 3, 1)), np.ones((2, 3)), "cosine", ValueError,
      r"a must be one embedding \(D,\) or .* shape \(2, 3, 1\)"),
-    ([[1.0, 2.0]], np.ones((2, 2)), "cosine", TypeError, "a must be a numpy array or a torch tensor .* got list"),
+    ("1.0 2.0", np.ones((2, 2)), "cosine", TypeError, "a must be a numpy array, a torch tensor or a non-empty list .* got str"),
+    ([], np.ones((2, 2)), "cosine", TypeError, "a must be a numpy array, a torch tensor or a non-empty list .* got list"),
     (np.ones((2, 2)), np.ones((2, 2)), "cos_sim", ValueError, "unknown similarity function 'cos_sim'"),
 ])
 def test_bad_inputs_are_refused(a, b, function, error, message):
     with pytest.raises(error, match=message):
         similarity(a, b, function)
+
+
+@pytest.mark.parametrize("function", SIMILARITY_FUNCTIONS)
+def test_lists_of_embeddings_are_stacked_and_pairwise_is_the_diagonal(function):
+    """What encode(convert_to_numpy=False) returns, a list of (D,) tensors, compares as their stack,
+    as do lists of arrays and lists of lists; similarity_pairwise is the matrix's diagonal."""
+    a, b = torch.randn(3, 5, generator=torch.Generator().manual_seed(0)), torch.randn(3, 5)
+    matrix = similarity(a, b, function)
+    for as_list in (list, lambda t: [row.numpy() for row in t], lambda t: t.tolist()):
+        assert torch.allclose(similarity(as_list(a), as_list(b), function), matrix, atol=1e-6)
+    assert torch.allclose(similarity_pairwise(a, b, function), matrix.diagonal(), atol=1e-5)
+    with pytest.raises(ValueError, match="as many rows in a as in b, got 3 and 2"):
+        similarity_pairwise(a, b[:2], function)
 
 
 # A snippet written for sentence-transformers (its usual quickstart shape: construct, encode, compare),

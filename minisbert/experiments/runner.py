@@ -136,11 +136,11 @@ class Study:
 
 
 def load_model(name: str, device: str | None, max_seq_length: int | None = None):
-    """A model by known name or folder, its inputs cut at max_seq_length tokens when given."""
+    """A model by known name or folder, its inputs cut at max_seq_length tokens when given (or at
+    the model's positions, where it has fewer)."""
     model = minisbert.load(name, device=device)
     if max_seq_length:
-        model.tokenizer.max_seq_length = min(max_seq_length, model.encoder.config.max_tokens)
-        model.tokenizer.rust.enable_truncation(model.tokenizer.max_seq_length)
+        model.limit_max_seq_length(max_seq_length)
     return model
 
 

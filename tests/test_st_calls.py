@@ -1,0 +1,233 @@
+"""The sentence-transformers calls a porting user makes, checked against what sentence-transformers 6.2
+returned for the same calls on the same all-MiniLM-L6-v2 (tests/fixtures/st_calls/, written by
+tests/fixtures/make_st_calls.py); and the calls minisbert does not support, refused by name.
+
+What "the same" means here: float results within 1e-5 (the fp32 forward differs from
+sentence-transformers' in the last bits); quantisation bit for bit on sentence-transformers' own
+float embeddings, and on ours one bucket apart at most where a value sits on a bucket edge (with
+ranges taken from six embeddings, each dimension's largest value sits on one); search results with
+the same ids in the same order and scores within 1e-6.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import minisbert
+from minisbert import SentenceTransformer, util
+from minisbert.hub import resolve
+from minisbert.model import SentenceModel
+from minisbert.quantize import quantize_embeddings
+
+from .conftest import FIXTURES, reference
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def st():
+    """(reference tensors, reference.json) of tests/fixtures/st_calls/."""
+    _, tensors, facts = reference("st_calls")
+    return tensors, facts
+
+
+@pytest.fixture(scope="module")
+def minilm_fresh(one_thread):
+    """A model of its own, which the tests here may change (the session's `minilm` is shared)."""
+    return minisbert.load("all-MiniLM-L6-v2", device="cpu")
+
+
+def tiny():
+    return SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# max_seq_length: read, written, saved, and what it changes
+
+
+def test_max_seq_length_changes_what_is_encoded():
+    model, text = tiny(), "hello world " * 20
+    assert model.max_seq_length == 12  # sentence_bert_config.json's
+    full = model.encode(text)
+    model.max_seq_length = 4
+    assert model.tokenizer.max_seq_length == 4
+    assert model.tokenizer.token_ids([text]) == [model.tokenizer.token_ids([text])[0][:3] + [model.tokenizer.token_ids([text])[0][-1]]]
+    cut = model.encode(text)
+    assert not np.allclose(full, cut)
+    assert np.allclose(cut, model.encode(" ".join(text.split()[:2])), atol=ATOL)  # [CLS] hello world [SEP]
+
+
+def test_max_seq_length_above_the_positions_is_refused_and_saved_values_reload(tmp_path):
+    model = tiny()
+    positions = model.encoder.config.max_tokens  # 24
+    with pytest.raises(ValueError, match=f"max_seq_length 25 is more tokens than this model has positions "
+                                         f"\\({positions}\\); choose at most {positions}"):
+        model.max_seq_length = 25
+    with pytest.raises(ValueError, match="max_seq_length must be an int of at least 2"):
+        model.max_seq_length = 1
+    assert model.max_seq_length == 12
+    model.max_seq_length = 7
+    model.save(tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "sentence_bert_config.json").read_text())["max_seq_length"] == 7
+    assert SentenceModel.from_dir(tmp_path / "m", device="cpu").max_seq_length == 7
+    model.limit_max_seq_length(1000)  # the scripts' --max-seq-length: a cap
+    assert model.max_seq_length == positions
+
+
+def test_max_seq_length_on_minilm_matches_sentence_transformers(st, minilm_fresh):
+    tensors, facts = st
+    model = minilm_fresh
+    assert model.max_seq_length == facts["max_seq_length"] == 256
+    assert torch.allclose(model.encode(facts["long"], convert_to_tensor=True), tensors["long_256"], atol=ATOL)
+    model.max_seq_length = 16
+    try:
+        assert torch.allclose(model.encode(facts["long"], convert_to_tensor=True), tensors["long_16"], atol=ATOL)
+    finally:
+        model.max_seq_length = 256
+    assert facts["reloaded_max_seq_length"] == 16  # sentence-transformers reloads what it saved, as we do
+
+
+# ---------------------------------------------------------------------------------------------
+# encode's forms and options
+
+
+def test_one_string_without_numpy_is_one_tensor(st, minilm_fresh):
+    tensors, facts = st
+    single = minilm_fresh.encode("one string", convert_to_numpy=False)
+    assert isinstance(single, torch.Tensor) and single.shape == (384,) and facts["single_type"] == "Tensor"
+    assert torch.allclose(single, tensors["single"], atol=ATOL)
+    normalized = minilm_fresh.encode("one string", convert_to_numpy=False, normalize_embeddings=True)
+    assert torch.allclose(normalized, tensors["single_normalized"], atol=ATOL)
+
+
+def test_truncate_dim_as_sentence_transformers_applies_it(st):
+    tensors, facts = st
+    model = SentenceTransformer(resolve("all-MiniLM-L6-v2"), device="cpu", truncate_dim=128)
+    assert model.get_sentence_embedding_dimension() == facts["truncated_dimension"] == 128
+    sentences = facts["sentences"]
+    assert torch.allclose(model.encode(sentences, convert_to_tensor=True), tensors["truncate_128"], atol=ATOL)
+    normalized = model.encode(sentences, convert_to_tensor=True, normalize_embeddings=True)  # truncated, then normalised
+    assert torch.allclose(normalized, tensors["truncate_128_normalized"], atol=ATOL)
+    model.truncate_dim = None
+    assert model.get_sentence_embedding_dimension() == facts["dimension"] == 384
+    called = model.encode(sentences, convert_to_tensor=True, truncate_dim=64)
+    assert torch.allclose(called, tensors["truncate_64_call"], atol=ATOL)
+
+
+def test_similarity_of_lists_and_pairwise(st, minilm_fresh):
+    tensors, _ = st
+    full = tensors["full"]
+    queries, corpus = list(full[:2]), [row.tolist() for row in full[2:]]
+    assert torch.allclose(minilm_fresh.similarity(queries, corpus), tensors["similarity_lists"], atol=ATOL)
+    assert torch.allclose(minilm_fresh.similarity_pairwise(full[:3], full[3:]), tensors["pairwise"], atol=ATOL)
+
+
+@pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
+def test_precision_quantises_as_sentence_transformers_does(st, minilm_fresh, precision):
+    tensors, facts = st
+    expected = tensors[precision].numpy()
+    same_floats = quantize_embeddings(tensors["full"], precision)
+    assert same_floats.dtype == expected.dtype and (same_floats == expected).all()
+    ours = minilm_fresh.encode(facts["sentences"], precision=precision)
+    assert ours.dtype == expected.dtype and ours.shape == expected.shape
+    apart = np.abs(ours.astype(np.int16) - expected.astype(np.int16))
+    if precision.endswith("binary"):
+        assert (apart == 0).all()  # the sign of a value is not a rounding matter (none sits at 0 here)
+    else:
+        assert apart.max() <= 1 and (apart > 0).mean() < 0.01  # a value on a bucket edge may fall either side
+    with pytest.raises(ValueError, match="one embedding has no range"):
+        minilm_fresh.encode(["one text"], precision="int8")
+
+
+def test_token_embeddings_are_each_texts_real_tokens(st, minilm_fresh):
+    tensors, facts = st
+    tokens = minilm_fresh.encode(facts["sentences"][:3], output_value="token_embeddings")
+    for i, vectors in enumerate(tokens):
+        assert vectors.shape == tensors[f"token_embeddings_{i}"].shape
+        assert torch.allclose(vectors, tensors[f"token_embeddings_{i}"], atol=1e-4)
+    single = minilm_fresh.encode(facts["sentences"][0], output_value="token_embeddings")
+    assert torch.allclose(single, tensors["token_embeddings_single"], atol=1e-4)
+
+
+def test_prompts_encode_query_and_encode_document(st, minilm_fresh):
+    tensors, facts = st
+    model = SentenceTransformer(resolve("all-MiniLM-L6-v2"), device="cpu", prompts=facts["prompts"])
+    assert model.prompts == facts["prompted_prompts"] and minilm_fresh.prompts == facts["plain_prompts"]
+    assert facts["pooling_include_prompt"]  # the prompt's tokens are pooled with the text's, as here
+    sentences = facts["sentences"]
+    assert torch.allclose(model.encode_query(sentences[:2], convert_to_tensor=True), tensors["query"], atol=ATOL)
+    # "document" is always a prompt ("" unless set), and it comes before "passage": no prompt here
+    assert torch.allclose(model.encode_document(sentences[2:4], convert_to_tensor=True), tensors["document"],
+                          atol=ATOL)
+    named = model.encode(sentences[:2], prompt_name="query", convert_to_tensor=True)
+    assert torch.allclose(named, tensors["prompt_name_query"], atol=ATOL)
+    text = minilm_fresh.encode(sentences[:2], prompt="Represent this: ", convert_to_tensor=True)
+    assert torch.allclose(text, tensors["prompt_text"], atol=ATOL)
+    with pytest.raises(ValueError, match="prompt_name 'passages' is not one of the model's prompts"):
+        model.encode("x", prompt_name="passages")
+
+
+def test_prompts_are_saved_and_read_back(tmp_path):
+    model = tiny()
+    model.prompts["query"] = "query: "
+    model.default_prompt_name = "query"
+    model.save(tmp_path / "m")
+    again = SentenceModel.from_dir(tmp_path / "m", device="cpu")
+    assert again.prompts == {"query": "query: ", "document": ""} and again.default_prompt_name == "query"
+    assert np.allclose(again.encode("hello"), again.encode("query: hello", prompt=""), atol=ATOL)  # the default
+    assert not np.allclose(again.encode("hello"), again.encode("hello", prompt=""), atol=ATOL)
+
+
+def test_util_matches_sentence_transformers(st):
+    tensors, facts = st
+    queries, corpus = tensors["full"][:2], tensors["full"][2:]
+    found = util.semantic_search(queries, corpus, top_k=3)
+    assert [[hit["corpus_id"] for hit in hits] for hits in found] == \
+        [[hit["corpus_id"] for hit in hits] for hits in facts["semantic_search"]]
+    assert np.allclose([[hit["score"] for hit in hits] for hits in found],
+                       [[hit["score"] for hit in hits] for hits in facts["semantic_search"]], atol=1e-6)
+    assert torch.allclose(util.cos_sim(list(queries), list(corpus)), tensors["cos_sim_lists"], atol=1e-6)
+    assert torch.allclose(util.dot_score(queries, corpus), tensors["dot_score"], atol=1e-6)
+    assert torch.allclose(util.normalize_embeddings(corpus).norm(dim=1)[:-1], torch.ones(3))  # the empty text's row
+    with pytest.raises(ValueError, match="score_function must be minisbert.util.cos_sim or minisbert.util.dot_score"):
+        util.semantic_search(queries, corpus, score_function=lambda a, b: a @ b.T)
+
+
+# ---------------------------------------------------------------------------------------------
+# Nothing silently ignored
+
+
+@pytest.mark.parametrize("attribute", ["model_card_data", "backend", "do_lower_case", "include_prompt"])
+def test_a_sentence_transformers_attribute_minisbert_lacks_is_refused(attribute):
+    with pytest.raises(AttributeError, match=f"minisbert does not support sentence-transformers' attribute "
+                                             f"'{attribute}': setting it would change nothing"):
+        setattr(tiny(), attribute, None)
+
+
+@pytest.mark.parametrize("argument, hint", [
+    ("device", "model.to\\(device\\)"), ("pool", "one process"), ("processing_kwargs", "model.max_seq_length"),
+    ("batch_sise", "not an argument of encode"),
+])
+def test_an_encode_argument_minisbert_lacks_is_refused(argument, hint):
+    with pytest.raises(TypeError, match=f"minisbert's encode\\(\\) does not support the argument\\(s\\) "
+                                        f"\\['{argument}'\\].*{hint}"):
+        tiny().encode(["a"], **{argument: None})
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"output_value": None}, "output_value must be one of"),
+    ({"precision": "int4"}, "precision must be one of"),
+    ({"output_value": "token_embeddings", "normalize_embeddings": True}, "sentence embeddings only"),
+    ({"truncate_dim": 0}, "truncate_dim must be a positive int or None, got 0"),
+    ({"prompt": "a", "prompt_name": "query"}, "got both prompt='a' and prompt_name='query'"),
+])
+def test_bad_sentence_transformers_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        tiny().encode(["a", "b"], **options)
+
+
+def test_the_constructor_refuses_what_it_does_not_take():
+    with pytest.raises(TypeError, match=r"does not support the argument\(s\) \['trust_remote_code'\]"):
+        SentenceTransformer(FIXTURES / "tiny_st_dense", device="cpu", trust_remote_code=True)
