@@ -8,7 +8,8 @@ Files, one concept each: config (model shape), encoder (the transformer), weight
 tokenizer, pooling, model (encode/save/load), st_directory (the sentence-transformers layout), hub
 (which weights, from where), download (one file, checked), losses, optim, fit (the training loop),
 datasets/ (readers, and where each dataset is found), retrieval, metrics, lexical (BM25, Jaccard),
-evaluation, experiments/ (the papers' studies). Speed machinery sits beside the plain code in
+evaluation, experiments/ (the papers' studies); for code ported from sentence-transformers,
+prompts, quantize, porting (what is refused) and util. Speed machinery sits beside the plain code in
 minisbert/fast/.
 """
 
@@ -38,6 +39,10 @@ def SentenceTransformer(model_name_or_path, device=None, *, truncate_dim=None, p
     model = load(model_name_or_path, device=device, truncate_dim=truncate_dim, prompts=prompts,
                  default_prompt_name=default_prompt_name)
     if similarity_fn_name is not None:
+        from .similarity import SIMILARITY_FUNCTIONS
+
+        if similarity_fn_name not in SIMILARITY_FUNCTIONS:
+            raise ValueError(f"unknown similarity_fn_name {similarity_fn_name!r}; choose one of {SIMILARITY_FUNCTIONS}")
         model.similarity_fn_name = similarity_fn_name
     return model
 

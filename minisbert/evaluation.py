@@ -38,6 +38,9 @@ def model_fingerprint(model) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
     digest.update(f"{model.pooling}|{model.normalize_embeddings}|{model.tokenizer.max_seq_length}".encode())
+    default_prompt = model.prompts.get(model.default_prompt_name, "") if model.default_prompt_name else ""
+    if model.truncate_dim is not None or default_prompt:  # added only when set: older caches keep their names
+        digest.update(f"|{model.truncate_dim}|{default_prompt}".encode())
     return digest.hexdigest()[:16]
 
 

@@ -8,6 +8,12 @@ the results (both with sentence-transformers' names and defaults, so that its sn
 import changed), and `save`/`from_dir` move it to and from a sentence-transformers directory
 (st_directory.py).
 
+sentence-transformers' other calls that a porting user makes (max_seq_length, truncate_dim, prompts
+and encode_query/encode_document, precision, token embeddings, similarity_pairwise) are here too,
+their machinery in small modules beside this one: prompts.py, quantize.py, and porting.py, which
+refuses by name what minisbert does not do. Checked against sentence-transformers 6.2 in
+tests/test_st_calls.py.
+
 Two ways to compute the same thing: the plain encoder (encoder.py, written as the papers describe
 it) and the fast one (fast/encoder.py: padding skipped, fused kernels; for `encode` also batches cut
 to CPU cache size and memory reused, fast/encode.py; products on the quickest kernel measured on

@@ -231,3 +231,17 @@ def test_bad_sentence_transformers_options_are_refused(options, message):
 def test_the_constructor_refuses_what_it_does_not_take():
     with pytest.raises(TypeError, match=r"does not support the argument\(s\) \['trust_remote_code'\]"):
         SentenceTransformer(FIXTURES / "tiny_st_dense", device="cpu", trust_remote_code=True)
+
+
+def test_the_constructor_takes_similarity_fn_name_and_settings_that_change_embeddings_change_the_cache_key():
+    from minisbert.evaluation import model_fingerprint
+
+    model = SentenceTransformer(FIXTURES / "tiny_st_dense", device="cpu", similarity_fn_name="dot")
+    assert model.similarity_fn_name == "dot"
+    with pytest.raises(ValueError, match="unknown similarity_fn_name 'cos'"):
+        SentenceTransformer(FIXTURES / "tiny_st_dense", device="cpu", similarity_fn_name="cos")
+    plain = model_fingerprint(model)
+    model.truncate_dim = 8
+    truncated = model_fingerprint(model)
+    model.truncate_dim, model.prompts["query"], model.default_prompt_name = None, "query: ", "query"
+    assert len({plain, truncated, model_fingerprint(model)}) == 3
