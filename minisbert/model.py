@@ -130,6 +130,8 @@ class SentenceModel(nn.Module):
         """The size of what encode() returns: the model's, or truncate_dim where that is smaller."""
         return self.dimension if self.truncate_dim is None else min(self.dimension, self.truncate_dim)
 
+    get_embedding_dimension = get_sentence_embedding_dimension  # sentence-transformers 6.2's newer name
+
     @property
     def max_seq_length(self) -> int:
         """The most tokens of a text that are encoded, special tokens included; the rest is cut off.
