@@ -818,3 +818,48 @@ def test_positive_pairs_from_triplets_tsv_are_each_triplets_first_two_texts(tmp_
     (tmp_path / "triplets.tsv").write_text("a query\tits answer\ta wrong answer\n")
     pairs = training.training_examples(str(tmp_path), training.POSITIVE_PAIRS)
     assert [e.texts for e in pairs] == [("a query", "its answer")]
+
+
+
+# ---------------------------------------------------------------------------------------------
+# A regression pin: the losses of a few short runs, as recorded
+
+
+# Recorded from commit da776ad (before fit.py and training.py were restructured, issue 20) on the
+# tiny model above, as a regression pin: they are what the code computed then, not a reference that
+# they are right (the tests above and tests/test_losses.py say what right is). A change to the loop
+# that moves any of them (another order of the examples or of the random draws behind dropout,
+# other optimizer arithmetic) fails here. Float32 sums may round differently on another CPU: rel=1e-5.
+PINNED_LOSSES = {
+    "siamese-cosine": [0.3040706515312195, 0.2940273880958557, 0.25736862421035767,
+                       0.17882120609283447, 0.22674861550331116, 0.09791646897792816],
+    "triplet-euclidean": [0.9067070484161377, 1.2067525386810303, 0.8333272337913513,
+                          0.787920355796814, 0.6296185255050659, 0.6395014524459839],
+    "mnrl": [1.0002577304840088, 0.5289995074272156, 0.26140618324279785,
+             0.02435501292347908, 0.04479881376028061, 0.7650800347328186],
+    "mnrl-hard-negatives": [1.5405848026275635, 4.294837951660156, 1.3657152652740479,
+                            0.7994808554649353, 0.4418729543685913, 0.7879898548126221],
+    "softmax": [1.0996103286743164, 1.1773173809051514, 1.171839952468872,
+                1.164626121520996, 1.0387457609176636, 1.0984987020492554],
+    "beir-triplet": [0.4690665304660797, 0.47934412956237793, 0.40018948912620544,
+                     0.2733233571052551, 0.3334507644176483, 0.2607764005661011, 0.1272134780883789],
+}
+
+
+@pytest.mark.parametrize("name, objective", [
+    ("siamese-cosine", ["--arch", "siamese", "--metric", "cosine"]),
+    ("triplet-euclidean", ["--arch", "triplet", "--metric", "euclidean"]),
+    ("mnrl", ["--loss", "mnrl"]),
+    ("mnrl-hard-negatives", ["--arch", "triplet", "--loss", "mnrl"]),
+    ("softmax", ["--arch", "siamese", "--loss", "softmax", "--data", "sick"]),
+])
+def test_the_losses_of_short_runs_are_those_recorded_before_the_restructuring(
+        name, objective, tiny_model, tsv_data, fake_sick, tmp_path):
+    log = run_train(tmp_path / "run", tiny_model, "--data", str(tsv_data), *objective, "--max-steps", "6",
+                    "--epochs", "10")
+    assert [entry["loss"] for entry in log] == pytest.approx(PINNED_LOSSES[name], rel=1e-5)
+
+
+def test_the_losses_of_the_mined_beir_run_are_those_recorded_before_the_restructuring(beir_run):
+    """Triplets mined with the start model, a Dense layer, dropout, 7 steps over 4 epochs."""
+    assert [entry["loss"] for entry in read_log(beir_run)] == pytest.approx(PINNED_LOSSES["beir-triplet"], rel=1e-5)
