@@ -9,9 +9,10 @@
 
 Reads top to bottom: arguments, model, data, the loop, saving. The loop is minisbert/fit.py (the
 experiment runner, `python -m minisbert.experiments`, trains through it too), the objectives are in
-minisbert/losses.py, AdamW and the schedule in minisbert/optim.py, data and checkpoints in
-minisbert/training.py. Writes to --output DIR: log.jsonl (one line per step), checkpoint.pt (to resume),
-best/ and final/ (models in the sentence-transformers layout), summary.json. Under torchrun each
+minisbert/losses.py, AdamW and the schedule in minisbert/optim.py, the examples in
+minisbert/training_data.py, checkpoints in minisbert/checkpoints.py. Writes to --output DIR: log.jsonl
+(one line per step), checkpoint.pt (to resume), best/ and final/ (models in the sentence-transformers
+layout), summary.json. Under torchrun each
 process trains on its slice of every batch (minisbert/distributed.py) and rank 0 alone writes them.
 """
 
@@ -24,13 +25,14 @@ from pathlib import Path
 import torch
 
 import minisbert
-from minisbert import distributed, training
+from minisbert import distributed
 from minisbert.evaluation import evaluate_dev
 from minisbert.fileio import check_writable_folder, write_json
 from minisbert.fit import Interrupted, TrainingFailed, TrainingSettings, fit
 from minisbert.losses import SoftmaxClassifier, select_loss
 from minisbert.model import AMP_DTYPES, check_dtype, dtype_for
 from minisbert.pooling import Dense
+from minisbert.training_data import example_shape, training_examples
 
 
 # Every numeric flag, what a usable value satisfies, and how to say it. A value outside these would not
@@ -130,7 +132,7 @@ def main(argv=None):
 
     # The data: examples of the shape the loss needs (MNRL without hard negatives reads pairs), and a
     # dev split, when the data has one, to choose the best model.
-    examples = training.training_examples(args.data, training.example_shape(spec), model=model, seed=args.seed)
+    examples = training_examples(args.data, example_shape(spec), model=model, seed=args.seed)
     if not examples:
         sys.exit(f"no training examples in {args.data}")
     classifier = None

@@ -1,4 +1,5 @@
-"""Tests for train.py, minisbert/fit.py and minisbert/training.py: fine-tuning end to end, on a tiny random model.
+"""Tests for train.py, minisbert/fit.py, minisbert/checkpoints.py and minisbert/training_data.py: fine-tuning
+end to end, on a tiny random model.
 
 What "correct" means for training:
 - every objective (Siamese and triplet, each with cosine and euclidean; SBERT's softmax classifier;
@@ -49,7 +50,7 @@ import minisbert
 import train
 from minisbert import datasets
 from minisbert import fit as fitting
-from minisbert import cpu, training
+from minisbert import checkpoints, cpu, training_data
 from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
 from minisbert.evaluation import evaluate_dev
@@ -234,7 +235,7 @@ def sigint_handler():
 
 def press_ctrl_c_after_step(monkeypatch, step: int) -> None:
     """Send this process a real SIGINT, once, right after train.py logs `step`, in the middle of the loop."""
-    append_log, pressed = training.append_log, []
+    append_log, pressed = checkpoints.append_log, []
 
     def append_log_then_interrupt(path, entry):
         append_log(path, entry)
@@ -242,7 +243,7 @@ def press_ctrl_c_after_step(monkeypatch, step: int) -> None:
             pressed.append(step)
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(training, "append_log", append_log_then_interrupt)
+    monkeypatch.setattr(checkpoints, "append_log", append_log_then_interrupt)
 
 
 def interrupt_and_resume(output, tiny_model, args, monkeypatch, sigint_handler, step) -> dict:
@@ -255,7 +256,7 @@ def interrupt_and_resume(output, tiny_model, args, monkeypatch, sigint_handler, 
     assert caught == [] and signal.getsignal(signal.SIGINT) is handler  # train.py caught it, then put ours back
     assert [entry["step"] for entry in read_log(output)] == list(range(1, step + 1))
     assert not (output / "final").exists()
-    checkpoint = training.load_checkpoint(output / "checkpoint.pt")
+    checkpoint = checkpoints.load_checkpoint(output / "checkpoint.pt")
     assert checkpoint["step"] == step
     run_train(output, tiny_model, *args, "--resume")
     return checkpoint
@@ -315,13 +316,13 @@ def test_the_log_has_one_line_per_step_with_the_learning_rate_that_step_used(bei
 def record_checkpoints(monkeypatch) -> list:
     """The bytes of checkpoint.pt after each time train.py saves it."""
     saved = []
-    save_checkpoint = training.save_checkpoint
+    save_checkpoint = checkpoints.save_checkpoint
 
     def save_and_record(path, state):
         save_checkpoint(path, state)
         saved.append(Path(path).read_bytes())
 
-    monkeypatch.setattr(training, "save_checkpoint", save_and_record)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save_and_record)
     return saved
 
 
@@ -343,7 +344,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_model,
     assert "loss became nan at step 5" in message
     assert f"last good checkpoint is {output / 'checkpoint.pt'} (step 3)" in message
     assert len(saved) == 1 and (output / "checkpoint.pt").read_bytes() == saved[0]
-    assert training.load_checkpoint(output / "checkpoint.pt")["step"] == 3
+    assert checkpoints.load_checkpoint(output / "checkpoint.pt")["step"] == 3
     assert [entry["step"] for entry in read_log(output)] == [1, 2, 3, 4]
     assert not (output / "final").exists()
 
@@ -376,7 +377,7 @@ def test_the_folder_of_a_run_that_died_before_its_first_checkpoint_is_left_as_it
 
 def test_a_full_disk_while_saving_a_checkpoint_leaves_the_previous_one_intact(
         tiny_model, tsv_data, tmp_path, monkeypatch):
-    atomic_write, saved = training.atomic_write, []
+    atomic_write, saved = checkpoints.atomic_write, []
 
     def disk_full_from_the_second_checkpoint(path, write):
         if path.name != "checkpoint.pt":
@@ -392,7 +393,7 @@ def test_a_full_disk_while_saving_a_checkpoint_leaves_the_previous_one_intact(
 
         return atomic_write(path, write_half_then_fail)
 
-    monkeypatch.setattr(training, "atomic_write", disk_full_from_the_second_checkpoint)
+    monkeypatch.setattr(checkpoints, "atomic_write", disk_full_from_the_second_checkpoint)
     output = tmp_path / "run"
     with pytest.raises(OSError) as failed:
         run_train(output, tiny_model, "--data", str(tsv_data), "--epochs", "10", "--max-steps", "8",
@@ -400,7 +401,7 @@ def test_a_full_disk_while_saving_a_checkpoint_leaves_the_previous_one_intact(
     assert str(failed.value) == (f"could not write the checkpoint {output / 'checkpoint.pt'}: No space left on "
                                  "device. The previous checkpoint, if any, is intact.")
     assert (output / "checkpoint.pt").read_bytes() == saved[0]
-    assert training.load_checkpoint(output / "checkpoint.pt")["step"] == 3
+    assert checkpoints.load_checkpoint(output / "checkpoint.pt")["step"] == 3
     assert sorted(p.name for p in output.iterdir()) == ["checkpoint.pt", "log.jsonl"]  # no half-written file
 
 
@@ -409,7 +410,7 @@ def checkpointed_run(tiny_model, tsv_data, output) -> list:
     4, the checkpoint holds step 3. Returns the arguments it was started with."""
     args = ["--data", str(tsv_data), "--epochs", "10", "--max-steps", "8", "--checkpoint-steps", "3"]
     run_train(output, tiny_model, *args)
-    state = training.load_checkpoint(output / "checkpoint.pt")
+    state = checkpoints.load_checkpoint(output / "checkpoint.pt")
     assert state["step"] == 8
     log = (output / "log.jsonl").read_text().splitlines(keepends=True)
     return args, log
@@ -613,7 +614,7 @@ def test_bfloat16_training_computes_in_bfloat16_and_keeps_float32_weights(tiny_m
     bfloat16 = [entry["loss"] for entry in run_train(tmp_path / "bfloat16", tiny_model, "--data", str(tsv_data),
                                                      "--max-steps", "3", "--dtype", "bfloat16")]
     assert float32 != bfloat16 and np.allclose(bfloat16, float32, rtol=0.05)  # rounded, not different
-    state = training.load_checkpoint(tmp_path / "bfloat16" / "checkpoint.pt")
+    state = checkpoints.load_checkpoint(tmp_path / "bfloat16" / "checkpoint.pt")
     assert all(tensor.dtype == torch.float32 for tensor in state["model"].values() if tensor.is_floating_point())
     moments = [t for group in state["optimizer"]["state"].values() for t in group.values() if torch.is_tensor(t)]
     assert moments and all(t.dtype == torch.float32 for t in moments if t.is_floating_point())
@@ -664,7 +665,7 @@ def test_a_new_run_into_a_finished_one_and_resume_without_a_checkpoint_are_refus
 def test_final_holds_the_trained_weights_and_evaluate_py_reads_it(beir_run, beir_data, tmp_path):
     model = minisbert.load(beir_run / "final", device="cpu")
     assert (model.pooling, model.dimension, model.normalize_embeddings) == ("mean", 8, True)
-    trained = training.load_checkpoint(beir_run / "checkpoint.pt")  # written at the last step, 7
+    trained = checkpoints.load_checkpoint(beir_run / "checkpoint.pt")  # written at the last step, 7
     assert trained["step"] == 7
     state = model.state_dict()
     assert sorted(state) == sorted(trained["model"])
@@ -701,21 +702,21 @@ def test_sentence_transformers_reads_the_saved_models_the_same_way(folder, beir_
 
 def test_batches_for_epoch_depend_on_seed_and_epoch_only():
     torch.manual_seed(0)
-    batches = training.batches_for_epoch(10, 4, seed=3, epoch=1)
+    batches = fitting.batches_for_epoch(10, 4, seed=3, epoch=1)
     torch.manual_seed(1)  # the global random state (dropout's) plays no part ...
     before = torch.get_rng_state()
-    assert training.batches_for_epoch(10, 4, seed=3, epoch=1) == batches
+    assert fitting.batches_for_epoch(10, 4, seed=3, epoch=1) == batches
     assert torch.equal(torch.get_rng_state(), before)  # ... and is not used up
     assert [len(batch) for batch in batches] == [4, 4, 2]
     assert sorted(i for batch in batches for i in batch) == list(range(10))  # each example once
     assert batches != [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # shuffled
-    assert training.batches_for_epoch(10, 4, seed=3, epoch=2) != batches  # a new order every epoch
-    assert training.batches_for_epoch(10, 4, seed=4, epoch=1) != batches
+    assert fitting.batches_for_epoch(10, 4, seed=3, epoch=2) != batches  # a new order every epoch
+    assert fitting.batches_for_epoch(10, 4, seed=4, epoch=1) != batches
 
 
 def test_stop_request_turns_the_first_ctrl_c_into_a_flag_and_the_second_into_keyboard_interrupt(sigint_handler):
     handler, caught = sigint_handler
-    stop = training.StopRequest()
+    stop = fitting.StopRequest()
     assert not stop.requested
     os.kill(os.getpid(), signal.SIGINT)
     assert stop.requested and caught == []
@@ -736,7 +737,7 @@ def gradients(*values) -> list:
 
 
 def test_loss_scaler_skips_overflowing_steps_halves_and_grows_the_scale():
-    scaler = training.LossScaler(enabled=True, scale=8.0, growth_interval=2)
+    scaler = fitting.LossScaler(enabled=True, scale=8.0, growth_interval=2)
     assert scaler.scaled(torch.tensor(0.25)).item() == 2.0  # 0.25 * 8
     parameters = gradients([8.0, -16.0], [4.0])
     assert scaler.unscale(parameters)  # finite: the gradients are divided by 8
@@ -750,7 +751,7 @@ def test_loss_scaler_skips_overflowing_steps_halves_and_grows_the_scale():
     assert (scaler.scale, scaler.good_steps) == (4.0, 0)
     assert scaler.unscale(gradients([1.0]))
     assert (scaler.scale, scaler.good_steps) == (4.0, 1)  # one good step: no growth yet
-    restored = training.LossScaler(enabled=True)
+    restored = fitting.LossScaler(enabled=True)
     restored.load_state_dict(scaler.state_dict())
     assert (restored.scale, restored.good_steps) == (4.0, 1)
 
@@ -760,12 +761,12 @@ def test_the_loss_scaler_reads_one_value_from_the_device_however_many_gradients(
     for count in (1, 12):
         parameters = gradients(*[[1.0, 3.0]] * (count - 1), [float("inf") if overflow else 2.0])
         with HostReads() as spy:
-            assert training.LossScaler(enabled=True, scale=8.0).unscale(parameters) is not overflow
+            assert fitting.LossScaler(enabled=True, scale=8.0).unscale(parameters) is not overflow
         assert spy.calls == ["__bool__"]
 
 
 def test_a_disabled_loss_scaler_changes_nothing_and_never_skips():
-    scaler = training.LossScaler(enabled=False, scale=8.0)
+    scaler = fitting.LossScaler(enabled=False, scale=8.0)
     assert scaler.scale == 1.0 and scaler.scaled(torch.tensor(0.25)).item() == 0.25
     parameters = gradients([3.0, float("inf")])
     assert scaler.unscale(parameters)
@@ -784,15 +785,15 @@ def test_msmarco_examples_use_sigmoid_labels_and_the_cross_encoder_margin(tmp_pa
         '{"qid": 2, "pos": ["p2"], "neg": {"bm25": ["n2"]}}\n')
     (tmp_path / "cross-encoder-ms-marco-MiniLM-L-6-v2-scores.json").write_text(
         json.dumps({"1": {"p1": 5.0, "n1": 1.5, "n2": 3.0}, "2": {"p2": 4.0, "n2": 3.0}}))
-    triplets = training.training_examples(str(tmp_path), training.TRIPLETS)
+    triplets = training_data.training_examples(str(tmp_path), training_data.TRIPLETS)
     assert [e.texts for e in triplets] == [("first query", "positive passage", "far negative")]
-    pairs = training.training_examples(str(tmp_path), training.SCORED)
+    pairs = training_data.training_examples(str(tmp_path), training_data.SCORED)
     assert [e.texts[1] for e in pairs] == ["positive passage", "far negative"]
     # sigmoid(5.0) = 1 / (1 + e^-5) = 0.993307; sigmoid(1.5) = 0.817574
     assert [round(e.label, 6) for e in pairs] == [0.993307, 0.817574]
     (tmp_path / "queries.train.tsv").unlink()
     with pytest.raises(ValueError, match="queries.train.tsv"):
-        training.training_examples(str(tmp_path), training.TRIPLETS)
+        training_data.training_examples(str(tmp_path), training_data.TRIPLETS)
 
 
 def test_the_command_line_refuses_a_nan_learning_rate_in_one_line(tiny_model, tsv_data, tmp_path):
@@ -805,18 +806,18 @@ def test_mnrl_on_pairs_reads_the_judgments_as_they_are_and_mines_nothing(tiny_mo
     """MNRL without hard negatives reads (query, relevant document) pairs: the mined triplets'
     first two texts, in their order, taken from qrels/train.tsv with no model and no mining."""
     model = minisbert.load(tiny_model)
-    triplets = training.training_examples(str(beir_data), training.TRIPLETS, model=model)
-    monkeypatch.setattr(training, "mine_hard_negatives", lambda *a, **k: pytest.fail("mined for pairs"))
-    pairs = training.training_examples(str(beir_data), training.POSITIVE_PAIRS)
+    triplets = training_data.training_examples(str(beir_data), training_data.TRIPLETS, model=model)
+    monkeypatch.setattr(training_data, "mine_hard_negatives", lambda *a, **k: pytest.fail("mined for pairs"))
+    pairs = training_data.training_examples(str(beir_data), training_data.POSITIVE_PAIRS)
     assert pairs and [e.texts for e in pairs] == [e.texts[:2] for e in triplets]
     assert all(e.label is None for e in pairs)
-    assert training.example_shape(select_loss("siamese", "cosine", "mnrl")) == training.POSITIVE_PAIRS
-    assert training.example_shape(select_loss("triplet", "cosine", "mnrl")) == training.TRIPLETS
+    assert training_data.example_shape(select_loss("siamese", "cosine", "mnrl")) == training_data.POSITIVE_PAIRS
+    assert training_data.example_shape(select_loss("triplet", "cosine", "mnrl")) == training_data.TRIPLETS
 
 
 def test_positive_pairs_from_triplets_tsv_are_each_triplets_first_two_texts(tmp_path):
     (tmp_path / "triplets.tsv").write_text("a query\tits answer\ta wrong answer\n")
-    pairs = training.training_examples(str(tmp_path), training.POSITIVE_PAIRS)
+    pairs = training_data.training_examples(str(tmp_path), training_data.POSITIVE_PAIRS)
     assert [e.texts for e in pairs] == [("a query", "its answer")]
 
 

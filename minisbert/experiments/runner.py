@@ -29,7 +29,7 @@ from .. import metrics
 from ..evaluation import CACHE_DIR, encode_cached, rank
 from ..fileio import read_json, write_json
 from ..fit import TrainingSettings, fit
-from ..training import Example, mine_hard_negatives
+from ..training_data import Example, mine_hard_negatives
 
 KS = (1, 5, 10)  # the cutoffs Rygaard et al. report
 EMBEDDING_CACHE = CACHE_DIR / "embeddings"  # shared with evaluate.py: a corpus is encoded once per model
@@ -146,7 +146,7 @@ def load_model(name: str, device: str | None, max_seq_length: int | None = None)
 
 def mined_triplets(data: str, split: str, start_model, seed: int) -> tuple:
     """(the split, one triplet per judged (query, relevant document)) of a BEIR folder, the
-    negatives mined with the start model (training.mine_hard_negatives). The corpus embeddings this
+    negatives mined with the start model (training_data.mine_hard_negatives). The corpus embeddings this
     takes are cached, so evaluating the start model afterwards encodes no document again."""
     folder = datasets.dataset_folder(data)
     retrieval = datasets.load_beir(folder, split)

@@ -27,7 +27,7 @@ from .. import datasets
 from ..evaluation import sts_correlations
 from ..fit import TrainingSettings
 from ..losses import SoftmaxClassifier, select_loss
-from ..training import Example
+from ..training_data import Example
 from . import runner
 
 NAME = "sbert-objectives"

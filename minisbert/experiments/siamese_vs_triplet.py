@@ -21,7 +21,7 @@ clearly the worst of the four.
 
 The paper trains on MS MARCO: a query, its positive passage and a hard negative, with cross-encoder
 scores squashed by a sigmoid as the Siamese labels. A folder with MS MARCO's training files
-(training.msmarco_examples) and its BEIR layout (corpus.jsonl, queries.jsonl, qrels/test.tsv) is read
+(training_data.msmarco_examples) and its BEIR layout (corpus.jsonl, queries.jsonl, qrels/test.tsv) is read
 that way. Here, by default, the data is SciFact (BEIR): one triplet per judged (query, relevant
 abstract) of the train split, its negative drawn from the start model's top 10 abstracts that are not
 judged relevant, mined once and shared by all four models; the Siamese networks see each triplet as
@@ -45,7 +45,7 @@ import numpy as np
 from ..datasets import dataset_folder
 from ..fit import TrainingSettings
 from ..losses import select_loss
-from ..training import SCORED, TRIPLETS, training_examples
+from ..training_data import SCORED, TRIPLETS, training_examples
 from . import figures, runner
 from .pca import fit_pca
 
