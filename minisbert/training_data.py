@@ -19,7 +19,7 @@ import torch
 
 from . import datasets
 from .evaluation import CACHE_DIR, encode_cached
-from .retrieval import search
+from .search import search
 
 SCORED, TRIPLETS, LABELLED = "scored pairs", "triplets", "labelled pairs"
 POSITIVE_PAIRS = "positive pairs"  # (query, relevant text): what MNRL without hard negatives reads

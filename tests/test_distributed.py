@@ -39,7 +39,7 @@ import evaluate
 import train
 from minisbert import datasets
 from minisbert import checkpoints, distributed
-from minisbert.retrieval import search
+from minisbert.search import search
 
 from .conftest import REPO
 from .test_training import CORPUS, PAIRS, QRELS, QUERIES, TRIPLETS, make_tiny_model, read_log
