@@ -108,13 +108,7 @@ def main(argv=None):
     output = args.output or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     distributed.init_from_env()  # a world of one without torchrun
     args.device = distributed.device_for_rank(args.device)
-    check_writable_folder(output)  # before the work, not after it
-    # Every rank looks before any rank writes (rank 0 creates the folder's files only later).
-    held = sorted(path.name for path in output.iterdir()) if output.is_dir() else []
-    distributed.barrier()
-    if not args.resume and held:  # never overwrite what is there
-        sys.exit(f"{output} already holds a run ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
-                 "pass --resume to continue it, or choose another --output")
+    check_output(output, args.resume)
     torch.manual_seed(args.seed)
 
     # The model: a pretrained encoder with its pooling, plus what this run adds (dense layer, pooling).
@@ -165,6 +159,18 @@ def main(argv=None):
     best = result["best"]
     print(f"done in {result['training_seconds']:.0f} s; final model: {output / 'final'}"
           + (f"; best: {output / 'best'} ({best['metric']} {best['value']:.4f} at step {best['step']})" if best else ""))
+
+
+def check_output(output: Path, resume: bool) -> None:
+    """A folder to write into, before the work rather than after it, that holds no other run unless
+    resuming it: what is there is never overwritten."""
+    check_writable_folder(output)
+    # Every rank looks before any rank writes (rank 0 creates the folder's files only later).
+    held = sorted(path.name for path in output.iterdir()) if output.is_dir() else []
+    distributed.barrier()
+    if not resume and held:
+        sys.exit(f"{output} already holds a run ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
+                 "pass --resume to continue it, or choose another --output")
 
 
 if __name__ == "__main__":

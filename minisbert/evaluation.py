@@ -140,9 +140,10 @@ def sts_correlations(model, pairs: list, dtype: str = "float32") -> dict:
 def evaluate_dev(model, data: str):
     """The score train.py maximises on the dev split: {"spearman": ...} for STS-B and SICK,
     {"ndcg@10": ..., ...} for a retrieval folder with qrels/dev.tsv; None when there is no dev split."""
-    if datasets.sts_name(data):
+    source = datasets.what_data(data)
+    if source.kind == datasets.STS:
         return sts_correlations(model, datasets.load_sts(data, "dev"))  # SICK's dev split is "trial"
-    folder = datasets.retrieval_folder(data)
+    folder = source.retrieval_folder(CACHE_DIR / "qa-csv")
     if not (folder / "qrels" / "dev.tsv").is_file():
         return None
     retrieval = datasets.load_beir(folder, "dev")

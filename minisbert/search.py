@@ -13,6 +13,12 @@ top-k, ties included:
   loop reads results back to the host at every chunk, to check it and to drop excluded pairs),
   with a corpus in CPU memory copied over while the previous chunk is scored.
 
+On a GPU there are two ways to hold a large corpus (see minisbert/fast/device_search.py): on the
+GPU in float16, half the memory of float32 (8.8M x 768 takes 13.5 GB): `corpus.half().to("cuda")`;
+or in CPU memory, streamed to the GPU chunk by chunk while the previous chunk is scored, fastest
+from pinned memory: `corpus = corpus.pin_memory()` once, then `search(..., device="cuda")`. A corpus
+in ordinary CPU memory is staged through pinned buffers, one more copy per chunk.
+
 Score functions, the tie rule and the loop are described in minisbert/retrieval.py. For euclidean
 the tie rule applies to the ranking key 2 q·c - |c|² as computed in float32. Checked against brute
 force in tests/test_retrieval.py and tests/test_device_search.py, and for speed against
@@ -56,13 +62,8 @@ def search(
             corpus row. When given, a corpus row whose id equals the query's id is never returned
             for that query (BEIR drops such self-matches), and the next best row takes its place.
         device: where to compute. Defaults to the corpus tensor's device (CPU for numpy). The
-            corpus may live elsewhere (e.g. in CPU memory): it is moved chunk by chunk. On a GPU
-            there are two ways to hold a large corpus (see minisbert/fast/device_search.py):
-            on the GPU in float16, half the memory of float32 (8.8M x 768 takes 13.5 GB):
-            `corpus = corpus.half().to("cuda")`; or in CPU memory, streamed to the GPU
-            chunk by chunk while the previous chunk is scored, fastest from pinned memory:
-            `corpus = corpus.pin_memory()` once, then `search(..., device="cuda")`. A corpus
-            in ordinary CPU memory is staged through pinned buffers, one more copy per chunk.
+            corpus may live elsewhere (e.g. in CPU memory): it is moved chunk by chunk (see the
+            module docstring for a large corpus on a GPU).
         bf16_screen: fast path on a CPU only: screen each block with a bfloat16 matrix product
             (see minisbert/fast/retrieval.py). The results are the same either way; only the
             speed differs. None (the default) screens on a CPU with native bfloat16 dot

@@ -81,7 +81,8 @@ def training_examples(data: str, shape: str, model=None, seed: int = 0, mine: bo
     gives labelled pairs from its entailment judgments. Positive pairs are the triplets' first two
     texts; a BEIR layout gives them straight from its judgments (mine=False: nothing is mined).
     """
-    sts = datasets.sts_name(data)
+    source = datasets.what_data(data)
+    sts = source.sts
     if shape == POSITIVE_PAIRS:
         return [Example(example.texts[:2]) for example in training_examples(data, TRIPLETS, model, seed, mine=False)]
     if sts:
@@ -93,7 +94,7 @@ def training_examples(data: str, shape: str, model=None, seed: int = 0, mine: bo
                     for p in pairs]
         raise ValueError(f"dataset {data!r} has no {shape}; it has scored pairs"
                          + (" and labelled pairs (--loss softmax)" if sts == "sick" else ""))
-    folder = datasets.dataset_folder(data)
+    folder = source.folder()
     if shape in (TRIPLETS, SCORED) and (folder / "collection.tsv").is_file():
         return msmarco_examples(folder, shape, seed=seed)
     if shape == SCORED and (folder / "pairs.tsv").is_file():

@@ -42,7 +42,7 @@ import random
 
 import numpy as np
 
-from ..datasets import dataset_folder
+from ..datasets import what_data
 from ..fit import TrainingSettings
 from ..losses import select_loss
 from ..training_data import SCORED, TRIPLETS, training_examples
@@ -122,7 +122,7 @@ def main(argv=None):
 def training_sets(s, start) -> tuple:
     """(triplets, scored pairs): the pairs are (query, positive) and (query, negative) of each triplet,
     in the same order."""
-    if (dataset_folder(s.data) / "collection.tsv").is_file():  # MS MARCO: labels from the cross-encoder
+    if (what_data(s.data).folder() / "collection.tsv").is_file():  # MS MARCO: labels from the cross-encoder
         triplets = training_examples(s.data, TRIPLETS, seed=s.seed)
         pairs = training_examples(s.data, SCORED, seed=s.seed)
     else:
