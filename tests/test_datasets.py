@@ -266,7 +266,7 @@ def test_restricted_unpickler_refuses_code_without_running_it(tmp_path):
     payload = pickle.dumps({1: {2: Hostile(marker)}})
     with gzip.open(tmp_path / "scores.pkl.gz", "wb") as out:
         out.write(payload)
-    with pytest.raises(pickle.UnpicklingError, match=r"scores\.pkl\.gz: refusing to load (os|posix)\.system"):
+    with pytest.raises(ValueError, match=r"scores\.pkl\.gz: refusing to load (os|posix)\.system"):
         datasets.read_cross_encoder_scores(tmp_path / "scores.pkl.gz")
     assert not marker.exists()
     # The same bytes through the ordinary unpickler do run the command: the refusal above is what

@@ -19,9 +19,9 @@ What "correct" means for training:
   leaves no temporary file; a folder that holds anything is never reused without --resume;
 - bad input stops with a message naming what was wrong before anything is written: an unknown or
   unsupported arch / metric / loss, a number out of range (negative, NaN, inf), a score outside [0, 1], no training
-  examples, data of the wrong shape, --dim on a model that has a Dense layer, a checkpoint of
-  another run (other model, dim, pooling, loss, batch size, seed or length), --resume without a
-  checkpoint, a new run into the folder of another;
+  examples, data of the wrong shape, a cross-encoder pickle that names a function, --dim on a model that
+  has a Dense layer, a checkpoint of another run (other model, dim, pooling, loss, batch size, seed or
+  length), --resume without a checkpoint, a new run into the folder of another;
 - the losses of a few short runs are those recorded before fit.py was restructured (a regression pin);
 - DIR/final and DIR/best are sentence-transformers folders: minisbert.load and evaluate.py read them,
   final holds the trained weights, best scores on the dev split what the run reported for it, and
@@ -38,6 +38,7 @@ softmax objective) is replaced by a few such pairs.
 import errno
 import json
 import os
+import pickle
 import re
 import resource
 import signal
@@ -828,6 +829,22 @@ def test_a_disabled_loss_scaler_changes_nothing_and_never_skips():
     parameters = gradients([3.0, float("inf")])
     assert scaler.unscale(parameters)
     assert parameters[0].grad.tolist() == [3.0, float("inf")]
+
+
+def test_a_cross_encoder_pickle_holding_more_than_plain_data_is_refused_by_train_py_in_one_line(
+        tiny_model, tmp_path):
+    """The scores file of an MS MARCO folder may be a pickle, read with an unpickler that calls
+    nothing; one that names a function (here print) is refused with the file's name, no traceback."""
+    folder = tmp_path / "msmarco"
+    folder.mkdir()
+    (folder / "collection.tsv").write_text("p1\tpositive passage\nn1\tfar negative\n")
+    (folder / "queries.train.tsv").write_text("1\tfirst query\n")
+    (folder / "msmarco-hard-negatives.jsonl").write_text('{"qid": 1, "pos": ["p1"], "neg": {"bm25": ["n1"]}}\n')
+    with open(folder / "cross-encoder-ms-marco-MiniLM-L-6-v2-scores.pkl", "wb") as scores:
+        pickle.dump({"1": {"p1": print}}, scores)
+    finished = run_script("train.py", "--model", tiny_model, "--data", folder, "--arch", "triplet",
+                          "--output", tmp_path / "run")
+    assert_one_clear_line(finished, "cross-encoder-ms-marco-MiniLM-L-6-v2-scores.pkl: refusing to load builtins.print")
 
 
 def test_msmarco_examples_use_sigmoid_labels_and_the_cross_encoder_margin(tmp_path):
