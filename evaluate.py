@@ -73,13 +73,13 @@ def parse_args(argv=None):
         p.error(f"--batch-size must be positive, got {args.batch_size}")
     if (args.run is None) != (args.qrels is None):
         p.error("--run and --qrels go together")
-    sts = datasets.sts_name(args.data) if args.task != "retrieval" else None
+    source = datasets.what_data(args.data)
     if args.task is None:
-        args.task = "sts" if sts else "retrieval"
+        args.task = "sts" if source.kind == datasets.STS else "retrieval"
     if args.task == "sts" and args.run is None and any(name in LEXICAL for name in args.model):
         p.error(f"{', '.join(LEXICAL)} are retrieval baselines; --task sts needs sentence-embedding models")
     if args.split is None:
-        args.split = "all" if sts == "sick" else "test"
+        args.split = "all" if args.task == "sts" and source.sts == "sick" else "test"
     return args
 
 
@@ -100,30 +100,14 @@ def main(argv=None):
     # The work. Nothing is printed or written until all of it has succeeded, so a failure leaves
     # neither metrics on the screen nor half of the output files.
     if args.run is not None:  # score an existing run, no model involved
-        run = metrics.read_trec_run(args.run)
-        if args.exclude_self:
-            run = {query_id: {doc_id: s for doc_id, s in hits.items() if doc_id != query_id}
-                   for query_id, hits in run.items()}
-        qrels = read_qrels(args.qrels)
-        results[str(args.run)] = metrics.evaluate_run(run, qrels, args.k, definitions=args.definitions)
+        results[str(args.run)] = score_run_file(args)
     elif args.task == "sts":
         pairs = sts_pairs(args.data, args.split)
         print(f"{args.data} ({args.split}): {len(pairs):,} pairs; Spearman and Pearson of cosine similarity")
         for name in args.model:
             results[name] = sts_correlations(minisbert.load(name, device=args.device), pairs, args.dtype)
     else:
-        if args.data.lower().endswith(".csv"):  # question,answer rows, converted once into the cache
-            folder = datasets.qa_csv_folder(args.data, CACHE_DIR / "qa-csv")
-            print(f"{args.data}: one query per question, its answer the relevant document (BEIR layout in {folder})")
-        else:
-            folder = datasets.retrieval_folder(args.data)
-        retrieval = datasets.load_beir(folder, args.split)
-        if not retrieval.corpus or not retrieval.queries:
-            raise ValueError(f"{folder}: nothing to evaluate: {len(retrieval.corpus)} documents in corpus.jsonl and "
-                             f"{len(retrieval.queries)} queries judged against them in qrels/{args.split}.tsv")
-        if main_process:
-            print(f"{args.data} ({args.split}): {len(retrieval.queries):,} queries, {len(retrieval.corpus):,} "
-                  f"documents; score {args.score}, {args.definitions} definitions")
+        retrieval = retrieval_split(args, main_process)
         for position, name in enumerate(args.model):
             model = name if name in LEXICAL else minisbert.load(name, device=args.device)
             run = rank(model, retrieval, max(args.k), score=args.score, batch_size=args.batch_size,
@@ -153,6 +137,31 @@ def main(argv=None):
     print(f"results: {output}")
 
 
+def score_run_file(args) -> dict:
+    """The metrics of the TREC run file --run against --qrels (self-matches dropped with --exclude-self)."""
+    run = metrics.read_trec_run(args.run)
+    if args.exclude_self:
+        run = {query_id: {doc_id: s for doc_id, s in hits.items() if doc_id != query_id}
+               for query_id, hits in run.items()}
+    return metrics.evaluate_run(run, read_qrels(args.qrels), args.k, definitions=args.definitions)
+
+
+def retrieval_split(args, main_process: bool) -> datasets.RetrievalData:
+    """The split of --data to rank: a BEIR folder's, or a question,answer CSV's (converted once)."""
+    source = datasets.what_data(args.data)
+    folder = source.retrieval_folder(CACHE_DIR / "qa-csv")
+    if source.kind == datasets.QA_CSV:
+        print(f"{args.data}: one query per question, its answer the relevant document (BEIR layout in {folder})")
+    retrieval = datasets.load_beir(folder, args.split)
+    if not retrieval.corpus or not retrieval.queries:
+        raise ValueError(f"{folder}: nothing to evaluate: {len(retrieval.corpus)} documents in corpus.jsonl and "
+                         f"{len(retrieval.queries)} queries judged against them in qrels/{args.split}.tsv")
+    if main_process:
+        print(f"{args.data} ({args.split}): {len(retrieval.queries):,} queries, {len(retrieval.corpus):,} "
+              f"documents; score {args.score}, {args.definitions} definitions")
+    return retrieval
+
+
 def read_qrels(path: Path) -> dict:
     """TREC qrels, or BEIR's tab-separated qrels recognised by their `query-id` header."""
     with open(path, encoding="utf-8") as file:
@@ -170,9 +179,10 @@ def file_label(text: str) -> str:
 def sts_pairs(data: str, split: str) -> list:
     """STS-B or SICK gold pairs (by name, or from a folder holding either), or pairs.tsv (scores
     in [0, 1]) from a folder."""
-    if datasets.sts_name(data):
+    source = datasets.what_data(data)
+    if source.kind == datasets.STS:
         return datasets.load_sts(data, split)
-    folder = datasets.dataset_folder(data)
+    folder = source.folder()
     if not (folder / "pairs.tsv").is_file():
         sys.exit(f"--task sts needs stsb, sick, a folder holding STS-B (sts-*.csv, stsbenchmark.tsv.gz) or SICK "
                  f"(SICK_*.txt) files, or a folder with pairs.tsv; {folder} has none of them")

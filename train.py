@@ -9,9 +9,10 @@
 
 Reads top to bottom: arguments, model, data, the loop, saving. The loop is minisbert/fit.py (the
 experiment runner, `python -m minisbert.experiments`, trains through it too), the objectives are in
-minisbert/losses.py, AdamW and the schedule in minisbert/optim.py, data and checkpoints in
-minisbert/training.py. Writes to --output DIR: log.jsonl (one line per step), checkpoint.pt (to resume),
-best/ and final/ (models in the sentence-transformers layout), summary.json. Under torchrun each
+minisbert/losses.py, AdamW and the schedule in minisbert/optim.py, the examples in
+minisbert/training_data.py, checkpoints in minisbert/checkpoints.py. Writes to --output DIR: log.jsonl
+(one line per step), checkpoint.pt (to resume), best/ and final/ (models in the sentence-transformers
+layout), summary.json. Under torchrun each
 process trains on its slice of every batch (minisbert/distributed.py) and rank 0 alone writes them.
 """
 
@@ -24,13 +25,14 @@ from pathlib import Path
 import torch
 
 import minisbert
-from minisbert import distributed, training
+from minisbert import distributed
 from minisbert.evaluation import evaluate_dev
 from minisbert.fileio import check_writable_folder, write_json
 from minisbert.fit import Interrupted, TrainingFailed, TrainingSettings, fit
 from minisbert.losses import SoftmaxClassifier, select_loss
 from minisbert.model import AMP_DTYPES, check_dtype, dtype_for
 from minisbert.pooling import Dense
+from minisbert.training_data import example_shape, training_examples
 
 
 # Every numeric flag, what a usable value satisfies, and how to say it. A value outside these would not
@@ -106,13 +108,7 @@ def main(argv=None):
     output = args.output or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     distributed.init_from_env()  # a world of one without torchrun
     args.device = distributed.device_for_rank(args.device)
-    check_writable_folder(output)  # before the work, not after it
-    # Every rank looks before any rank writes (rank 0 creates the folder's files only later).
-    held = sorted(path.name for path in output.iterdir()) if output.is_dir() else []
-    distributed.barrier()
-    if not args.resume and held:  # never overwrite what is there
-        sys.exit(f"{output} already holds a run ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
-                 "pass --resume to continue it, or choose another --output")
+    check_output(output, args.resume)
     torch.manual_seed(args.seed)
 
     # The model: a pretrained encoder with its pooling, plus what this run adds (dense layer, pooling).
@@ -130,7 +126,7 @@ def main(argv=None):
 
     # The data: examples of the shape the loss needs (MNRL without hard negatives reads pairs), and a
     # dev split, when the data has one, to choose the best model.
-    examples = training.training_examples(args.data, training.example_shape(spec), model=model, seed=args.seed)
+    examples = training_examples(args.data, example_shape(spec), model=model, seed=args.seed)
     if not examples:
         sys.exit(f"no training examples in {args.data}")
     classifier = None
@@ -163,6 +159,18 @@ def main(argv=None):
     best = result["best"]
     print(f"done in {result['training_seconds']:.0f} s; final model: {output / 'final'}"
           + (f"; best: {output / 'best'} ({best['metric']} {best['value']:.4f} at step {best['step']})" if best else ""))
+
+
+def check_output(output: Path, resume: bool) -> None:
+    """A folder to write into, before the work rather than after it, that holds no other run unless
+    resuming it: what is there is never overwritten."""
+    check_writable_folder(output)
+    # Every rank looks before any rank writes (rank 0 creates the folder's files only later).
+    held = sorted(path.name for path in output.iterdir()) if output.is_dir() else []
+    distributed.barrier()
+    if not resume and held:
+        sys.exit(f"{output} already holds a run ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}); "
+                 "pass --resume to continue it, or choose another --output")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 It prints, in order:
 1. parity: embeddings of the same texts on CUDA and on the CPU (largest difference; 1e-5 expected
    in float32, TF32 off);
-2. search parity: minisbert.retrieval.search on CUDA returns the CPU's top-k ids on random data,
+2. search parity: minisbert.search.search on CUDA returns the CPU's top-k ids on random data,
    for cosine, dot and euclidean;
 3. encode throughput: texts per second on CUDA, float32 and with --amp's dtype;
 4. a scan over a corpus the size of MS MARCO's passages (8.8M rows x 768, float16 on the GPU, 200
@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as `python bench/gpu.py` from a clone
 import minisbert  # noqa: E402
 from minisbert.model import AMP_DTYPES  # noqa: E402
-from minisbert.retrieval import search  # noqa: E402
+from minisbert.search import search  # noqa: E402
 
 TEXTS = [f"sentence number {i} about {topic}" for i in range(256)
          for topic in ("bread", "bikes", "the sky", "gardens")][:512]

@@ -1,4 +1,4 @@
-"""Benchmark exact top-k search: minisbert.retrieval.search against the obvious alternatives.
+"""Benchmark exact top-k search: minisbert.search.search against the obvious alternatives.
 
 For each corpus size it times, side by side in one run, on random L2-normalised float32 data
 (fixed seed):
@@ -287,7 +287,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
     """Return (function queries -> (Q, k) indices, note, MB its setup took)."""
     k = args.k
     if method.startswith("minisbert"):
-        from minisbert.retrieval import search
+        from minisbert.search import search
 
         if method == "minisbert-float32":
             return (lambda q: search(q, corpus, k, score="dot", bf16_screen=False)[1]), "", 0.0
@@ -348,7 +348,7 @@ def roofline(args) -> None:
         print(f"\nroofline: skipped, the {corpus_bytes / 1e9:.1f} GB corpus does not fit in "
               f"{free / 1e9:.1f} GB free")
         return
-    from minisbert.retrieval import search
+    from minisbert.search import search
 
     bandwidth = args.bandwidth_gbs or _copy_bandwidth_gbs()
     corpus = torch.empty(MSMARCO_DOCS, MSMARCO_DIM, dtype=torch.float16, device="cuda").normal_()

@@ -10,7 +10,7 @@ an AdamW step (lr 2e-5, weight decay 0.01 except biases and LayerNorm) and a sch
 the steps linear warmup, then linear decay). Loading the model and reading the data are not timed;
 nothing is evaluated or saved on either side.
 
-minisbert: train.py's own step, called piece by piece as train.py calls it (training.embed_examples,
+minisbert: train.py's own step, called piece by piece as train.py calls it (fit.embed_examples,
 the siamese-cosine loss, clip_grad_norm_, AdamW, LinearWarmupDecay, train.py's batch order), minus
 its logging, evaluation and checkpoints; the forward pass runs the fast encoder, as train.py's does
 (--plain: the plain one). Timed from building the optimizer to the last step.
@@ -47,7 +47,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minisbert  # noqa: E402
 from bench.peer import add_peer_python_option, check_peer_python, cpu_summary, run_peer  # noqa: E402
-from minisbert import training  # noqa: E402
+from minisbert import fit  # noqa: E402
+from minisbert.training_data import Example  # noqa: E402
 from minisbert.datasets import read_stsb, to_unit_score  # noqa: E402
 from minisbert.hub import resolve  # noqa: E402
 from minisbert.losses import select_loss  # noqa: E402
@@ -60,7 +61,7 @@ LR, WEIGHT_DECAY, WARMUP, MAX_GRAD_NORM, SEED = 2e-5, 0.01, 0.1, 1.0, 42
 def stsb_examples(folder: Path, limit: int) -> list:
     """The first `limit` STS-B train pairs as train.py builds them: scores scaled to [0, 1]."""
     pairs = read_stsb(folder, "train")[:limit]
-    return [training.Example((p.sentence1, p.sentence2), to_unit_score("stsb", p.score)) for p in pairs]
+    return [Example((p.sentence1, p.sentence2), to_unit_score("stsb", p.score)) for p in pairs]
 
 
 def train_minisbert(model_dir: Path, examples: list, args) -> tuple:
@@ -76,9 +77,9 @@ def train_minisbert(model_dir: Path, examples: list, args) -> tuple:
     optimizer = AdamW(weight_decay_groups(parameters, WEIGHT_DECAY), lr=LR)
     steps = math.ceil(len(examples) / args.batch_size)
     scheduler = LinearWarmupDecay(optimizer, int(WARMUP * steps), steps)
-    for indices in training.batches_for_epoch(len(examples), args.batch_size, SEED, epoch=0):
+    for indices in fit.batches_for_epoch(len(examples), args.batch_size, SEED, epoch=0):
         batch = [examples[i] for i in indices]
-        u, v = training.embed_examples(model, batch)  # (B, D) each, from one forward pass
+        u, v = fit.embed_examples(model, batch)  # (B, D) each, from one forward pass
         labels = torch.tensor([e.label for e in batch], dtype=torch.float32)  # (B,)
         loss = loss_function(u, v, labels)
         loss.backward()

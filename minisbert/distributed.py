@@ -26,7 +26,7 @@ takes the same AdamW step: the model stays the same on every rank without ever b
 Encoding and search (the shard-and-merge pattern of exact nearest-neighbour search over a
 partitioned corpus). Rank r encodes the contiguous rows `shard_range(N, r, world)` of the corpus
 (`encode_shard`): no rank ever holds more than its shard's embeddings. It searches its shard
-exactly with minisbert.retrieval.search, turns the shard's row numbers into corpus row numbers by
+exactly with minisbert.search.search, turns the shard's row numbers into corpus row numbers by
 adding the shard's start, and `gather_top_k` collects the (Q, k) lists on rank 0, which merges them
 (`merge_shard_top_k`) with the search's own tie rule: better score first, equal scores by lower
 corpus index. The true top-k of the corpus is made of every shard's top-k among its own rows, so
@@ -43,7 +43,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .retrieval import merge_top_k, search
+from .retrieval import merge_top_k
+from .search import search
 
 
 def init_from_env(timeout_minutes: int = 30) -> bool:
@@ -256,7 +257,7 @@ def sharded_search(model, corpus_texts: list, query_texts: list, k: int, score: 
                    batch_size: int = 32, query_ids: list | None = None, corpus_ids: list | None = None,
                    dtype: str = "float32"):
     """Exact top-k over a corpus split across the ranks: encode this rank's shard, search it with
-    minisbert.retrieval.search, merge on rank 0. Every rank encodes the queries (they are few).
+    minisbert.search.search, merge on rank 0. Every rank encodes the queries (they are few).
     Returns search's (scores, indices) on rank 0, (None, None) on the others."""
     start, shard = encode_shard(model, corpus_texts, batch_size, dtype)
     queries = model.encode(query_texts, batch_size=batch_size, dtype=dtype)

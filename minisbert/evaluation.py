@@ -1,7 +1,7 @@
 """Evaluating a model: retrieval (rank a corpus for each query, score the ranking) and STS.
 
 Retrieval follows BEIR / MTEB: embed documents (title + " " + text) and queries, rank documents by
-the score function with the exact retriever (retrieval.py), keep the top `max(ks)`, and compute the
+the score function with the exact retriever (search.py), keep the top `max(ks)`, and compute the
 metrics (metrics.py) against the split's qrels. STS follows SBERT section 4.1 and MTEB: the Spearman
 (and Pearson) correlation between the cosine similarity of each pair's embeddings and the gold score.
 
@@ -23,7 +23,7 @@ import torch
 from . import datasets
 from . import distributed, metrics
 from .lexical import BM25, Jaccard
-from .retrieval import search
+from .search import search
 from .fileio import atomic_write
 
 CACHE_DIR = Path(os.environ.get("MINISBERT_CACHE") or Path(__file__).resolve().parent.parent / ".cache")
@@ -143,9 +143,10 @@ def sts_correlations(model, pairs: list, dtype: str = "float32") -> dict:
 def evaluate_dev(model, data: str):
     """The score train.py maximises on the dev split: {"spearman": ...} for STS-B and SICK,
     {"ndcg@10": ..., ...} for a retrieval folder with qrels/dev.tsv; None when there is no dev split."""
-    if datasets.sts_name(data):
+    source = datasets.what_data(data)
+    if source.kind == datasets.STS:
         return sts_correlations(model, datasets.load_sts(data, "dev"))  # SICK's dev split is "trial"
-    folder = datasets.retrieval_folder(data)
+    folder = source.retrieval_folder(CACHE_DIR / "qa-csv")
     if not (folder / "qrels" / "dev.tsv").is_file():
         return None
     retrieval = datasets.load_beir(folder, "dev")

@@ -1,4 +1,4 @@
-"""The training loop: shuffled batches -> embeddings -> loss -> AdamW step, until the budget is spent.
+"""The training loop: shuffled batches -> embeddings -> loss -> backward -> AdamW step, until the budget is spent.
 
 One call of `fit` fine-tunes a SentenceModel with one objective (losses.py) the way Sentence-BERT is
 trained (Reimers and Gurevych 2019, "Sentence-BERT", section 3; sentence-transformers' `fit`):
@@ -6,10 +6,14 @@ the examples are shuffled every epoch, AdamW skips weight decay on biases and La
 learning rate warms up linearly then decays linearly to 0, and gradients are clipped to norm 1.
 train.py and the experiment runner (minisbert/experiments) both train through it.
 
-Along the way it writes to its output folder:
+`fit` is the loop itself, short enough to read as the algorithm. What surrounds it is in named
+helpers below it: starting or resuming (`new_state`, `start_or_resume`), one batch's loss
+(`batch_loss`) and update (`optimizer_step`), the dev score and best/ (`evaluate_and_keep_best`),
+checkpoints (`write_checkpoint`, with the files themselves in checkpoints.py), float16's loss
+scaling (`LossScaler`) and Ctrl-C (`StopRequest`). Along the way it writes to its output folder:
 
     log.jsonl       one JSON line per optimizer step: loss, learning rate, gradient norm, dev scores
-    checkpoint.pt   everything the next step depends on (see training.py), every checkpoint_steps
+    checkpoint.pt   everything the next step depends on (checkpoints.py), every checkpoint_steps
     best/           the model that scored best on the dev split, when the caller gives a dev score
 
 Under torchrun (minisbert/distributed.py) the same call trains one model over N processes: each
@@ -27,17 +31,21 @@ processes, tests/test_distributed.py.
 """
 
 import math
+import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import distributed, training
+from . import checkpoints, distributed
+from .training_data import Example
 from .losses import LossSpec, multiple_negatives_ranking_loss
 from .model import check_dtype
 from .optim import AdamW, LinearWarmupDecay, clip_grad_norm_, weight_decay_groups
 from .progress import Progress
+
+LOG, CHECKPOINT = "log.jsonl", "checkpoint.pt"
 
 
 @dataclass(frozen=True)
@@ -76,149 +84,210 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
         identity: dict, classifier=None, evaluate=None, resume: bool = False) -> dict:
     """Train `model` (and `classifier`, SBERT's softmax W, when the objective has one) in place.
 
-    examples: training.Example of the shape `spec` needs; MNRL without hard negatives uses the
+    examples: training_data.Example of the shape `spec` needs; MNRL without hard negatives uses the
     first two texts of each. identity: what else the run depends on (model name, data, ...), stored
     in the checkpoint so that a checkpoint of another run is never resumed. evaluate(model) returns
     the dev scores {metric: value, ...} or None; the first metric is the one maximised for best/.
     Returns {"steps", "training_seconds", "best"}; best is {"step", "metric", "value"} or None.
     training_seconds counts the steps of earlier, interrupted runs too, up to their checkpoint.
     """
-    output = Path(output)
-    checkpoint_path = output / "checkpoint.pt"
-    examples = [training.Example(e.texts[:spec.n_texts], e.label) for e in examples]
+    output, examples = Path(output), [Example(e.texts[:spec.n_texts], e.label) for e in examples]
     total_steps = settings.total_steps(len(examples))
-    smallest_batch = min(settings.batch_size, len(examples) % settings.batch_size or settings.batch_size)
-    if smallest_batch < distributed.world_size():
-        raise ValueError(f"a batch of {smallest_batch} examples cannot be split over {distributed.world_size()} "
-                         "processes; choose a batch size (and a number of examples) of at least one per process")
-    main = distributed.is_main()
-    eval_steps = settings.eval_steps if settings.eval_steps is not None else math.ceil(total_steps / 4)
-    model.train()  # dropout on, as in training; encode() switches it off and back by itself
-
-    # The optimizer: AdamW without decay on biases and LayerNorm, warmup then linear decay.
-    parameters = list(model.named_parameters())
-    if classifier is not None:
-        parameters += [(f"classifier.{n}", p) for n, p in classifier.named_parameters()]
-    optimizer = AdamW(weight_decay_groups(parameters, settings.weight_decay), lr=settings.lr)
-    scheduler = LinearWarmupDecay(optimizer, int(settings.warmup * total_steps), total_steps)
     autocast_dtype = check_dtype(settings.dtype, model.device)  # None: float32; the weights stay float32 anyway
-    scaler = training.LossScaler(enabled=settings.dtype == "float16")
-    # What the checkpoint's weights and data position mean depends on all of these.
-    identity = {**identity, "encoder": model.encoder.config.to_hf(), "pooling": model.pooling, "loss": spec.name,
-                "examples": len(examples), "seed": settings.seed, "batch_size": settings.batch_size,
-                "steps": total_steps}
-
-    step, epoch, next_batch, best, seconds_before = 0, 0, 0, None, 0.0
-    if resume:
-        state = training.load_checkpoint(checkpoint_path)
-        if state["identity"] != identity:
-            differences = [k for k in identity if state["identity"].get(k) != identity[k]]
-            raise TrainingFailed(f"{checkpoint_path} is from another run: it differs in {differences}; resume "
-                                 "with the settings it was written with, or start a new run in another folder")
-        model.load_state_dict(state["model"])
-        if classifier is not None:
-            classifier.load_state_dict(state["classifier"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        training.set_rng_state(rank_rng_state(state["rng"], main))
-        step, epoch, next_batch, best = state["step"], state["epoch"], state["next_batch"], state["best"]
-        seconds_before = state.get("training_seconds", 0.0)  # absent from checkpoints of older versions
-        if main:
-            training.truncate_log(output / "log.jsonl", step)  # steps after the checkpoint run again
-            print(f"resuming {output} at step {step} (epoch {epoch}, batch {next_batch})")
-    elif main:  # a run that stopped before its first checkpoint (a NaN loss) may have left a log
-        (output / "log.jsonl").unlink(missing_ok=True)
-    output.mkdir(parents=True, exist_ok=True)
-    distributed.broadcast_parameters(model)  # every rank starts from rank 0's weights
-    if classifier is not None:
-        distributed.broadcast_parameters(classifier)
-
-    def save_state(rng_states: list):
-        training.save_checkpoint(checkpoint_path, {
-            "identity": identity, "model": model.state_dict(),
-            "classifier": classifier.state_dict() if classifier is not None else {},
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(), "rng": rng_states,
-            "step": step, "epoch": epoch, "next_batch": next_batch, "best": best,
-            "training_seconds": seconds_before + time.perf_counter() - started})
-
-    def evaluate_and_keep_best():
-        nonlocal best
-        scores = evaluate(model) if evaluate is not None and main else None
-        if scores is None:
-            return None
-        name, value = next(iter(scores.items()))
-        if best is None or value > best["value"]:
-            best = {"step": step, "metric": name, "value": value}
-            model.save(output / "best")
-        model.train()
-        return scores
-
-    if main:
-        print(f"{spec.name}: {len(examples):,} examples, batch {settings.batch_size}, {total_steps:,} steps, "
-              f"{distributed.world_size()} process(es), device {model.device}, output {output}")
-    if step == 0 and not resume:
-        initial = evaluate_and_keep_best()
-        if initial is not None:
-            print(f"dev before training: {initial}")
-
-    stop = training.StopRequest()
-    started = time.perf_counter()
-    progress = Progress(total_steps, "step", done=step, show=main)
+    model.train()  # dropout on, as in training; encode() switches it off and back by itself
+    state = new_state(model, classifier, spec, settings, len(examples), identity)
+    start_or_resume(state, output, resume)
+    if not resume and (initial := evaluate_and_keep_best(state, evaluate, output)) is not None:
+        print(f"dev before training: {initial}")
+    eval_steps = settings.eval_steps if settings.eval_steps is not None else math.ceil(total_steps / 4)
+    stop, state.started = StopRequest(), time.perf_counter()
+    progress = Progress(total_steps, "step", done=state.step, show=distributed.is_main())
     try:
-        while step < total_steps:
-            batches = training.batches_for_epoch(len(examples), settings.batch_size, settings.seed, epoch)
-            while next_batch < len(batches) and step < total_steps:
-                batch = [examples[i] for i in batches[next_batch]]  # the global batch
+        while state.step < total_steps:
+            batches = batches_for_epoch(len(examples), settings.batch_size, settings.seed, state.epoch)
+            while state.next_batch < len(batches) and state.step < total_steps:
+                batch = [examples[i] for i in batches[state.next_batch]]  # the global batch
                 local_batch = batch[slice(*distributed.shard_range(len(batch)))]  # this rank's slice
                 with torch.autocast(model.device.type, dtype=autocast_dtype or torch.float32,
                                     enabled=autocast_dtype is not None):
-                    embeddings = training.embed_examples(model, local_batch)
-                    if spec.function is multiple_negatives_ranking_loss:  # every anchor sees every positive
-                        embeddings = [distributed.gather_with_grad(e, len(batch)) for e in embeddings]
-                        share = compute_loss(spec, embeddings, batch, settings.margin, classifier)
-                        loss = share.detach()  # the same whole-batch loss on every rank
-                    else:
-                        share = compute_loss(spec, embeddings, local_batch, settings.margin, classifier) \
-                            * distributed.local_loss_weight(len(local_batch), len(batch))
-                        loss = distributed.sum_tensor(share.detach())
+                    embeddings = embed_examples(model, local_batch)  # one (B, D) tensor per text column
+                    share, loss = batch_loss(spec, embeddings, batch, settings.margin, classifier)
                 if not torch.isfinite(loss):
-                    raise TrainingFailed(
-                        f"loss became {loss.item()} at step {step + 1}; stopping. The last good checkpoint is "
-                        f"{checkpoint_path} (step {read_step(checkpoint_path)}); try a lower learning rate, "
-                        "or bfloat16 instead of float16")
-                scaler.scaled(share).backward()
-                distributed.sum_gradients([p for _, p in parameters])
-                grad_norm = torch.full((), float("inf"), device=model.device)  # stays inf if skipped
-                lr = scheduler.current_lrs()[0]  # this step's
-                if scaler.unscale(p for _, p in parameters):  # False: fp16 overflow, skip this update
-                    grad_norm = clip_grad_norm_([p for _, p in parameters], settings.max_grad_norm)
-                    optimizer.step()
-                    scheduler.step()
-                optimizer.zero_grad()
-                step, next_batch = step + 1, next_batch + 1
+                    raise non_finite_loss(loss, state.step + 1, output / CHECKPOINT)
+                state.scaler.scaled(share).backward()
+                grad_norm, lr = optimizer_step(state, settings.max_grad_norm)
+                state.step, state.next_batch = state.step + 1, state.next_batch + 1
 
-                entry = {"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm.item()}
-                if eval_steps and step % eval_steps == 0 or step == total_steps:
-                    entry["eval"] = evaluate_and_keep_best()
-                if main:
-                    training.append_log(output / "log.jsonl", entry)
+                entry = {"step": state.step, "epoch": state.epoch, "loss": loss.item(), "lr": lr,
+                         "grad_norm": grad_norm.item()}
+                if eval_steps and state.step % eval_steps == 0 or state.step == total_steps:
+                    entry["eval"] = evaluate_and_keep_best(state, evaluate, output)
+                if distributed.is_main():
+                    checkpoints.append_log(output / LOG, entry)
                 progress.update(1, f"loss {entry['loss']:.4f}")
                 stop.requested = distributed.any_rank(stop.requested)
-                if step % settings.checkpoint_steps == 0 or step == total_steps or stop.requested:
-                    rng_states = distributed.gather_objects(training.rng_state())  # every rank's dropout generator
-                    if main:
-                        save_state(rng_states)
+                if state.step % settings.checkpoint_steps == 0 or state.step == total_steps or stop.requested:
+                    write_checkpoint(state, output / CHECKPOINT)
                 if stop.requested:
                     distributed.barrier()  # torchrun stops every rank once one exits: let rank 0 save first
-                    raise Interrupted(step)
-            if next_batch >= len(batches):
-                epoch, next_batch = epoch + 1, 0
+                    raise Interrupted(state.step)
+            if state.next_batch >= len(batches):
+                state.epoch, state.next_batch = state.epoch + 1, 0
     finally:
         stop.restore()
     progress.close()
-    return {"steps": step, "training_seconds": round(seconds_before + time.perf_counter() - started, 1), "best": best}
+    return {"steps": state.step, "training_seconds": round(state.seconds(), 1), "best": state.best}
+
+
+@dataclass
+class TrainingState:
+    """Everything the next step depends on, as a checkpoint holds it (checkpoints.py)."""
+    model: torch.nn.Module
+    classifier: torch.nn.Module | None  # SBERT's softmax W, trained beside the model; None for other losses
+    parameters: list  # the model's and the classifier's, in the optimizer's order
+    optimizer: AdamW
+    scheduler: LinearWarmupDecay
+    scaler: "LossScaler"
+    identity: dict  # what the weights and the data position mean: a checkpoint of another run is refused
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    next_batch: int = 0  # the batch of the epoch that the next step trains on
+    best: dict | None = None  # {"step", "metric", "value"} of the best dev score so far
+    seconds_before: float = 0.0  # training time of earlier, interrupted runs, up to their checkpoint
+    started: float = field(default_factory=time.perf_counter)  # when this run's steps began
+
+    def seconds(self) -> float:
+        return self.seconds_before + time.perf_counter() - self.started
+
+
+def new_state(model, classifier, spec: LossSpec, settings: TrainingSettings, num_examples: int,
+              identity: dict) -> TrainingState:
+    """Step 0: AdamW without weight decay on biases and LayerNorm, warmup then linear decay, and
+    float16's loss scaler (a no-op in other precisions)."""
+    total_steps = settings.total_steps(num_examples)
+    smallest_batch = min(settings.batch_size, num_examples % settings.batch_size or settings.batch_size)
+    if smallest_batch < distributed.world_size():
+        raise ValueError(f"a batch of {smallest_batch} examples cannot be split over {distributed.world_size()} "
+                         "processes; choose a batch size (and a number of examples) of at least one per process")
+    named = list(model.named_parameters())
+    if classifier is not None:
+        named += [(f"classifier.{n}", p) for n, p in classifier.named_parameters()]
+    optimizer = AdamW(weight_decay_groups(named, settings.weight_decay), lr=settings.lr)
+    scheduler = LinearWarmupDecay(optimizer, int(settings.warmup * total_steps), total_steps)
+    identity = {**identity, "encoder": model.encoder.config.to_hf(), "pooling": model.pooling, "loss": spec.name,
+                "examples": num_examples, "seed": settings.seed, "batch_size": settings.batch_size,
+                "steps": total_steps}
+    return TrainingState(model, classifier, [p for _, p in named], optimizer, scheduler,
+                         LossScaler(enabled=settings.dtype == "float16"), identity)
+
+
+def start_or_resume(state: TrainingState, output: Path, resume: bool) -> None:
+    """Load the checkpoint in `output` when resuming, else clear the log a run that stopped before its
+    first checkpoint (a NaN loss) may have left; then give every rank rank 0's weights."""
+    if resume:
+        resume_from(state, output / CHECKPOINT)
+        if distributed.is_main():
+            checkpoints.truncate_log(output / LOG, state.step)  # steps after the checkpoint run again
+            print(f"resuming {output} at step {state.step} (epoch {state.epoch}, batch {state.next_batch})")
+    elif distributed.is_main():
+        (output / LOG).unlink(missing_ok=True)
+    output.mkdir(parents=True, exist_ok=True)
+    distributed.broadcast_parameters(state.model)  # every rank starts from rank 0's weights
+    if state.classifier is not None:
+        distributed.broadcast_parameters(state.classifier)
+    if distributed.is_main():
+        identity = state.identity
+        print(f"{identity['loss']}: {identity['examples']:,} examples, batch {identity['batch_size']}, "
+              f"{identity['steps']:,} steps, {distributed.world_size()} process(es), device {state.model.device}, "
+              f"output {output}")
+
+
+def resume_from(state: TrainingState, checkpoint_path: Path) -> None:
+    """Put the checkpoint's weights, optimizer, schedule, loss scale, random state and data position
+    into `state`, after checking that it was written by this very run."""
+    saved = checkpoints.load_checkpoint(checkpoint_path)
+    if saved["identity"] != state.identity:
+        differences = [k for k in state.identity if saved["identity"].get(k) != state.identity[k]]
+        raise TrainingFailed(f"{checkpoint_path} is from another run: it differs in {differences}; resume "
+                             "with the settings it was written with, or start a new run in another folder")
+    state.model.load_state_dict(saved["model"])
+    if state.classifier is not None:
+        state.classifier.load_state_dict(saved["classifier"])
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.scheduler.load_state_dict(saved["scheduler"])
+    state.scaler.load_state_dict(saved["scaler"])
+    checkpoints.set_rng_state(rank_rng_state(saved["rng"]))
+    state.step, state.epoch, state.next_batch = saved["step"], saved["epoch"], saved["next_batch"]
+    state.best, state.seconds_before = saved["best"], saved["training_seconds"]
+
+
+def write_checkpoint(state: TrainingState, checkpoint_path: Path) -> None:
+    """Every rank hands over its random state (dropout draws differ by rank); rank 0 writes them all."""
+    rng_states = distributed.gather_objects(checkpoints.rng_state())
+    if not distributed.is_main():
+        return
+    checkpoints.save_checkpoint(checkpoint_path, {
+        "identity": state.identity, "model": state.model.state_dict(),
+        "classifier": state.classifier.state_dict() if state.classifier is not None else {},
+        "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
+        "scaler": state.scaler.state_dict(), "rng": rng_states,
+        "step": state.step, "epoch": state.epoch, "next_batch": state.next_batch, "best": state.best,
+        "training_seconds": state.seconds()})
+
+
+def rank_rng_state(saved: list) -> dict:
+    """This rank's random generator state from a checkpoint's list of every rank's. A checkpoint
+    written by another number of processes cannot give each rank its own: every rank then takes
+    rank 0's (dropout draws other masks than the interrupted run would have, nothing else differs)."""
+    if len(saved) == distributed.world_size():
+        return saved[distributed.rank()]
+    if distributed.is_main():
+        print(f"note: the checkpoint was written by {len(saved)} process(es), this run has "
+              f"{distributed.world_size()}: dropout will draw other masks than the interrupted run would have")
+    return saved[0]
+
+
+def evaluate_and_keep_best(state: TrainingState, evaluate, output: Path) -> dict | None:
+    """The dev scores (rank 0 only; None without a dev split), saving best/ when the first metric
+    is the best so far."""
+    scores = evaluate(state.model) if evaluate is not None and distributed.is_main() else None
+    if scores is None:
+        return None
+    name, value = next(iter(scores.items()))
+    if state.best is None or value > state.best["value"]:
+        state.best = {"step": state.step, "metric": name, "value": value}
+        state.model.save(output / "best")
+    state.model.train()
+    return scores
+
+
+def batches_for_epoch(num_examples: int, batch_size: int, seed: int, epoch: int) -> list:
+    """The epoch's shuffled batches of example indices. Seeded by (seed, epoch) alone, so a resumed
+    run rebuilds the same order without saving it."""
+    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(num_examples, generator=generator).tolist()
+    return [order[start:start + batch_size] for start in range(0, num_examples, batch_size)]
+
+
+def embed_examples(model, examples: list) -> list:
+    """Embed every text of a batch in one forward pass; return one (B, D) tensor per column."""
+    columns = len(examples[0].texts)
+    texts = [e.texts[c] for c in range(columns) for e in examples]
+    embeddings = model(model.tokenize(texts))  # (columns * B, D)
+    return list(embeddings.split(len(examples)))
+
+
+def batch_loss(spec: LossSpec, embeddings: list, batch: list, margin: float, classifier=None) -> tuple:
+    """(this rank's share of the global batch's loss, to backpropagate; the global batch's loss, the
+    same on every rank). `embeddings` are this rank's slice's. With one process both are the loss."""
+    if spec.function is multiple_negatives_ranking_loss:  # every anchor sees every positive of the global batch
+        embeddings = [distributed.gather_with_grad(e, len(batch)) for e in embeddings]
+        share = compute_loss(spec, embeddings, batch, margin, classifier)
+        return share, share.detach()
+    local_batch = batch[slice(*distributed.shard_range(len(batch)))]
+    share = compute_loss(spec, embeddings, local_batch, margin, classifier) \
+        * distributed.local_loss_weight(len(local_batch), len(batch))
+    return share, distributed.sum_tensor(share.detach())
 
 
 def compute_loss(spec: LossSpec, embeddings: list, batch: list, margin: float, classifier=None):
@@ -235,18 +304,83 @@ def compute_loss(spec: LossSpec, embeddings: list, batch: list, margin: float, c
     return spec.function(*embeddings, labels, **kwargs)
 
 
-def rank_rng_state(saved, main: bool) -> dict:
-    """This rank's random generator state from a checkpoint's list of every rank's. A checkpoint
-    written by another number of processes cannot give each rank its own: every rank then takes
-    rank 0's (dropout draws other masks than the interrupted run would have, nothing else differs)."""
-    states = saved if isinstance(saved, list) else [saved]  # a dict: written before states were per rank
-    if len(states) == distributed.world_size():
-        return states[distributed.rank()]
-    if main:
-        print(f"note: the checkpoint was written by {len(states)} process(es), this run has "
-              f"{distributed.world_size()}: dropout will draw other masks than the interrupted run would have")
-    return states[0]
+def optimizer_step(state: TrainingState, max_grad_norm: float) -> tuple:
+    """Sum the gradients over ranks, unscale (float16) and clip them, take the AdamW step and move
+    the schedule on. Returns (the gradient norm, inf for a step float16 overflow skipped; the
+    learning rate this step used)."""
+    distributed.sum_gradients(state.parameters)
+    grad_norm = torch.full((), float("inf"), device=state.model.device)
+    lr = state.scheduler.current_lrs()[0]
+    if state.scaler.unscale(state.parameters):
+        grad_norm = clip_grad_norm_(state.parameters, max_grad_norm)
+        state.optimizer.step()
+        state.scheduler.step()
+    state.optimizer.zero_grad()
+    return grad_norm, lr
 
 
-def read_step(checkpoint_path: Path):
-    return training.load_checkpoint(checkpoint_path)["step"] if checkpoint_path.exists() else "none written yet"
+def non_finite_loss(loss: torch.Tensor, step: int, checkpoint_path: Path) -> TrainingFailed:
+    written = checkpoints.load_checkpoint(checkpoint_path)["step"] if checkpoint_path.exists() else "none written yet"
+    return TrainingFailed(f"loss became {loss.item()} at step {step}; stopping. The last good checkpoint is "
+                          f"{checkpoint_path} (step {written}); try a lower learning rate, or bfloat16 instead "
+                          "of float16")
+
+
+class LossScaler:
+    """Dynamic loss scaling for float16 training (Micikevicius et al. 2018, "Mixed Precision
+    Training", section 3.2): small gradients underflow in fp16, so the loss is multiplied by a large
+    scale before backward and the gradients divided by it afterwards. A step whose gradients
+    overflowed is skipped and the scale halved; after `growth_interval` good steps it doubles.
+    Disabled (scale 1, never skips) for float32 and bfloat16, whose exponent range needs no help."""
+
+    def __init__(self, enabled: bool, scale: float = 2.0**16, growth_interval: int = 2000):
+        self.enabled = enabled
+        self.scale = scale if enabled else 1.0
+        self.growth_interval = growth_interval
+        self.good_steps = 0
+
+    def scaled(self, loss):
+        return loss * self.scale
+
+    @torch.no_grad()
+    def unscale(self, parameters) -> bool:
+        """Divide gradients by the scale; False (and the scale halved) if any is inf or NaN."""
+        if not self.enabled:
+            return True
+        grads = [p.grad for p in parameters if p.grad is not None]
+        for grad in grads:
+            grad.div_(self.scale)
+        # All gradients' checks are gathered on their device, so the host reads one value, not one per gradient.
+        finite = [torch.isfinite(grad).all() for grad in grads]
+        if not finite or bool(torch.stack(finite).all()):
+            self.good_steps += 1
+            if self.good_steps % self.growth_interval == 0:
+                self.scale *= 2.0
+            return True
+        self.scale /= 2.0
+        self.good_steps = 0
+        return False
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self.good_steps = state["scale"], state["good_steps"]
+
+
+class StopRequest:
+    """Turns Ctrl-C (SIGINT) into a flag the loop reads between steps, so a checkpoint is written
+    at a step boundary instead of the process dying halfway through an update."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum, frame):
+        if self.requested:  # a second Ctrl-C: stop at once
+            signal.signal(signal.SIGINT, self.previous)
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self):
+        signal.signal(signal.SIGINT, self.previous)

@@ -1,22 +1,17 @@
-"""Exact top-k search: for each query embedding, the k corpus embeddings that score best.
+"""Exact top-k search, the plain way: score a block of the corpus, take its top k, merge.
 
-Scoring Q queries against N documents of dimension d is one matrix product, (Q, d) @ (d, N), and
-the answer is the k best columns of each row. The whole (Q, N) score matrix would take 4·Q·N bytes
-(8 GB for 1,000 queries over 2M documents), so the search walks the corpus in chunks and the
-queries in chunks, and for each (query chunk, corpus chunk) block it
+For each query embedding, the k corpus embeddings that score best. Scoring Q queries against N
+documents of dimension d is one matrix product, (Q, d) @ (d, N), and the answer is the k best
+columns of each row. The whole (Q, N) score matrix would take 4·Q·N bytes (8 GB for 1,000 queries
+over 2M documents), so `search` walks the corpus in chunks and the queries in chunks, and for each
+(query chunk, corpus chunk) block it
 
     1. scores the block: one matrix product, (Qc, d) @ (d, Nc);
     2. takes the block's own top-k of each row;
     3. merges those into the running top-k of each query (`merge_top_k`).
 
-Memory is a few blocks whatever N is, and the corpus is read once. `chunked_search` below is that
-loop written out: the plain path, `search(..., fast=False)`, and the reference the fast path is
-tested against. The default, `fast=True`, runs minisbert/fast/retrieval.py, which returns the same
-top-k faster (it skips most of step 2 and, where the CPU multiplies bfloat16 natively, most of
-step 1); its docstring says how. On a CUDA device the fast path is minisbert/fast/device_search.py:
-the same three steps, queued for the GPU without waiting on it, block after block (the loop below
-reads results back to the host at every chunk, to check it and to drop excluded pairs), with a
-corpus in CPU memory copied over while the previous chunk is scored.
+Memory is a few blocks whatever N is, and the corpus is read once. sentence-transformers'
+`util.semantic_search` is the same loop.
 
 Score functions (`score=`):
     cosine     q·c / (|q| |c|)                    larger is better
@@ -25,125 +20,99 @@ Score functions (`score=`):
 For euclidean the search ranks by the key 2 q·c - |c|² (|q|² is the same for every row of a
 query), larger is better, and turns the key into the distance at the end.
 
-Ties. Equal scores are ordered by corpus index, lower first, on every device and for every chunk
-size: the block's top-k comes from a stable sort (equal scores stay in column order) and
-`merge_top_k` orders equal scores by index. For euclidean the rule applies to the key as computed
-in float32. Scores computed in two different ways (by the two paths, or on two devices) may differ
-in the last float32 bits, so two rows whose exact scores are that close may come out in either
-order.
+Ties. Equal scores are ordered by corpus index, lower first, for every chunk size: the block's
+top-k comes from a stable sort (equal scores stay in column order) and `merge_top_k` orders equal
+scores by index. Scores computed in two different ways (on two devices, say) may differ in the
+last float32 bits, so two rows whose exact scores are that close may come out in either order.
 
-Inputs and outputs are checked and prepared in minisbert/search_inputs.py, shared by both paths.
-Checked against brute force (the full score matrix, computed in float64, and a stable sort) in
-tests/test_retrieval.py, and for speed against sentence-transformers `util.semantic_search` and
-FAISS `IndexFlatIP` in bench/retrieval.py.
+This module is the plain search, and it reads alone: it checks shape, dtype and finiteness, and
+expects embeddings of the size models produce. minisbert/search.py is the search the library
+calls: it runs the loop below (`top_k_by_blocks`) or the fast paths in minisbert/fast/, and
+adds what a search over any embeddings needs (rows near float32's limits, scores that could
+overflow, query ids to leave out). Checked against brute force (every score in float64, a stable
+sort) with chunk sizes that do not divide N in tests/test_retrieval.py.
 """
-
-from collections.abc import Hashable, Sequence
 
 import numpy as np
 import torch
 
-from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, SearchInputs, check_inputs, drop_excluded
+SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
 
 
-def search(
-    queries: torch.Tensor | np.ndarray,
-    corpus: torch.Tensor | np.ndarray,
-    k: int,
-    score: str = "cosine",
-    query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
-    corpus_chunk_size: int | None = None,
-    query_ids: Sequence[Hashable] | None = None,
-    corpus_ids: Sequence[Hashable] | None = None,
-    device: str | torch.device | None = None,
-    bf16_screen: bool | None = None,
-    fast: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor] | tuple[np.ndarray, np.ndarray]:
-    """Exact top-k corpus rows for each query row.
-
-    Args:
-        queries: (Q, d) float embeddings (torch tensor or numpy array).
-        corpus: (N, d) float embeddings. May be float16/bfloat16 (e.g. to halve memory); each
-            chunk is upcast to float32 before scoring, so scores are float32 whatever the input.
-        k: number of results per query. If k > N the whole corpus is returned, ranked.
-        score: "cosine", "dot" or "euclidean" (see the module docstring).
-        query_chunk_size, corpus_chunk_size: block shape. Only speed and memory depend on them,
-            never the results. corpus_chunk_size defaults to 8192 on CPU, 32768 on CUDA.
-        query_ids, corpus_ids: optional ids (any hashable values), one per query and one per
-            corpus row. When given, a corpus row whose id equals the query's id is never returned
-            for that query (BEIR drops such self-matches), and the next best row takes its place.
-        device: where to compute. Defaults to the corpus tensor's device (CPU for numpy). The
-            corpus may live elsewhere (e.g. in CPU memory): it is moved chunk by chunk. On a GPU
-            there are two ways to hold a large corpus (see minisbert/fast/device_search.py):
-            on the GPU in float16, half the memory of float32 (8.8M x 768 takes 13.5 GB):
-            `corpus = corpus.half().to("cuda")`; or in CPU memory, streamed to the GPU
-            chunk by chunk while the previous chunk is scored, fastest from pinned memory:
-            `corpus = corpus.pin_memory()` once, then `search(..., device="cuda")`. A corpus
-            in ordinary CPU memory is staged through pinned buffers, one more copy per chunk.
-        bf16_screen: fast path on a CPU only: screen each block with a bfloat16 matrix product
-            (see minisbert/fast/retrieval.py). The results are the same either way; only the
-            speed differs. None (the default) screens on a CPU with native bfloat16 dot
-            products. The search on a CUDA device never screens.
-        fast: True (the default) runs minisbert/fast/retrieval.py, False the plain
-            `chunked_search` below. Both return the same top-k.
-
-    Returns:
-        (scores, indices), each (Q, min(k, N)), best first: float32 scores (distances for
-        euclidean, smallest first) and int64 corpus row indices. Ties go to the lower corpus
-        index. numpy arrays if both inputs are numpy arrays, else torch tensors on `device`.
-        Where fewer than min(k, N) rows remain for a query (only possible with ids), the row is
-        padded with index -1 and score -inf (+inf distance for euclidean).
-
-    Raises:
-        ValueError: unknown score, k < 1, bad chunk sizes, inputs that are not 2-D floating
-            point, an empty corpus, mismatched dimensions, a query or corpus row holding NaN or
-            inf or too large for float32 (see minisbert/search_inputs.py), ids whose count does
-            not match the embeddings, or bf16_screen=True with fast=False.
-    """
-    inputs = check_inputs(
-        queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids, corpus_ids, device
-    )
-    if fast:
-        from .fast.retrieval import fast_search
-
-        top_scores, top_indices = fast_search(inputs, bf16_screen)
-    elif bf16_screen:
-        raise ValueError("bf16_screen=True needs the fast path; pass fast=True or drop bf16_screen")
-    else:
-        top_scores, top_indices = chunked_search(inputs)
-    return inputs.results(top_scores, top_indices)
+def search(queries, corpus, k: int, score: str = "cosine", query_chunk_size: int = 1024,
+           corpus_chunk_size: int = 8192) -> tuple:
+    """Exact top-k corpus rows for each query row: (scores, indices), each (Q, min(k, N)), best
+    first, ties to the lower index. queries (Q, d) and corpus (N, d): floating-point torch tensors
+    or numpy arrays (numpy results for numpy inputs). Scores are float32, distances for euclidean.
+    The chunk sizes change only speed and memory (minisbert/search_inputs.py says why these)."""
+    return_numpy = isinstance(queries, np.ndarray) and isinstance(corpus, np.ndarray)
+    queries, corpus = embedding_matrix(queries, "queries"), embedding_matrix(corpus, "corpus")
+    if score not in SCORE_FUNCTIONS:
+        raise ValueError(f"unknown score {score!r}; choose one of {', '.join(SCORE_FUNCTIONS)}")
+    if queries.shape[1] != corpus.shape[1] or corpus.shape[0] == 0 or not isinstance(k, int) or k < 1:
+        raise ValueError(f"need k >= 1 (got {k}) and a non-empty corpus of the queries' dimension: got queries "
+                         f"{tuple(queries.shape)} and corpus {tuple(corpus.shape)}")
+    queries, query_sizes = scoring_rows(queries.float(), score, "queries", 0)  # (Q, d), (Q,)
+    chunks = (scoring_rows(corpus[start:start + corpus_chunk_size].float(), score, "corpus", start)
+              for start in range(0, corpus.shape[0], corpus_chunk_size))
+    top_scores, top_indices = top_k_by_blocks(queries, chunks, min(k, corpus.shape[0]), score, query_chunk_size)
+    if score == "euclidean":  # from the ranking key 2 q·c - |c|² back to the distance
+        top_scores = (query_sizes[:, None] - top_scores).clamp_min(0).sqrt()  # (Q, k)
+    if return_numpy:
+        return top_scores.numpy(), top_indices.numpy()
+    return top_scores, top_indices
 
 
-def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain search: score a block, take its top-k, merge. Returns the (Q, k) scores (ranking
-    keys for euclidean) and corpus indices, best first."""
-    num_queries, num_docs, k = inputs.queries.shape[0], inputs.corpus.shape[0], inputs.k
-    # Running best per query. Padding (-inf, -1) is what a query that has seen nothing holds.
-    top_scores = torch.full((num_queries, k), -torch.inf, device=inputs.device)  # (Q, k)
+def embedding_matrix(embeddings, name: str) -> torch.Tensor:
+    """`embeddings` as a 2-D floating-point tensor, or a ValueError naming what it is instead."""
+    if isinstance(embeddings, np.ndarray):
+        embeddings = torch.from_numpy(embeddings)
+    if not isinstance(embeddings, torch.Tensor) or embeddings.ndim != 2 or not embeddings.is_floating_point():
+        raise ValueError(f"{name} must be a 2-D floating-point torch tensor or numpy array (rows, dim), got "
+                         f"{getattr(embeddings, 'dtype', type(embeddings).__name__)} of shape "
+                         f"{tuple(getattr(embeddings, 'shape', ()))}")
+    return embeddings
+
+
+def scoring_rows(rows: torch.Tensor, score: str, name: str, start: int) -> tuple:
+    """The (n, d) float32 rows as they are scored (unit rows for cosine) and their (n,) sizes:
+    squared norms for euclidean (its ranking key needs them), else norms. Refuses, by row number,
+    a row holding NaN or inf or too large for float32."""
+    sizes = torch.linalg.vecdot(rows, rows) if score == "euclidean" else torch.linalg.vector_norm(rows, dim=1)
+    if not torch.isfinite(sizes).all():
+        row = start + int(torch.isfinite(sizes).logical_not().nonzero()[0])
+        raise ValueError(f"{name} row {row} contains NaN or inf, or values too large for float32; embed it "
+                         "again or drop it")
+    if score == "cosine":  # a zero row scores 0 instead of NaN
+        rows = rows / sizes.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
+    return rows, sizes
+
+
+def top_k_by_blocks(queries: torch.Tensor, chunks, k: int, score: str, query_chunk_size: int,
+                    drop=None) -> tuple:
+    """The loop: for each corpus chunk (rows as scored, sizes) from `chunks`, for each query chunk,
+    score the block, take its top k, merge. Returns the (Q, k) running top-k: scores (ranking keys
+    for euclidean) and corpus indices. drop(block, query_start, doc_start), if given, sets entries
+    never to return to -inf (search.py's excluded ids); they come out as padding, index -1."""
+    num_queries, doc_start = queries.shape[0], 0
+    top_scores = torch.full((num_queries, k), -torch.inf, device=queries.device)  # (Q, k) nothing seen yet
     top_indices = torch.full_like(top_scores, -1, dtype=torch.long)  # (Q, k)
-
-    for doc_start in range(0, num_docs, inputs.corpus_chunk_size):
-        # Float32 rows as scored (unit rows for cosine) and their norms (squared for euclidean).
-        chunk, sizes = inputs.corpus_chunk(doc_start)  # (Nc, d), (Nc,)
-        for query_start in range(0, num_queries, inputs.query_chunk_size):
-            rows = slice(query_start, query_start + inputs.query_chunk_size)
-            query_chunk = inputs.queries[rows]  # (Qc, d)
-            if inputs.score == "euclidean":
-                block = torch.addmm(-sizes, query_chunk, chunk.T, alpha=2)  # (Qc, Nc) 2 q·c - |c|²
+    for chunk, sizes in chunks:  # (Nc, d), (Nc,)
+        for query_start in range(0, num_queries, query_chunk_size):
+            rows = slice(query_start, query_start + query_chunk_size)
+            if score == "euclidean":
+                block = torch.addmm(-sizes, queries[rows], chunk.T, alpha=2)  # (Qc, Nc) 2 q·c - |c|²
             else:
-                block = query_chunk @ chunk.T  # (Qc, Nc)
-            if inputs.excluded is not None:
-                drop_excluded(block, inputs.excluded, query_start, doc_start)
-
+                block = queries[rows] @ chunk.T  # (Qc, Nc)
+            if drop is not None:
+                drop(block, query_start, doc_start)
             # A stable sort keeps equal scores in column order, i.e. by corpus index.
             block_scores, columns = block.sort(dim=1, descending=True, stable=True)  # (Qc, Nc)
             block_scores, columns = block_scores[:, :k], columns[:, :k]  # (Qc, k')
-            # An excluded row scores -inf; it is reported as padding.
             block_indices = torch.where(block_scores == -torch.inf, -1, columns + doc_start)
-
             top_scores[rows], top_indices[rows] = merge_top_k(
-                top_scores[rows], top_indices[rows], block_scores, block_indices, k
-            )
+                top_scores[rows], top_indices[rows], block_scores, block_indices, k)
+        doc_start += chunk.shape[0]
     return top_scores, top_indices
 
 

@@ -1,8 +1,11 @@
 """The inputs of an exact top-k search, checked and made ready to score.
 
-Both the plain search (minisbert/retrieval.py) and the fast one (minisbert/fast/retrieval.py) start
-from a `SearchInputs` and end with its `results`, so they accept, refuse and return exactly the same
-things. What is checked, for the queries and the corpus alike:
+Both paths of `minisbert.search.search`, the plain loop (minisbert/retrieval.py) and the fast one
+(minisbert/fast/retrieval.py), start from a `SearchInputs` and end with its `results`, so they
+accept, refuse and return exactly the same things. The plain `minisbert.retrieval.search`, written
+to be read alone, checks only what embeddings of ordinary size need.
+
+What is checked here, for the queries and the corpus alike:
 
 - each is a 2-D floating-point torch tensor or numpy array, of the same dimension; k and the chunk
   sizes are positive integers; ids, if given, are one per row;
@@ -109,7 +112,7 @@ def check_inputs(
     corpus_ids: Sequence[Hashable] | None,
     device: str | torch.device | None,
 ) -> SearchInputs:
-    """Check the arguments of `minisbert.retrieval.search` (see there) and the queries, and
+    """Check the arguments of `minisbert.search.search` (see there) and the queries, and
     prepare them. Corpus rows are checked chunk by chunk, by `SearchInputs.corpus_chunk`."""
     return_numpy = isinstance(queries, np.ndarray) and isinstance(corpus, np.ndarray)
     queries = _as_embedding_matrix(queries, "queries")

@@ -266,7 +266,7 @@ def test_restricted_unpickler_refuses_code_without_running_it(tmp_path):
     payload = pickle.dumps({1: {2: Hostile(marker)}})
     with gzip.open(tmp_path / "scores.pkl.gz", "wb") as out:
         out.write(payload)
-    with pytest.raises(pickle.UnpicklingError, match=r"scores\.pkl\.gz: refusing to load (os|posix)\.system"):
+    with pytest.raises(ValueError, match=r"scores\.pkl\.gz: refusing to load (os|posix)\.system"):
         datasets.read_cross_encoder_scores(tmp_path / "scores.pkl.gz")
     assert not marker.exists()
     # The same bytes through the ordinary unpickler do run the command: the refusal above is what
@@ -527,13 +527,28 @@ def test_load_sts_reads_a_folder_in_its_own_layout(tmp_path):
         datasets.load_sts(str(only_test), "train")
 
 
-def test_retrieval_folder_is_the_folder_or_its_scifact(tmp_path):
-    make_beir(tmp_path / "holder" / "scifact")
-    assert datasets.retrieval_folder(str(tmp_path / "holder")) == tmp_path / "holder" / "scifact"
-    assert datasets.retrieval_folder(str(tmp_path / "holder" / "scifact")) == tmp_path / "holder" / "scifact"
-    assert datasets.retrieval_folder("example") == datasets.REPO_DATA / "example"
+def test_what_data_names_the_kind_of_every_data_value_without_reading_it(tmp_path):
+    """One answer to "what does --data name?", for train.py, evaluate.py and the studies alike."""
+    make_stsb(tmp_path / "stsb_copy")
+    write(tmp_path / "quora" / datasets.QUORA_FILE, "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n")
+    kinds = {value: datasets.what_data(value) for value in
+             ("stsb", "sick", str(tmp_path / "stsb_copy"), "questions.csv", str(tmp_path / "quora"), "example",
+              "scifact", "nonsense")}
+    assert [(source.kind, source.sts) for source in kinds.values()] == [
+        (datasets.STS, "stsb"), (datasets.STS, "sick"), (datasets.STS, "stsb"), (datasets.QA_CSV, None),
+        (datasets.QUORA, None), (datasets.FOLDER, None), (datasets.FOLDER, None), (datasets.FOLDER, None)]
     with pytest.raises(ValueError, match="--data 'nonsense' is neither a folder nor a named dataset"):
-        datasets.dataset_folder("nonsense")
+        kinds["nonsense"].folder()  # a folder is looked for (and a named dataset fetched) only when asked
+
+
+def test_the_retrieval_folder_is_the_folder_or_its_scifact_or_the_converted_csv(tmp_path):
+    make_beir(tmp_path / "holder" / "scifact")
+    for data in (tmp_path / "holder", tmp_path / "holder" / "scifact"):
+        assert datasets.what_data(str(data)).retrieval_folder(tmp_path / "cache") == tmp_path / "holder" / "scifact"
+    assert datasets.what_data("example").retrieval_folder(tmp_path / "cache") == datasets.REPO_DATA / "example"
+    write(tmp_path / "qa.csv", "question,answer\nwhy is the sky blue,air scatters blue light\n")
+    folder = datasets.what_data(str(tmp_path / "qa.csv")).retrieval_folder(tmp_path / "cache")
+    assert folder.parent == tmp_path / "cache" and (folder / "corpus.jsonl").is_file()
 
 
 # ----------------------------------------------------------------------------- real data (mirror)

@@ -20,7 +20,7 @@ import torch
 from minisbert.fast import device_search as device_module
 from minisbert.fast import retrieval as fast_retrieval
 from minisbert.fast.device_search import device_search
-from minisbert.retrieval import chunked_search
+from minisbert.search import chunked_search
 from minisbert.search_inputs import check_inputs
 
 from .host_reads import HostReads
@@ -304,7 +304,7 @@ def test_streaming_keeps_two_chunks_on_the_gpu_whatever_the_corpus_size():
 
 @needs_cuda
 def test_search_on_cuda_from_a_pinned_cpu_corpus_returns_cuda_tensors():
-    from minisbert.retrieval import search
+    from minisbert.search import search
 
     generator = torch.Generator().manual_seed(11)
     queries, corpus = torch.randn(30, 32, generator=generator), torch.randn(5_000, 32, generator=generator)

@@ -38,8 +38,8 @@ import torch.multiprocessing as mp
 import evaluate
 import train
 from minisbert import datasets
-from minisbert import distributed, training
-from minisbert.retrieval import search
+from minisbert import checkpoints, distributed
+from minisbert.search import search
 
 from .conftest import REPO
 from .test_training import CORPUS, PAIRS, QRELS, QUERIES, TRIPLETS, make_tiny_model, read_log
@@ -95,14 +95,14 @@ def _train(argv: list, gather: bool, ctrl_c_after: int | None, exit_codes: Path)
         distributed.gather_with_grad = lambda rows, global_examples: rows
     rank = os.environ.get("RANK", "0")
     if ctrl_c_after is not None and rank == "0":
-        append_log = training.append_log
+        append_log = checkpoints.append_log
 
         def append_log_then_interrupt(path, entry):  # only rank 0 logs, so only rank 0 gets Ctrl-C
             append_log(path, entry)
             if entry["step"] == ctrl_c_after:
                 os.kill(os.getpid(), signal.SIGINT)
 
-        training.append_log = append_log_then_interrupt
+        checkpoints.append_log = append_log_then_interrupt
     try:
         train.main(argv)
         code = 0
@@ -170,7 +170,7 @@ def test_ctrl_c_on_one_rank_stops_both_and_resume_logs_the_uninterrupted_losses(
     output = tmp_path / "interrupted"
     argv = train_args(model_with_dropout, data, output, *objective)
     assert train_ranks(2, argv, tmp_path, ctrl_c_after=2) == [130, 130]
-    assert training.load_checkpoint(output / "checkpoint.pt")["step"] == 2
+    assert checkpoints.load_checkpoint(output / "checkpoint.pt")["step"] == 2
     assert not (output / "final").exists()
     assert train_ranks(2, argv + ["--resume"], tmp_path) == [0, 0]
     assert read_log(output) == read_log(expected)

@@ -686,12 +686,14 @@ def test_an_output_folder_that_is_a_file_is_refused_before_any_work(tmp_path, ha
 
 
 def test_a_corpus_text_that_is_not_valid_unicode_is_named(tmp_path):
-    """corpus.jsonl may spell a lone surrogate as the JSON escape \\ud800, which reads as a str."""
+    """corpus.jsonl may spell a lone surrogate as the JSON escape \\ud800, which reads as a str: it is
+    refused as the file is read, by file, line, field and character."""
     corpus = {"d1": "fine", "d2": "half of a pair SURROGATE of surrogates"}
     datasets.write_beir(tmp_path / "data", corpus, {"q1": "fine"}, {"q1": {"d1": 1}})
     corpus_file = tmp_path / "data" / "corpus.jsonl"
     corpus_file.write_text(corpus_file.read_text().replace("SURROGATE", "\\ud800"))
     finished = run_script("evaluate.py", "--model", TINY, "--data", tmp_path / "data", "--output", tmp_path / "out.json",
                           env={"MINISBERT_CACHE": str(tmp_path / "cache")})
-    assert_one_clear_line(finished, "text 1 is not valid Unicode", "'\\ud800' (surrogates not allowed)")
+    assert_one_clear_line(finished, f"{corpus_file}, line 2: field 'text' is not valid Unicode: character 15 is "
+                                    "'\\ud800' (surrogates not allowed)")
     assert not (tmp_path / "out.json").exists()

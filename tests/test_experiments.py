@@ -23,7 +23,7 @@ import signal
 import numpy as np
 import pytest
 
-from minisbert import training
+from minisbert import checkpoints
 from minisbert.experiments import __main__ as command
 from minisbert.experiments import embedding_size, figures, model_selection, runner, sbert_objectives, siamese_vs_triplet
 from minisbert.experiments.pca import fit_pca
@@ -159,7 +159,7 @@ def test_a_run_killed_between_models_goes_on_with_the_remaining_ones(svt_run, tm
 def test_ctrl_c_while_a_model_trains_resumes_from_its_checkpoint(svt_run, tmp_path, monkeypatch):
     _, expected = svt_run
     output = tmp_path / "run"
-    append_log, pressed = training.append_log, []
+    append_log, pressed = checkpoints.append_log, []
 
     def ctrl_c_at_step_3_of_the_second_model(path, entry):
         append_log(path, entry)
@@ -167,11 +167,11 @@ def test_ctrl_c_while_a_model_trains_resumes_from_its_checkpoint(svt_run, tmp_pa
             pressed.append(entry["step"])
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(training, "append_log", ctrl_c_at_step_3_of_the_second_model)
+    monkeypatch.setattr(checkpoints, "append_log", ctrl_c_at_step_3_of_the_second_model)
     with pytest.raises(SystemExit) as stopped:
         command.main(["siamese-vs-triplet", "--quick", "--model", str(TINY), "--device", "cpu", "--output", str(output)])
     assert stopped.value.code == 130
-    assert training.load_checkpoint(output / "models" / "siamese-euclidean" / "checkpoint.pt")["step"] == 3
+    assert checkpoints.load_checkpoint(output / "models" / "siamese-euclidean" / "checkpoint.pt")["step"] == 3
     assert not (output / "models" / "siamese-euclidean" / "result.json").exists()
     results = run(siamese_vs_triplet, output)
     assert without_timing(results) == without_timing(expected)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import minisbert
-from minisbert import metrics, training
+from minisbert import checkpoints, metrics
 from minisbert.fileio import (atomic_write, check_writable_folder, make_staging_dir, read_json, replace_dir, write_dir,
                               write_json, write_text)
 from minisbert.progress import Progress
@@ -99,10 +99,10 @@ def test_what_minisbert_writes_gets_the_users_permissions(mask, file_mode, folde
     umask(mask)
     model = minisbert.load(FIXTURES / "tiny_st_dense", device="cpu")
     model.save(tmp_path / "model")
-    training.save_checkpoint(tmp_path / "run" / "checkpoint.pt", {"weights": torch.zeros(3)})
-    training.append_log(tmp_path / "run" / "log.jsonl", {"step": 1})
-    training.append_log(tmp_path / "run" / "log.jsonl", {"step": 2})
-    training.truncate_log(tmp_path / "run" / "log.jsonl", 1)  # rewritten through a temporary file
+    checkpoints.save_checkpoint(tmp_path / "run" / "checkpoint.pt", {"weights": torch.zeros(3)})
+    checkpoints.append_log(tmp_path / "run" / "log.jsonl", {"step": 1})
+    checkpoints.append_log(tmp_path / "run" / "log.jsonl", {"step": 2})
+    checkpoints.truncate_log(tmp_path / "run" / "log.jsonl", 1)  # rewritten through a temporary file
     metrics.write_trec_run(tmp_path / "run" / "run.trec", {"q1": {"d1": 1.0}})
     written = sorted(tmp_path.rglob("*"))
     assert {p.name for p in written} >= {"model.safetensors", "modules.json", "1_Pooling", "2_Dense",

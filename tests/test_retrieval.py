@@ -1,5 +1,6 @@
-"""Tests for minisbert.retrieval.search, its plain path (chunked_search, merge_top_k), its fast path
-(minisbert/fast/retrieval.py) and the input checks they share (minisbert/search_inputs.py).
+"""Tests for minisbert.search.search, its plain path (chunked_search: the loop of minisbert/retrieval.py,
+and merge_top_k), its fast path (minisbert/fast/retrieval.py), the input checks they share
+(minisbert/search_inputs.py), and the plain search of minisbert/retrieval.py that reads alone.
 
 "Correct" means: the same rows, in the same order, as brute force (the full score matrix in
 float64 and a stable sort, so equal scores go to the lower corpus index), whatever the chunk sizes,
@@ -15,8 +16,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from minisbert import retrieval
 from minisbert.fast import retrieval as fast_retrieval
-from minisbert.retrieval import merge_top_k, search
+from minisbert.retrieval import merge_top_k
+from minisbert.search import search
 
 SCORES = ("cosine", "dot", "euclidean")
 PATHS = {
@@ -255,6 +258,56 @@ def brute_force_without_self(queries, corpus, k, score, self_rows):
 def test_bf16_screen_needs_the_fast_path():
     with pytest.raises(ValueError, match="bf16_screen=True needs the fast path"):
         search(torch.randn(3, 4), torch.randn(10, 4), 2, bf16_screen=True, fast=False)
+
+
+# ---- the plain search of minisbert/retrieval.py, read alone ---------------------------------
+
+
+@pytest.mark.parametrize("score", SCORES)
+@pytest.mark.parametrize("k, query_chunk_size, corpus_chunk_size", AWKWARD_CHUNKINGS)
+def test_the_plain_search_matches_brute_force_and_the_library_search(score, k, query_chunk_size,
+                                                                     corpus_chunk_size):
+    generator = torch.Generator().manual_seed(0)
+    queries, corpus = torch.randn(23, 16, generator=generator), torch.randn(101, 16, generator=generator)
+    chunks = {"query_chunk_size": query_chunk_size, "corpus_chunk_size": corpus_chunk_size}
+    scores, indices = retrieval.search(queries, corpus, k, score=score, **chunks)
+    expected_scores, expected_indices = brute_force(queries, corpus, k, score)
+    assert torch.equal(indices, expected_indices)
+    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
+    # On embeddings of ordinary size it is the library's plain path, bit for bit: the same loop.
+    library_scores, library_indices = search(queries, corpus, k, score=score, fast=False, **chunks)
+    assert torch.equal(scores, library_scores) and torch.equal(indices, library_indices)
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_the_plain_search_gives_ties_to_the_lower_index_across_chunks(score):
+    queries, corpus = tied_problem(score, torch.Generator().manual_seed(5))
+    _, indices = retrieval.search(queries, corpus, 9, score=score, query_chunk_size=5, corpus_chunk_size=17)
+    assert torch.equal(indices, brute_force(queries, corpus, 9, score)[1])
+
+
+def test_the_plain_search_returns_numpy_for_numpy():
+    corpus = np.array([[3.0, 4.0], [2.0, 0.0], [0.0, -1.0]], dtype=np.float32)
+    scores, indices = retrieval.search(corpus[1:2], corpus, 3, score="dot")
+    assert isinstance(scores, np.ndarray) and indices.tolist() == [[0, 1, 2]]
+    assert scores.tolist() == [[6.0, 4.0, 0.0]]
+
+
+@pytest.mark.parametrize(
+    "queries, corpus, message",
+    [
+        (torch.randn(4), torch.randn(10, 4), "queries must be a 2-D floating-point"),
+        (torch.randn(3, 4), torch.ones(10, 4, dtype=torch.long), "corpus must be a 2-D floating-point"),
+        (torch.randn(3, 4), torch.randn(10, 5), "corpus of the queries' dimension"),
+        (torch.randn(3, 4), torch.zeros(0, 4), "a non-empty corpus"),
+        (torch.tensor([[1.0, float("nan"), 0.0, 0.0]]), torch.randn(10, 4), "queries row 0 contains NaN or inf"),
+        (torch.randn(3, 4), torch.randn(10, 4).index_fill_(0, torch.tensor([7]), float("inf")),
+         "corpus row 7 contains NaN or inf"),
+    ],
+)
+def test_the_plain_search_names_what_is_wrong(queries, corpus, message):
+    with pytest.raises(ValueError, match=message):
+        retrieval.search(queries, corpus, 2, corpus_chunk_size=5)  # row 7 is in the second chunk
 
 
 # ---- merging top-k lists -------------------------------------------------------------------

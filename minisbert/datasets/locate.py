@@ -15,8 +15,10 @@ Three datasets are known by name (`SOURCES`): `scifact` (BEIR layout, beir.py), 
 A folder holds a dataset when it has the files of one of its layouts; for a folder the user names,
 one file is enough (a split missing from it is reported when that split is read).
 
-The scripts' `--data` goes through `dataset_folder` (any folder), `retrieval_folder` (a BEIR
-folder) or `sts_name` and `load_sts` (STS-B or SICK, by name or folder).
+What a `--data` value names is decided in one place, `what_data`, which train.py, evaluate.py,
+evaluation.py (the dev score), training_data.py and the studies all call: STS-B or SICK (by name or
+folder), a question,answer CSV, a folder holding Quora's duplicate-question file, or any other
+folder or named dataset (a BEIR layout, pairs.tsv, triplets.tsv, MS MARCO files).
 Checked in tests/test_datasets.py (downloads against a local HTTP server).
 """
 
@@ -31,6 +33,8 @@ from ..download import download as fetch_file, verify_sha256
 from ..fileio import make_staging_dir
 from .beir import RetrievalData, load_beir
 from .pairs import ScoredPair
+from .qa_csv import qa_csv_folder
+from .quora import QUORA_FILE
 from .sts import STSB_SPLITS, SICK_FILES, read_sick, read_stsb
 
 REPO_DATA = Path(__file__).resolve().parent.parent.parent / "data"
@@ -192,6 +196,47 @@ _READ_EVERYTHING = {
 
 # ----------------------------------------------------------------------------- what --data means
 
+STS, QA_CSV, QUORA, FOLDER = "STS-B or SICK", "question,answer CSV", "Quora duplicate questions", "folder"
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """What a `--data` value names (`what_data`): its kind, and where its files are."""
+    data: str  # the value as given
+    kind: str  # STS, QA_CSV, QUORA or FOLDER
+    sts: str | None = None  # "stsb" or "sick" when kind is STS
+
+    def folder(self) -> Path:
+        """The folder the value stands for, a named dataset found (or downloaded) by `resolve_dataset`."""
+        return dataset_folder(self.data)
+
+    def retrieval_folder(self, cache_dir: Path) -> Path:
+        """The folder in the BEIR layout (corpus.jsonl, queries.jsonl, qrels/): a CSV converted into
+        one under `cache_dir` (once per content), the folder itself, or, when it holds the files of
+        none, its scifact/ subfolder (data/ and a mirror keep the BEIR dataset there)."""
+        if self.kind == QA_CSV:
+            return qa_csv_folder(self.data, cache_dir)
+        folder = self.folder()
+        return find_dataset_in(folder, "scifact") or folder
+
+
+def what_data(data: str) -> DataSource:
+    """What a `--data` value names, decided here alone, reading and downloading nothing:
+    STS-B or SICK (`sts_name`: the name, or a folder holding either, itself or as stsb/, sick/),
+    a question,answer CSV (a name ending in .csv), a folder holding Quora's
+    quora_duplicate_questions.tsv, or else a folder (a path, a folder under data/, or a named
+    dataset such as scifact) whose files say what it holds."""
+    sts = sts_name(data)
+    if sts:
+        return DataSource(data, STS, sts)
+    if data.lower().endswith(".csv"):
+        return DataSource(data, QA_CSV)
+    folder = _as_folder(data)
+    if folder is not None and (folder / QUORA_FILE).is_file():
+        return DataSource(data, QUORA)
+    return DataSource(data, FOLDER)
+
+
 def dataset_folder(data: str) -> Path:
     """The folder a `--data` value stands for: a path to a folder; a folder under data/
     ("example"); or a named dataset, found by `resolve_dataset`."""
@@ -202,13 +247,6 @@ def dataset_folder(data: str) -> Path:
         raise ValueError(f"--data {data!r} is neither a folder nor a named dataset ({', '.join(SOURCES)}, "
                          "or a folder under data/ such as example)")
     return resolve_dataset(data)
-
-
-def retrieval_folder(data: str) -> Path:
-    """The BEIR folder a `--data` value stands for: `dataset_folder(data)`, or its `scifact/`
-    subfolder when the BEIR files are there rather than in the folder itself."""
-    folder = dataset_folder(data)
-    return find_dataset_in(folder, "scifact") or folder
 
 
 def sts_name(data: str) -> str | None:

@@ -116,8 +116,8 @@ def read_cross_encoder_scores(path: str | Path) -> dict[str, dict[str, float]]:
         with open_binary(path) as raw:
             try:
                 table = _NoGlobalsUnpickler(raw).load()
-            except pickle.UnpicklingError as error:
-                raise pickle.UnpicklingError(f"{path}: {error}") from None
+            except pickle.UnpicklingError as error:  # a ValueError, so train.py reports it in one line
+                raise ValueError(f"{path}: {error}") from None
     elif name.endswith(".json"):
         with open_binary(path) as raw:
             try:

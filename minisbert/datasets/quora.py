@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .rows import csv_records, malformed, number
 
+QUORA_FILE = "quora_duplicate_questions.tsv"  # its name, by which a folder is known to hold it
 QUORA_COLUMNS = ("id", "qid1", "qid2", "question1", "question2", "is_duplicate")
 
 

@@ -74,7 +74,22 @@ def json_rows(path: Path) -> Iterator[tuple[int, dict]]:
             raise malformed(path, line_number, f"not valid JSON ({error.msg})") from None
         if not isinstance(row, dict):
             raise malformed(path, line_number, "expected a JSON object {...}")
+        if "\\ud" in line.lower():  # a JSON escape of a surrogate, valid only as half of a pair
+            check_unicode(path, line_number, row)
         yield line_number, row
+
+
+def check_unicode(path: Path, line_number: int, row: dict) -> None:
+    """Refuse, by file, line and field, a string holding a lone surrogate: JSON can spell one (the
+    escape \\ud800 alone), Python reads it as a str, and the tokenizer could only refuse it later
+    without knowing where it came from."""
+    for key, value in row.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise malformed(path, line_number, f"field {key!r} is not valid Unicode: character {error.start} "
+                                f"is {value[error.start]!r} ({error.reason})") from None
 
 
 def csv_records(path: Path, columns: tuple[str, ...], delimiter: str = ",") -> Iterator[tuple[int, dict[str, str]]]:

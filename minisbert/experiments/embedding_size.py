@@ -16,7 +16,7 @@ quora_duplicate_questions.tsv, the paper's own setup: runner.quora_data), and ev
 split:
 
 - accuracy and NDCG at 1, 5 and 10, retrieving with euclidean distance;
-- search speed: exact top-10 search (retrieval.search), in queries per second, over the test corpus
+- search speed: exact top-10 search (search.search), in queries per second, over the test corpus
   and over a larger corpus of random vectors, which shows how search time grows with D. Speeds are
   measured after all training, every D side by side in alternating rounds (the fastest round
   counts), so that a busy machine slows every D alike.
@@ -32,7 +32,7 @@ import torch
 from ..fit import TrainingSettings
 from ..losses import select_loss
 from ..pooling import Dense
-from ..retrieval import search
+from ..search import search
 from . import figures, runner
 
 NAME = "embedding-size"

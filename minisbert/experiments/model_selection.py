@@ -51,10 +51,7 @@ def main(argv=None):
     s = runner.settings_from(args, PRESETS)
     # Every model is found (and fetched) before the first is evaluated: a typo fails in seconds.
     models = {name: name if name in LEXICAL else model_directory(name) for name in s.model}
-    if s.data.lower().endswith(".csv"):  # question,answer rows, converted once into the BEIR layout
-        folder = datasets.qa_csv_folder(s.data, CACHE_DIR / "qa-csv")
-    else:
-        folder = datasets.retrieval_folder(s.data)
+    folder = datasets.what_data(s.data).retrieval_folder(CACHE_DIR / "qa-csv")  # a CSV: converted once
     test = datasets.load_beir(folder, "test")
     study = runner.Study(runner.output_folder(args, NAME), NAME, s)
     print(f"{s.data} (test): {len(test.queries):,} queries, {len(test.corpus):,} documents")

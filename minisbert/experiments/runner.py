@@ -29,7 +29,8 @@ from .. import metrics
 from ..evaluation import CACHE_DIR, encode_cached, rank
 from ..fileio import read_json, write_json
 from ..fit import TrainingSettings, fit
-from ..training import Example, mine_hard_negatives
+from ..datasets import QUORA_FILE
+from ..training_data import Example, mine_hard_negatives
 
 KS = (1, 5, 10)  # the cutoffs Rygaard et al. report
 EMBEDDING_CACHE = CACHE_DIR / "embeddings"  # shared with evaluate.py: a corpus is encoded once per model
@@ -146,9 +147,9 @@ def load_model(name: str, device: str | None, max_seq_length: int | None = None)
 
 def mined_triplets(data: str, split: str, start_model, seed: int) -> tuple:
     """(the split, one triplet per judged (query, relevant document)) of a BEIR folder, the
-    negatives mined with the start model (training.mine_hard_negatives). The corpus embeddings this
+    negatives mined with the start model (training_data.mine_hard_negatives). The corpus embeddings this
     takes are cached, so evaluating the start model afterwards encodes no document again."""
-    folder = datasets.dataset_folder(data)
+    folder = datasets.what_data(data).folder()
     retrieval = datasets.load_beir(folder, split)
     triplets = mine_hard_negatives(start_model, retrieval, seed=seed, cache_dir=EMBEDDING_CACHE)
     if not triplets:
@@ -157,12 +158,9 @@ def mined_triplets(data: str, split: str, start_model, seed: int) -> tuple:
     return retrieval, triplets
 
 
-QUORA_FILE = "quora_duplicate_questions.tsv"
-
-
 def holds_quora(data: str) -> bool:
     """Whether the data folder holds Quora's duplicate-question file."""
-    return (datasets.dataset_folder(data) / QUORA_FILE).is_file()
+    return datasets.what_data(data).kind == datasets.QUORA
 
 
 def quora_data(data: str, seed: int) -> tuple:
@@ -172,7 +170,7 @@ def quora_data(data: str, seed: int) -> tuple:
     a question the file judges not to be its duplicate (a random question where it judges none). The
     test split pools the questions of its pairs: each retrieves from the pool, where its duplicate is
     the one relevant question; rank it with exclude_self, so that no question finds itself."""
-    rows = datasets.read_quora_duplicates(datasets.dataset_folder(data) / QUORA_FILE)
+    rows = datasets.read_quora_duplicates(datasets.what_data(data).folder() / QUORA_FILE)
     texts = {**{r.qid1: r.question1 for r in rows}, **{r.qid2: r.question2 for r in rows}}
     not_duplicates = {}
     for r in rows:
@@ -184,7 +182,7 @@ def quora_data(data: str, seed: int) -> tuple:
     rng.shuffle(pairs)
     train, test = pairs[:int(0.8 * len(pairs))], pairs[int(0.8 * len(pairs)):int(0.95 * len(pairs))]
     if not train or not test:
-        raise ValueError(f"{datasets.dataset_folder(data) / QUORA_FILE}: {len(pairs)} duplicate pairs are too few to split "
+        raise ValueError(f"{datasets.what_data(data).folder() / QUORA_FILE}: {len(pairs)} duplicate pairs are too few to split "
                          "80 / 15 / 5 % into train, test and validation")
     others = sorted(texts)
     triplets = []

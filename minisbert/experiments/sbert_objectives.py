@@ -27,7 +27,7 @@ from .. import datasets
 from ..evaluation import sts_correlations
 from ..fit import TrainingSettings
 from ..losses import SoftmaxClassifier, select_loss
-from ..training import Example
+from ..training_data import Example
 from . import runner
 
 NAME = "sbert-objectives"
@@ -69,7 +69,7 @@ def main(argv=None):
     examples = {name: runner.subsample(data, s.examples, s.seed)
                 for name, data in (("classification", sick), ("regression", stsb), ("mnrl", triplets))}
     sts_test = datasets.load_stsb("test", folder=named_or_folder(s.stsb, "stsb"))
-    retrieval_test = datasets.load_beir(datasets.dataset_folder(s.data), "test")
+    retrieval_test = datasets.load_beir(datasets.what_data(s.data).folder(), "test")
 
     def scores(model) -> dict:
         return {"spearman": sts_correlations(model, sts_test)["spearman"],

@@ -21,7 +21,7 @@ clearly the worst of the four.
 
 The paper trains on MS MARCO: a query, its positive passage and a hard negative, with cross-encoder
 scores squashed by a sigmoid as the Siamese labels. A folder with MS MARCO's training files
-(training.msmarco_examples) and its BEIR layout (corpus.jsonl, queries.jsonl, qrels/test.tsv) is read
+(training_data.msmarco_examples) and its BEIR layout (corpus.jsonl, queries.jsonl, qrels/test.tsv) is read
 that way. Here, by default, the data is SciFact (BEIR): one triplet per judged (query, relevant
 abstract) of the train split, its negative drawn from the start model's top 10 abstracts that are not
 judged relevant, mined once and shared by all four models; the Siamese networks see each triplet as
@@ -42,10 +42,10 @@ import random
 
 import numpy as np
 
-from ..datasets import dataset_folder
+from ..datasets import what_data
 from ..fit import TrainingSettings
 from ..losses import select_loss
-from ..training import SCORED, TRIPLETS, training_examples
+from ..training_data import SCORED, TRIPLETS, training_examples
 from . import figures, runner
 from .pca import fit_pca
 
@@ -122,7 +122,7 @@ def main(argv=None):
 def training_sets(s, start) -> tuple:
     """(triplets, scored pairs): the pairs are (query, positive) and (query, negative) of each triplet,
     in the same order."""
-    if (dataset_folder(s.data) / "collection.tsv").is_file():  # MS MARCO: labels from the cross-encoder
+    if (what_data(s.data).folder() / "collection.tsv").is_file():  # MS MARCO: labels from the cross-encoder
         triplets = training_examples(s.data, TRIPLETS, seed=s.seed)
         pairs = training_examples(s.data, SCORED, seed=s.seed)
     else:

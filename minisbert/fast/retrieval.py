@@ -1,7 +1,8 @@
-"""Exact top-k search, fast: the same top-k as the plain `chunked_search` in
-minisbert/retrieval.py (score a block, take its top-k, merge), with less work per block.
+"""Exact top-k search, fast: the same top-k as the plain loop of minisbert/retrieval.py (score a
+block, take its top-k, merge; run on checked inputs by `minisbert.search.chunked_search`), with
+less work per block.
 
-Called by `minisbert.retrieval.search` (its default, fast=True), which checks the inputs with
+Called by `minisbert.search.search` (its default, fast=True), which checks the inputs with
 minisbert/search_inputs.py and documents the arguments, score functions and the tie rule. On a
 CUDA device `fast_search` hands the search to minisbert/fast/device_search.py: what follows is
 built for a CPU, where reading a result to decide what to do next costs nothing, and on a GPU
@@ -62,7 +63,7 @@ F32_UNIT = 2.0**-24
 
 def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (Q, k) scores (ranking keys 2 q·c - |c|² for euclidean) and corpus indices, best
-    first, as `minisbert.retrieval.chunked_search` returns them. bf16_screen: see `search`."""
+    first, as `minisbert.search.chunked_search` returns them. bf16_screen: see `search`."""
     if inputs.device.type == "cuda":
         return device_search(inputs)  # screening is for CPUs: bf16_screen does not apply
     queries, score, device = inputs.queries, inputs.score, inputs.device

@@ -1,24 +1,17 @@
-"""The pieces the training loop (fit.py) is made of: training examples, hard-negative mining, batches,
-checkpoints.
+"""Training examples from a dataset, in the shape a loss reads, with hard negatives mined for it.
 
 Training data comes in three shapes, one per family of objectives (losses.py):
 - scored pairs (sentence1, sentence2, score in [0, 1]) for the Siamese regression losses;
 - triplets (anchor, positive, negative) for the triplet losses and MNRL with hard negatives;
 - labelled pairs (sentence1, sentence2, class id) for SBERT's classification objective.
-`training_examples` builds them from a dataset name or folder; retrieval datasets (BEIR layout) give
-triplets whose negatives are mined with minisbert's own retriever (`mine_hard_negatives`).
-
-A checkpoint holds everything the next step depends on (model and classifier weights, optimizer
-moments, schedule position, the torch random state that drives dropout, and where in which epoch the
-data stood), so that `--resume` continues with the very losses an uninterrupted run would have had.
-It is written to a temporary file and renamed, so an interruption or a full disk never leaves a
-half-written checkpoint in place of the last good one. Checked in tests/test_training.py.
+`training_examples` builds them from what `--data` names (datasets.what_data); retrieval datasets
+(BEIR layout) give triplets whose negatives are mined with minisbert's own retriever
+(`mine_hard_negatives`), MS MARCO folders triplets filtered by a cross-encoder (`msmarco_examples`).
+The readers of the files are in datasets/; this module turns what they read into examples.
+Checked in tests/test_training.py.
 """
 
-import io
-import json
 import random
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +19,7 @@ import torch
 
 from . import datasets
 from .evaluation import CACHE_DIR, encode_cached
-from .retrieval import search
-from .fileio import atomic_write
+from .search import search
 
 SCORED, TRIPLETS, LABELLED = "scored pairs", "triplets", "labelled pairs"
 POSITIVE_PAIRS = "positive pairs"  # (query, relevant text): what MNRL without hard negatives reads
@@ -89,7 +81,8 @@ def training_examples(data: str, shape: str, model=None, seed: int = 0, mine: bo
     gives labelled pairs from its entailment judgments. Positive pairs are the triplets' first two
     texts; a BEIR layout gives them straight from its judgments (mine=False: nothing is mined).
     """
-    sts = datasets.sts_name(data)
+    source = datasets.what_data(data)
+    sts = source.sts
     if shape == POSITIVE_PAIRS:
         return [Example(example.texts[:2]) for example in training_examples(data, TRIPLETS, model, seed, mine=False)]
     if sts:
@@ -101,7 +94,7 @@ def training_examples(data: str, shape: str, model=None, seed: int = 0, mine: bo
                     for p in pairs]
         raise ValueError(f"dataset {data!r} has no {shape}; it has scored pairs"
                          + (" and labelled pairs (--loss softmax)" if sts == "sick" else ""))
-    folder = datasets.dataset_folder(data)
+    folder = source.folder()
     if shape in (TRIPLETS, SCORED) and (folder / "collection.tsv").is_file():
         return msmarco_examples(folder, shape, seed=seed)
     if shape == SCORED and (folder / "pairs.tsv").is_file():
@@ -161,160 +154,3 @@ def msmarco_examples(folder: Path, shape: str, ce_margin: float = 3.0, seed: int
                 label = float(torch.sigmoid(torch.tensor(scores[query][pid], dtype=torch.float64)))
                 examples.append(Example((queries[query], passages[pid]), label))
     return examples
-
-
-def batches_for_epoch(num_examples: int, batch_size: int, seed: int, epoch: int) -> list:
-    """The epoch's shuffled batches of example indices. Seeded by (seed, epoch) alone, so a resumed
-    run rebuilds the same order without saving it."""
-    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
-    order = torch.randperm(num_examples, generator=generator).tolist()
-    return [order[start:start + batch_size] for start in range(0, num_examples, batch_size)]
-
-
-def embed_examples(model, examples: list) -> list:
-    """Embed every text of a batch in one forward pass; return one (B, D) tensor per column."""
-    columns = len(examples[0].texts)
-    texts = [e.texts[c] for c in range(columns) for e in examples]
-    embeddings = model(model.tokenize(texts))  # (columns * B, D)
-    return list(embeddings.split(len(examples)))
-
-
-CHECKPOINT_KEYS = ("identity", "model", "classifier", "optimizer", "scheduler", "scaler", "rng", "step", "epoch",
-                   "next_batch", "best")
-
-
-def save_checkpoint(path: Path, state: dict) -> None:
-    """Atomically write a checkpoint (tensors and plain Python values only).
-
-    torch.save writes into memory first and Python writes the bytes, so that a full disk is an
-    OSError with its reason, not an error from inside torch's zip writer."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    try:
-        atomic_write(Path(path), lambda tmp: tmp.write_bytes(buffer.getbuffer()))
-    except OSError as error:
-        raise OSError(f"could not write the checkpoint {path}: {error.strerror or error}. "
-                      "The previous checkpoint, if any, is intact.") from error
-
-
-def load_checkpoint(path: Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path} to resume from: the run stopped before writing one, or "
-                                f"never started; start again in another --output, or delete {path.parent} first")
-    try:
-        state = torch.load(path, weights_only=True)  # plain data only: nothing in it can run code
-    except Exception:  # bytes that are not a checkpoint fail anywhere in the unpickler (IndexError, EOFError, ...)
-        state = None  # and torch's message would suggest weights_only=False, i.e. running code from the file
-    missing = [key for key in CHECKPOINT_KEYS if key not in state] if isinstance(state, dict) else CHECKPOINT_KEYS
-    if missing:
-        raise ValueError(f"{path} is not a checkpoint written by minisbert's training "
-                         + ("(it is damaged, cut short, or holds more than tensors and plain values)" if state is None
-                            else f"(it lacks {', '.join(missing)})")
-                         + "; it cannot be resumed: start a new run in another --output")
-    return state
-
-
-def append_log(path: Path, entry: dict) -> None:
-    """One JSON line per optimizer step, appended as it happens so the log can be watched live."""
-    with open(path, "a", encoding="utf-8") as log:
-        log.write(json.dumps(entry) + "\n")
-
-
-def truncate_log(path: Path, last_step: int) -> None:
-    """Keep the log lines up to `last_step`: a resumed run writes the later steps again.
-
-    A run killed while appending leaves its last line cut short, without the newline: that line is
-    dropped, with a note. Any other line that is not a log entry is an error naming it."""
-    path = Path(path)
-    if not path.is_file():
-        return
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    kept = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            entry = json.loads(line)
-            step = entry["step"]
-        except (json.JSONDecodeError, TypeError, KeyError):
-            if number == len(lines) and not text.endswith("\n"):
-                print(f"{path} line {number} was cut short when the run stopped; dropping it (that step runs again)")
-                break
-            raise ValueError(f"{path} line {number} is not a log entry (a JSON object with a step): {line[:60]!r}; "
-                             "repair or delete that line, then resume again") from None
-        if step <= last_step:
-            kept.append(line)
-    atomic_write(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8"))
-
-
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class LossScaler:
-    """Dynamic loss scaling for float16 training (Micikevicius et al. 2018, "Mixed Precision
-    Training", section 3.2): small gradients underflow in fp16, so the loss is multiplied by a large
-    scale before backward and the gradients divided by it afterwards. A step whose gradients
-    overflowed is skipped and the scale halved; after `growth_interval` good steps it doubles.
-    Disabled (scale 1, never skips) for float32 and bfloat16, whose exponent range needs no help."""
-
-    def __init__(self, enabled: bool, scale: float = 2.0**16, growth_interval: int = 2000):
-        self.enabled = enabled
-        self.scale = scale if enabled else 1.0
-        self.growth_interval = growth_interval
-        self.good_steps = 0
-
-    def scaled(self, loss):
-        return loss * self.scale
-
-    @torch.no_grad()
-    def unscale(self, parameters) -> bool:
-        """Divide gradients by the scale; False (and the scale halved) if any is inf or NaN."""
-        if not self.enabled:
-            return True
-        grads = [p.grad for p in parameters if p.grad is not None]
-        for grad in grads:
-            grad.div_(self.scale)
-        # All gradients' checks are gathered on their device, so the host reads one value, not one per gradient.
-        finite = [torch.isfinite(grad).all() for grad in grads]
-        if not finite or bool(torch.stack(finite).all()):
-            self.good_steps += 1
-            if self.good_steps % self.growth_interval == 0:
-                self.scale *= 2.0
-            return True
-        self.scale /= 2.0
-        self.good_steps = 0
-        return False
-
-    def state_dict(self) -> dict:
-        return {"scale": self.scale, "good_steps": self.good_steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.scale, self.good_steps = state["scale"], state["good_steps"]
-
-
-class StopRequest:
-    """Turns Ctrl-C (SIGINT) into a flag the loop reads between steps, so a checkpoint is written
-    at a step boundary instead of the process dying halfway through an update."""
-
-    def __init__(self):
-        self.requested = False
-        self.previous = signal.signal(signal.SIGINT, self.handle)
-
-    def handle(self, signum, frame):
-        if self.requested:  # a second Ctrl-C: stop at once
-            signal.signal(signal.SIGINT, self.previous)
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def restore(self):
-        signal.signal(signal.SIGINT, self.previous)

@@ -1,0 +1,110 @@
+"""The search the library calls: exact top-k on any embeddings, by the plain loop or a fast path.
+
+`search` offers the choice. Both paths start from the same checked inputs (minisbert/search_inputs.py:
+rows near float32's limits, scores that could overflow, ids to leave out) and return the same
+top-k, ties included:
+
+- fast=False runs the plain loop of minisbert/retrieval.py, `top_k_by_blocks`: score a block, take
+  its top-k, merge; the reference the fast paths are tested against.
+- fast=True (the default) runs minisbert/fast/retrieval.py, which returns the same top-k faster:
+  it skips most of the plain path's step 2 and, where the CPU multiplies bfloat16 natively, most of
+  step 1; its docstring says how. On a CUDA device the fast path is minisbert/fast/device_search.py:
+  the same three steps, queued for the GPU without waiting on it, block after block (the plain
+  loop reads results back to the host at every chunk, to check it and to drop excluded pairs),
+  with a corpus in CPU memory copied over while the previous chunk is scored.
+
+On a GPU there are two ways to hold a large corpus (see minisbert/fast/device_search.py): on the
+GPU in float16, half the memory of float32 (8.8M x 768 takes 13.5 GB): `corpus.half().to("cuda")`;
+or in CPU memory, streamed to the GPU chunk by chunk while the previous chunk is scored, fastest
+from pinned memory: `corpus = corpus.pin_memory()` once, then `search(..., device="cuda")`. A corpus
+in ordinary CPU memory is staged through pinned buffers, one more copy per chunk.
+
+Score functions, the tie rule and the loop are described in minisbert/retrieval.py. For euclidean
+the tie rule applies to the ranking key 2 q·c - |c|² as computed in float32. Checked against brute
+force in tests/test_retrieval.py and tests/test_device_search.py, and for speed against
+sentence-transformers `util.semantic_search` and FAISS `IndexFlatIP` in bench/retrieval.py.
+"""
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+import torch
+
+from .fast.retrieval import fast_search
+from .retrieval import top_k_by_blocks
+from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, SearchInputs, check_inputs, drop_excluded
+
+
+def search(
+    queries: torch.Tensor | np.ndarray,
+    corpus: torch.Tensor | np.ndarray,
+    k: int,
+    score: str = "cosine",
+    query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
+    corpus_chunk_size: int | None = None,
+    query_ids: Sequence[Hashable] | None = None,
+    corpus_ids: Sequence[Hashable] | None = None,
+    device: str | torch.device | None = None,
+    bf16_screen: bool | None = None,
+    fast: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[np.ndarray, np.ndarray]:
+    """Exact top-k corpus rows for each query row.
+
+    Args:
+        queries: (Q, d) float embeddings (torch tensor or numpy array).
+        corpus: (N, d) float embeddings. May be float16/bfloat16 (e.g. to halve memory); each
+            chunk is upcast to float32 before scoring, so scores are float32 whatever the input.
+        k: number of results per query. If k > N the whole corpus is returned, ranked.
+        score: "cosine", "dot" or "euclidean" (see minisbert/retrieval.py).
+        query_chunk_size, corpus_chunk_size: block shape. Only speed and memory depend on them,
+            never the results. corpus_chunk_size defaults to 8192 on CPU, 32768 on CUDA.
+        query_ids, corpus_ids: optional ids (any hashable values), one per query and one per
+            corpus row. When given, a corpus row whose id equals the query's id is never returned
+            for that query (BEIR drops such self-matches), and the next best row takes its place.
+        device: where to compute. Defaults to the corpus tensor's device (CPU for numpy). The
+            corpus may live elsewhere (e.g. in CPU memory): it is moved chunk by chunk (see the
+            module docstring for a large corpus on a GPU).
+        bf16_screen: fast path on a CPU only: screen each block with a bfloat16 matrix product
+            (see minisbert/fast/retrieval.py). The results are the same either way; only the
+            speed differs. None (the default) screens on a CPU with native bfloat16 dot
+            products. The search on a CUDA device never screens.
+        fast: True (the default) runs minisbert/fast/retrieval.py, False the plain loop of
+            minisbert/retrieval.py (`chunked_search` below). Both return the same top-k.
+
+    Returns:
+        (scores, indices), each (Q, min(k, N)), best first: float32 scores (distances for
+        euclidean, smallest first) and int64 corpus row indices. Ties go to the lower corpus
+        index. numpy arrays if both inputs are numpy arrays, else torch tensors on `device`.
+        Where fewer than min(k, N) rows remain for a query (only possible with ids), the row is
+        padded with index -1 and score -inf (+inf distance for euclidean).
+
+    Raises:
+        ValueError: unknown score, k < 1, bad chunk sizes, inputs that are not 2-D floating
+            point, an empty corpus, mismatched dimensions, a query or corpus row holding NaN or
+            inf or too large for float32 (see minisbert/search_inputs.py), ids whose count does
+            not match the embeddings, or bf16_screen=True with fast=False.
+    """
+    inputs = check_inputs(
+        queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids, corpus_ids, device
+    )
+    if fast:
+        top_scores, top_indices = fast_search(inputs, bf16_screen)
+    elif bf16_screen:
+        raise ValueError("bf16_screen=True needs the fast path; pass fast=True or drop bf16_screen")
+    else:
+        top_scores, top_indices = chunked_search(inputs)
+    return inputs.results(top_scores, top_indices)
+
+
+def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain loop (retrieval.top_k_by_blocks) on checked inputs: corpus chunks checked and
+    prepared by `SearchInputs.corpus_chunk`, excluded pairs dropped block by block. Returns the
+    (Q, k) scores (ranking keys for euclidean) and corpus indices, best first."""
+    starts = range(0, inputs.corpus.shape[0], inputs.corpus_chunk_size)
+    chunks = (inputs.corpus_chunk(start) for start in starts)  # (Nc, d) rows as scored, (Nc,) sizes
+
+    def drop(block, query_start, doc_start):  # the pairs whose ids are equal
+        drop_excluded(block, inputs.excluded, query_start, doc_start)
+
+    return top_k_by_blocks(inputs.queries, chunks, inputs.k, inputs.score, inputs.query_chunk_size,
+                           drop if inputs.excluded is not None else None)
