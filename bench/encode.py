@@ -240,7 +240,7 @@ def main():
     print(f"CPU: {cpu_summary()}")
 
     ours = minisbert.load(model_dir, device=args.device)
-    ours.tokenizer.max_seq_length = args.max_seq_length
+    ours.max_seq_length = args.max_seq_length
     contenders = minisbert_contenders(ours, args)
     for encode_and_time in contenders.values():
         encode_and_time(texts[:WARM_UP_TEXTS])

@@ -75,7 +75,7 @@ def main():
           f"{torch.backends.quantized.engine}, load {os.getloadavg()[0]:.2f}")
     print(f"CPU: {cpu_summary()}")
     model = minisbert.load(args.model, device="cpu")
-    model.tokenizer.max_seq_length = args.max_seq_length
+    model.max_seq_length = args.max_seq_length
     models = {"float32 (fast path)": (model, True), "float32 (plain path)": (model, False),
               "int8 (plain path)": (int8_copy(model), False)}
 

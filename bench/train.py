@@ -67,7 +67,7 @@ def stsb_examples(folder: Path, limit: int) -> list:
 def train_minisbert(model_dir: Path, examples: list, args) -> tuple:
     """One epoch of train.py's step over `examples`; returns (wall seconds, CPU seconds)."""
     model = minisbert.load(model_dir, device="cpu", fast=not args.plain)
-    model.tokenizer.max_seq_length = args.max_seq_length
+    model.max_seq_length = args.max_seq_length
     model.train()
     loss_function = select_loss("siamese", "cosine").function
     torch.manual_seed(SEED)
