@@ -8,12 +8,21 @@
     python evaluate.py --model all-MiniLM-L6-v2 bm25 --data questions.csv   # your question,answer rows
     python evaluate.py --data scifact --dtype bfloat16             # on a GPU or a CPU with native bfloat16
     python evaluate.py --run run.trec --qrels qrels.txt --k 10     # score a TREC run, as trec_eval does
+    python evaluate.py --model all-MiniLM-L6-v2 bm25 --data scifact --significance   # is the difference real?
     torchrun --nproc_per_node 8 evaluate.py --data msmarco          # each process encodes and searches 1/8
 
 Prints Precision, Accuracy, Recall, MRR, NDCG and MAP at each k for every model; writes the numbers to
-a JSON file (--output) and each model's ranking to a TREC run file. Metric definitions: --definitions
-st (sentence-transformers, binary relevance; the default) or trec (trec_eval, graded), see
-minisbert/metrics.py.
+a JSON file (--output), with each query's own values under "per_query" ({metric@k: {query id: value}},
+which average to the reported numbers exactly), and each model's ranking to a TREC run file. Metric
+definitions: --definitions st (sentence-transformers, binary relevance; the default) or trec
+(trec_eval, graded), see minisbert/metrics.py.
+
+--significance compares every model with the first, query by query (minisbert/significance.py): for
+each metric@k the mean difference, its bootstrap 95% interval, and the p-values of Fisher's
+randomization test and the paired t-test, under "significance" in the JSON. With several models the
+randomization p-values of each metric@k are adjusted by Holm's method ("p_holm"), and a difference is
+marked when that adjusted p is below 0.05. For STS the compared number is Spearman's correlation,
+over resampled and swapped sentence pairs.
 
 Under torchrun each process encodes and searches a contiguous shard of the corpus and rank 0 merges
 the shards' top-k into the ranking one process gives (minisbert/distributed.py), then reports.
@@ -25,8 +34,8 @@ import sys
 from pathlib import Path
 
 import minisbert
-from minisbert import datasets, distributed, metrics
-from minisbert.evaluation import CACHE_DIR, LEXICAL, rank, sts_correlations
+from minisbert import datasets, distributed, metrics, significance
+from minisbert.evaluation import CACHE_DIR, LEXICAL, rank, sts_similarities
 from minisbert.fileio import check_writable_folder, write_json
 from minisbert.model import AMP_DTYPES, dtype_for
 
@@ -62,6 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--qrels", type=Path, default=None,
                    help="qrels for --run: TREC format (qid 0 docid grade) or a BEIR qrels/*.tsv")
     p.add_argument("--no-cache", action="store_true", help="encode the corpus even if cached")
+    p.add_argument("--significance", action="store_true",
+                   help="test each model's difference from the first, query by query (two or more --model)")
     args = p.parse_args(argv)
     try:
         args.dtype = dtype_for(args.amp, args.dtype)
@@ -80,6 +91,9 @@ def parse_args(argv=None):
         p.error(f"{', '.join(LEXICAL)} are retrieval baselines; --task sts needs sentence-embedding models")
     if args.split is None:
         args.split = "all" if args.task == "sts" and source.sts == "sick" else "test"
+    if args.significance and (args.run is not None or len(args.model) < 2):
+        p.error("--significance compares each --model with the first, query by query: give two or more "
+                f"models (got {'a --run file' if args.run is not None else ' '.join(args.model)})")
     return args
 
 
@@ -102,23 +116,11 @@ def main(argv=None):
     if args.run is not None:  # score an existing run, no model involved
         results[str(args.run)] = score_run_file(args)
     elif args.task == "sts":
-        pairs = sts_pairs(args.data, args.split)
-        print(f"{args.data} ({args.split}): {len(pairs):,} pairs; Spearman and Pearson of cosine similarity")
-        for name in args.model:
-            results[name] = sts_correlations(minisbert.load(name, device=args.device), pairs, args.dtype)
+        results = score_sts(args)
     else:
-        retrieval = retrieval_split(args, main_process)
-        for position, name in enumerate(args.model):
-            model = name if name in LEXICAL else minisbert.load(name, device=args.device)
-            run = rank(model, retrieval, max(args.k), score=args.score, batch_size=args.batch_size,
-                       cache_dir=None if args.no_cache else CACHE_DIR / "embeddings",
-                       exclude_self=args.exclude_self, sharded=distributed.world_size() > 1, dtype=args.dtype)
-            if not main_process:  # rank 0 holds the merged ranking
-                continue
-            results[name] = metrics.evaluate_run(run, retrieval.qrels, args.k, definitions=args.definitions)
-            run_file = args.run_file if args.run_file and position == 0 else \
-                output.with_name(f"{output.stem}-{file_label(name)}.trec")
-            runs[run_file] = (name, run)
+        results, runs = score_retrieval(args, output, main_process)
+    if args.significance and main_process:
+        compare_with_first(results)
 
     if not main_process:  # rank 0 holds the merged rankings and reports
         return
@@ -126,24 +128,84 @@ def main(argv=None):
     # then the numbers.
     for run_file, (name, run) in runs.items():
         metrics.write_trec_run(run_file, run, tag=Path(name).name)
-    write_json(output, results)
+    write_json(output, {name: {key: value for key, value in scores.items() if key != "similarities"}
+                        for name, scores in results.items()})
     for name, scores in results.items():
         if args.task == "sts" and args.run is None:
             print(f"{name:40s} spearman {scores['spearman']:.4f}  pearson {scores['pearson']:.4f}")
         else:
             print_table(name, scores, args.k)
+    if args.significance:
+        print_significance(results)
     for run_file in runs:
         print(f"TREC run: {run_file}")
     print(f"results: {output}")
 
 
 def score_run_file(args) -> dict:
-    """The metrics of the TREC run file --run against --qrels (self-matches dropped with --exclude-self)."""
+    """The metrics of the TREC run file --run against --qrels (self-matches dropped with --exclude-self),
+    and each query's own under "per_query"."""
     run = metrics.read_trec_run(args.run)
     if args.exclude_self:
         run = {query_id: {doc_id: s for doc_id, s in hits.items() if doc_id != query_id}
                for query_id, hits in run.items()}
-    return metrics.evaluate_run(run, read_qrels(args.qrels), args.k, definitions=args.definitions)
+    per_query = metrics.per_query_scores(run, read_qrels(args.qrels), args.k, definitions=args.definitions)
+    return {**metrics.average_scores(per_query), "per_query": per_query}
+
+
+def score_sts(args) -> dict:
+    """{model: {"spearman", "pearson", "similarities": (each pair's cosine, the gold scores), kept out of the JSON}}."""
+    pairs = sts_pairs(args.data, args.split)
+    print(f"{args.data} ({args.split}): {len(pairs):,} pairs; Spearman and Pearson of cosine similarity")
+    results = {}
+    for name in args.model:
+        cosine, gold = sts_similarities(minisbert.load(name, device=args.device), pairs, args.dtype)
+        results[name] = {"spearman": metrics.spearman(cosine, gold), "pearson": metrics.pearson(cosine, gold),
+                         "similarities": (cosine, gold)}
+    return results
+
+
+def score_retrieval(args, output: Path, main_process: bool) -> tuple:
+    """({model: its metrics and "per_query"}, {run file: (model, ranking)}) on rank 0; empty elsewhere."""
+    results, runs = {}, {}
+    retrieval = retrieval_split(args, main_process)
+    for position, name in enumerate(args.model):
+        model = name if name in LEXICAL else minisbert.load(name, device=args.device)
+        run = rank(model, retrieval, max(args.k), score=args.score, batch_size=args.batch_size,
+                   cache_dir=None if args.no_cache else CACHE_DIR / "embeddings",
+                   exclude_self=args.exclude_self, sharded=distributed.world_size() > 1, dtype=args.dtype)
+        if not main_process:  # rank 0 holds the merged ranking
+            continue
+        per_query = metrics.per_query_scores(run, retrieval.qrels, args.k, definitions=args.definitions)
+        results[name] = {**metrics.average_scores(per_query), "per_query": per_query}
+        run_file = args.run_file if args.run_file and position == 0 else \
+            output.with_name(f"{output.stem}-{file_label(name)}.trec")
+        runs[run_file] = (name, run)
+    return results, runs
+
+
+def compare_with_first(results: dict) -> None:
+    """Add results[name]["significance"] for every model after the first: {metric: its difference from
+    the first model, tested (significance.compare; Spearman for STS: significance.spearman_difference)},
+    each with "p_holm", the randomization p adjusted by Holm's method over the compared models."""
+    first, *others = results
+    tests = {}  # metric -> [the test of each other model]
+    for name in others:
+        if "similarities" in results[first]:  # STS: each model's similarity of every pair, and the gold scores
+            (ours, gold), (theirs, _) = results[name]["similarities"], results[first]["similarities"]
+            tests.setdefault("spearman", []).append(significance.spearman_difference(ours, theirs, gold))
+            continue
+        for metric, values in results[first]["per_query"].items():
+            try:
+                test = significance.compare(results[name]["per_query"][metric], values)
+            except ValueError as error:
+                raise ValueError(f"{name} and {first} were evaluated on different queries: {error}") from None
+            tests.setdefault(metric, []).append(test)
+    for metric, compared in tests.items():
+        for test, adjusted in zip(compared, significance.holm([t["p_randomization"] for t in compared])):
+            test["p_holm"] = adjusted
+    for position, name in enumerate(others):
+        results[name]["significance"] = {metric: compared[position] for metric, compared in tests.items()}
 
 
 def retrieval_split(args, main_process: bool) -> datasets.RetrievalData:
@@ -187,6 +249,26 @@ def sts_pairs(data: str, split: str) -> list:
         sys.exit(f"--task sts needs stsb, sick, a folder holding STS-B (sts-*.csv, stsbenchmark.tsv.gz) or SICK "
                  f"(SICK_*.txt) files, or a folder with pairs.tsv; {folder} has none of them")
     return datasets.read_pairs_tsv(folder / "pairs.tsv")
+
+
+def print_significance(results: dict) -> None:
+    """Each compared model's difference from the first, metric by metric, * where p_holm < 0.05."""
+    first, *others = results
+    print(f"\nDifferences from {first}, paired over the same queries (pairs for STS): mean difference, bootstrap "
+          "95% interval, p of the randomization test and of the paired t-test"
+          + (f", Holm-adjusted randomization p over the {len(others)} comparisons" if len(others) > 1 else "")
+          + "; * marks p < 0.05" + (" after adjustment" if len(others) > 1 else ""))
+    for name in others:
+        print(f"\n{name} - {first}")
+        print(f"{'':14s}{'difference':>11s}{'95% CI':>22s}{'p rand':>9s}{'p t':>9s}"
+              + (f"{'p Holm':>9s}" if len(others) > 1 else ""))
+        for metric, test in results[name]["significance"].items():
+            p_t = "-" if test["p_t_test"] is None else f"{test['p_t_test']:.4f}"
+            low, high = test["ci95"]
+            print(f"{metric:14s}{test['difference']:+11.4f}{f'[{low:+.4f}, {high:+.4f}]':>22s}"
+                  f"{test['p_randomization']:9.4f}{p_t:>9s}"
+                  + (f"{test['p_holm']:9.4f}" if len(others) > 1 else "")
+                  + ("  *" if test["p_holm"] < 0.05 else ""))
 
 
 def print_table(name: str, scores: dict, ks: list):

@@ -131,13 +131,18 @@ def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine"
 
 def sts_correlations(model, pairs: list, dtype: str = "float32") -> dict:
     """Spearman and Pearson correlation of cosine similarity with the gold scores."""
+    cosine, gold = sts_similarities(model, pairs, dtype)
+    return {"spearman": metrics.spearman(cosine, gold), "pearson": metrics.pearson(cosine, gold)}
+
+
+def sts_similarities(model, pairs: list, dtype: str = "float32") -> tuple:
+    """(the cosine similarity of each pair's two embeddings, the gold scores), two (P,) arrays."""
     if not pairs:
         raise ValueError("no sentence pairs to evaluate")
     first = model.encode([p.sentence1 for p in pairs], dtype=dtype)
     second = model.encode([p.sentence2 for p in pairs], dtype=dtype)
     cosine = torch.nn.functional.cosine_similarity(torch.from_numpy(first), torch.from_numpy(second)).numpy()
-    gold = np.array([p.score for p in pairs], dtype=np.float64)
-    return {"spearman": metrics.spearman(cosine, gold), "pearson": metrics.pearson(cosine, gold)}
+    return cosine, np.array([p.score for p in pairs], dtype=np.float64)
 
 
 def evaluate_dev(model, data: str):

@@ -58,6 +58,7 @@ class TrainingSettings:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     margin: float = 1.0  # triplet losses only: SBERT used 1
+    dense_lr: float | None = None  # peak learning rate of the dense projection (model.dense); None: lr
     seed: int = 42  # the order of the examples in each epoch
     dtype: str = "float32"  # compute precision; "bfloat16", "float16" run under autocast (model.check_dtype)
     eval_steps: int | None = None  # dev score every N steps; None: about 4 times a run; 0: at the end only
@@ -172,13 +173,30 @@ def new_state(model, classifier, spec: LossSpec, settings: TrainingSettings, num
     named = list(model.named_parameters())
     if classifier is not None:
         named += [(f"classifier.{n}", p) for n, p in classifier.named_parameters()]
-    optimizer = AdamW(weight_decay_groups(named, settings.weight_decay), lr=settings.lr)
+    optimizer = AdamW(parameter_groups(named, settings), lr=settings.lr)
     scheduler = LinearWarmupDecay(optimizer, int(settings.warmup * total_steps), total_steps)
     identity = {**identity, "encoder": model.encoder.config.to_hf(), "pooling": model.pooling, "loss": spec.name,
                 "examples": num_examples, "seed": settings.seed, "batch_size": settings.batch_size,
                 "steps": total_steps}
     return TrainingState(model, classifier, [p for _, p in named], optimizer, scheduler,
                          LossScaler(enabled=settings.dtype == "float16"), identity)
+
+
+def parameter_groups(named: list, settings: TrainingSettings) -> list:
+    """AdamW's groups: with and without weight decay (optim.weight_decay_groups), and, when
+    settings.dense_lr is set, the dense projection's parameters in groups of their own at that rate."""
+    groups = weight_decay_groups(named, settings.weight_decay)
+    if settings.dense_lr is None:
+        return groups
+    split = []
+    for group in groups:
+        for dense in (False, True):
+            kept = [i for i, name in enumerate(group["param_names"]) if name.startswith("dense.") == dense]
+            if kept:
+                split.append({**group, "params": [group["params"][i] for i in kept],
+                              "param_names": [group["param_names"][i] for i in kept],
+                              **({"lr": settings.dense_lr} if dense else {})})
+    return split
 
 
 def start_or_resume(state: TrainingState, output: Path, resume: bool) -> None:

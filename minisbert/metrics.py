@@ -18,10 +18,10 @@ also reported in "trec" mode because BEIR and MTEB publish MRR@10 computed that 
 relevance >= 1 it is the same formula as the "st" one.
 
 Every metric below is a plain function of a (queries, ranks) relevance matrix, vectorised over
-queries; `evaluate_run` builds the matrices from a run and qrels and averages. Both definition
-sets are checked against their reference on a random graded run (pytrec_eval and
-sentence-transformers 6.2 numbers in tests/fixtures/metric_reference.json) and against
-hand-computed examples in tests/test_metrics.py.
+queries; `per_query_scores` builds the matrices from a run and qrels, and `evaluate_run`
+averages them. Both definition sets are checked against their reference on a random graded run
+(pytrec_eval and sentence-transformers 6.2 numbers in tests/fixtures/metric_reference.json) and
+against hand-computed examples in tests/test_metrics.py.
 
 Also here: Pearson and Spearman correlation (STS benchmarks) and the TREC run file reader and
 writer (qrels files are read by datasets/beir.py and datasets/msmarco.py).
@@ -128,7 +128,26 @@ def map_at_k(
 def evaluate_run(
     run: Run, qrels: Qrels, ks: Iterable[int] = (1, 3, 5, 10, 100), definitions: str = "st"
 ) -> dict[str, float]:
-    """Average every metric at every k over the evaluated queries.
+    """Average every metric at every k over the evaluated queries: the mean of
+    `per_query_scores(run, qrels, ks, definitions)`, metric by metric (so the per-query values
+    average to these numbers exactly). Arguments, queries averaged and errors: per_query_scores.
+
+    Returns:
+        {"accuracy@k", "precision@k", "recall@k", "mrr@k", "ndcg@k", "map@k"} for every k,
+        plus "mrr" (no cutoff) for "trec".
+    """
+    return average_scores(per_query_scores(run, qrels, ks, definitions))
+
+
+def average_scores(per_query: Mapping[str, Mapping[Hashable, float]]) -> dict[str, float]:
+    """{metric: mean over the queries} of per_query_scores' {metric: {query id: value}}."""
+    return {name: float(np.mean(list(values.values()))) for name, values in per_query.items()}
+
+
+def per_query_scores(
+    run: Run, qrels: Qrels, ks: Iterable[int] = (1, 3, 5, 10, 100), definitions: str = "st"
+) -> dict[str, dict[Hashable, float]]:
+    """Every metric at every k for each evaluated query: {"ndcg@10": {query id: value}, ...}.
 
     Args:
         run: query id -> ranked doc ids (best first), or -> {doc id: score}. Scored results are
@@ -139,11 +158,7 @@ def evaluate_run(
         ks: cutoffs.
         definitions: "st" or "trec" (see the module docstring).
 
-    Returns:
-        {"accuracy@k", "precision@k", "recall@k", "mrr@k", "ndcg@k", "map@k"} for every k,
-        plus "mrr" (no cutoff) for "trec".
-
-    Which queries are averaged, and what is reported:
+    Which queries are evaluated:
         "st": queries of the qrels with a relevant document. Such a query missing from the run
             scores 0 and a warning names it.
         "trec": queries in both the run and the qrels. Qrels queries missing from the run are
@@ -178,17 +193,17 @@ def evaluate_run(
         [sum(_is_relevant(grade, definitions) for grade in qrels[q].values()) for q in query_ids]
     )
 
-    metrics = {}
+    columns = {}  # metric name -> (Q,) values, in query_ids' order
     for k in ks:
-        metrics[f"accuracy@{k}"] = accuracy_at_k(relevant, k).mean()
-        metrics[f"precision@{k}"] = precision_at_k(relevant, k).mean()
-        metrics[f"recall@{k}"] = recall_at_k(relevant, num_relevant, k).mean()
-        metrics[f"mrr@{k}"] = mrr_at_k(relevant, k).mean()
-        metrics[f"ndcg@{k}"] = ndcg_at_k(gains, ideal_gains, k).mean()
-        metrics[f"map@{k}"] = map_at_k(relevant, num_relevant, k, definitions).mean()
+        columns[f"accuracy@{k}"] = accuracy_at_k(relevant, k)
+        columns[f"precision@{k}"] = precision_at_k(relevant, k)
+        columns[f"recall@{k}"] = recall_at_k(relevant, num_relevant, k)
+        columns[f"mrr@{k}"] = mrr_at_k(relevant, k)
+        columns[f"ndcg@{k}"] = ndcg_at_k(gains, ideal_gains, k)
+        columns[f"map@{k}"] = map_at_k(relevant, num_relevant, k, definitions)
     if definitions == "trec":
-        metrics["mrr"] = mrr_at_k(relevant, depth).mean()
-    return {name: float(value) for name, value in metrics.items()}
+        columns["mrr"] = mrr_at_k(relevant, depth)
+    return {name: dict(zip(query_ids, values.tolist())) for name, values in columns.items()}
 
 
 def rank_by_score(scores: Mapping[Hashable, float], ties: str = "trec") -> list[Hashable]:

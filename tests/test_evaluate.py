@@ -35,7 +35,7 @@ import torch
 import evaluate
 import minisbert
 from minisbert import datasets
-from minisbert import evaluation, metrics
+from minisbert import evaluation, metrics, significance
 from minisbert.model import SentenceModel
 
 from .conftest import FIXTURES, REPO, assert_one_clear_line, run_script
@@ -52,10 +52,15 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path / "cache" / "embeddings"
 
 
-def evaluate_to_json(output, *args) -> dict:
-    """Run `python evaluate.py ARGS --output OUTPUT` in-process and return the JSON it wrote."""
+def evaluate_to_json(output, *args, per_query: bool = False) -> dict:
+    """Run `python evaluate.py ARGS --output OUTPUT` in-process and return the JSON it wrote, less
+    each model's per-query values unless per_query (tested on their own)."""
     evaluate.main([*args, "--output", str(output)])
-    return json.loads(output.read_text())
+    results = json.loads(output.read_text())
+    if not per_query:
+        for scores in results.values():
+            scores.pop("per_query", None)
+    return results
 
 
 def spy_on_encode(monkeypatch) -> list:
@@ -194,11 +199,15 @@ def test_dot_and_euclidean_rank_unit_vectors_as_cosine_does(tmp_path, monkeypatc
 
 def test_models_side_by_side_on_the_example_data(tmp_path):
     output = tmp_path / "example.json"
-    results = evaluate_to_json(output, "--model", TINY, "bm25", "jaccard", "--k", "1", "3", "10")
+    results = evaluate_to_json(output, "--model", TINY, "bm25", "jaccard", "--k", "1", "3", "10", per_query=True)
     assert list(results) == [TINY, "bm25", "jaccard"]
     for name, scores in results.items():
-        assert set(scores) == {f"{metric}@{k}" for metric in METRICS for k in (1, 3, 10)}, name
+        per_query = scores.pop("per_query")
+        assert set(scores) == set(per_query) == {f"{metric}@{k}" for metric in METRICS for k in (1, 3, 10)}, name
         assert all(0.0 <= value <= 1.0 for value in scores.values()), name
+        for metric, values in per_query.items():  # each query's own value, averaging to the number exactly
+            assert list(values) == list(datasets.load_beir(EXAMPLE, "test").queries), name
+            assert np.mean(list(values.values())) == scores[metric], (name, metric)
         # One document deep, a hit is the whole story: precision, MRR, NDCG and MAP all equal the hit rate.
         for metric in ("precision", "mrr", "ndcg", "map"):
             assert scores[f"{metric}@1"] == scores["accuracy@1"], (name, metric)
@@ -384,7 +393,7 @@ def test_exclude_self_drops_the_document_with_the_query_id(tmp_path, self_match_
     # --exclude-self applies to a scored run file as well.
     qrels = write_trec_qrels(tmp_path / "qrels.txt", {"q1": {"d1": 1}, "q2": {"d3": 1}})
     rescored = evaluate_to_json(tmp_path / "rescored.json", "--run", str(tmp_path / "all.trec"),
-                                "--qrels", str(qrels), "--k", "4", "--exclude-self")
+                                "--qrels", str(qrels), "--k", "4", "--exclude-self", per_query=True)
     model_run = json.loads((tmp_path / "all-but-self.json").read_text())
     assert rescored[str(tmp_path / "all.trec")] == model_run[model]
 
@@ -526,6 +535,52 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path):
                                         "The first line must name the columns"]
 
 
+# ---- --significance -------------------------------------------------------------------------
+
+
+def test_significance_compares_each_model_with_the_first_query_by_query(tmp_path, capsys):
+    results = evaluate_to_json(tmp_path / "sig.json", "--model", TINY, "bm25", "jaccard", "--significance",
+                               per_query=True)
+    assert "significance" not in results[TINY]
+    for name in ("bm25", "jaccard"):
+        assert set(results[name]["significance"]) == set(results[name]["per_query"])
+        for metric, test in results[name]["significance"].items():
+            expected = significance.compare(results[name]["per_query"][metric], results[TINY]["per_query"][metric])
+            assert {k: v for k, v in test.items() if k != "p_holm"} == expected
+            assert test["difference"] == pytest.approx(results[name][metric] - results[TINY][metric], abs=1e-12)
+    # Two comparisons: the randomization p of each metric@k is Holm-adjusted over both.
+    for metric in results["bm25"]["significance"]:
+        tests = [results[name]["significance"][metric] for name in ("bm25", "jaccard")]
+        assert [t["p_holm"] for t in tests] == significance.holm([t["p_randomization"] for t in tests])
+    out = capsys.readouterr().out
+    assert f"Differences from {TINY}" in out and "Holm-adjusted randomization p over the 2 comparisons" in out
+    ndcg = results["bm25"]["significance"]["ndcg@10"]
+    line = next(line for line in out.splitlines() if line.startswith("ndcg@10") and f"{ndcg['difference']:+11.4f}" in line)
+    assert line.endswith("*") == (ndcg["p_holm"] < 0.05)
+
+
+def test_significance_on_sts_compares_spearman(tmp_path, capsys):
+    folder = tmp_path / "sts"
+    folder.mkdir()
+    rows = [f"sentence {i} about {topic}\tanother {topic} line {i}\t{(i % 5) / 4}" for i, topic in
+            enumerate(["cats", "dogs", "bread", "rain", "stocks", "music", "trains", "chess", "tea", "snow"])]
+    write_lines(folder / "pairs.tsv", ["sentence1\tsentence2\tscore"] + rows)
+    dense = str(FIXTURES / "tiny_st_dense")
+    results = evaluate_to_json(tmp_path / "sts.json", "--task", "sts", "--data", str(folder), "--model", TINY, dense,
+                               "--significance")
+    test = results[dense]["significance"]["spearman"]
+    assert test["difference"] == pytest.approx(results[dense]["spearman"] - results[TINY]["spearman"], abs=1e-12)
+    assert test["p_t_test"] is None and 0 < test["p_randomization"] <= 1
+    assert "spearman" in capsys.readouterr().out
+
+
+def test_models_evaluated_on_different_queries_are_not_compared():
+    results = {"a": {"per_query": {"ndcg@10": {"q1": 1.0, "q2": 0.0}}},
+               "b": {"per_query": {"ndcg@10": {"q1": 1.0, "q3": 0.5}}}}
+    with pytest.raises(ValueError, match=r"b and a were evaluated on different queries: .*q3"):
+        evaluate.compare_with_first(results)
+
+
 # ---- bad input --------------------------------------------------------------------------------
 
 
@@ -536,6 +591,9 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path):
     (["--run", "run.trec"], "--run and --qrels go together"),
     (["--qrels", "qrels.txt"], "--run and --qrels go together"),
     (["--score", "manhattan"], "invalid choice: 'manhattan'"),
+    (["--significance"], "--significance compares each --model with the first, query by query: give two or more "
+                         "models (got all-MiniLM-L6-v2)"),
+    (["--model", "bm25", "jaccard", "--significance", "--run", "r.trec", "--qrels", "q.txt"], "(got a --run file)"),
 ])
 def test_bad_arguments_stop_with_a_usage_message(capsys, argv, message):
     with pytest.raises(SystemExit) as stopped:

@@ -23,7 +23,7 @@ import signal
 import numpy as np
 import pytest
 
-from minisbert import checkpoints
+from minisbert import checkpoints, significance
 from minisbert.experiments import __main__ as command
 from minisbert.experiments import embedding_size, figures, model_selection, runner, sbert_objectives, siamese_vs_triplet
 from minisbert.experiments.pca import fit_pca
@@ -64,16 +64,23 @@ def assert_png(path):
 
 
 def without_timing(results: dict) -> dict:
-    """results.json less the wall-clock numbers, which differ from run to run."""
-    return {name: {key: value if key != "training" else {k: v for k, v in value.items() if k != "seconds"}
-                   for key, value in result.items()} for name, result in results["models"].items()}
+    """results.json less the wall-clock numbers (training seconds), which differ from run to run."""
+    def strip(value, key=None):
+        if isinstance(value, dict):
+            return {k: strip(v, k) for k, v in value.items() if not (key == "training" and k == "seconds")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+    return strip(results["models"])
 
 
 # ---------------------------------------------------------------------------------------------
 # siamese-vs-triplet
 
 
-SVT_MODELS = ["siamese-cosine", "siamese-euclidean", "triplet-euclidean", "triplet-cosine"]
+SVT_NETWORKS = ["siamese-cosine", "siamese-euclidean", "triplet-euclidean-margin1", "triplet-cosine-margin1",
+                "triplet-euclidean-margin5", "triplet-cosine-margin5"]
+SVT_MODELS = [f"{name}-seed42" for name in SVT_NETWORKS]  # one entry (folder) per network and seed
 
 
 @pytest.fixture(scope="module")
@@ -88,32 +95,83 @@ def svt_run(tmp_path_factory):
 
 def test_siamese_vs_triplet_writes_the_table_and_both_figures(svt_run):
     output, results = svt_run
-    assert list(results["models"]) == ["bm25", "untrained", *SVT_MODELS]
+    assert list(results["models"]) == ["bm25", "untrained", "untrained-euclidean", *SVT_NETWORKS]
     rows = table_rows((output / "results.md").read_text(), "model")
     metrics = [f"{m}@{k}" for m in ("Precision", "Accuracy", "MRR", "NDCG") for k in (1, 5, 10)]
     assert rows[0] == ["model", "measure", *metrics]
     assert [row[:2] for row in rows[1:]] == [
-        ["Siamese cosine", "cosine"], ["Siamese euclidean", "euclidean"], ["Triplet euclidean", "euclidean"],
-        ["Triplet cosine", "cosine"], ["start model, untrained", "cosine"], ["BM25", "bm25"]]
-    names = SVT_MODELS + ["untrained", "bm25"]
+        ["Siamese cosine", "cosine"], ["Siamese euclidean", "euclidean"],
+        ["Triplet euclidean, margin 1", "euclidean"], ["Triplet cosine, margin 1", "cosine"],
+        ["Triplet euclidean, margin 5", "euclidean"], ["Triplet cosine, margin 5", "cosine"],
+        ["start model, untrained (cosine)", "cosine"], ["start model, untrained (euclidean)", "euclidean"],
+        ["BM25", "bm25"]]
+    names = SVT_NETWORKS + ["untrained", "untrained-euclidean", "bm25"]
     for name, row in zip(names, rows[1:]):  # the table shows what results.json holds
         scores = results["models"][name]["scores"]
         assert row[2:] == [f"{scores[f'{m}@{k}']:.4f}" for m in ("precision", "accuracy", "mrr", "ndcg") for k in (1, 5, 10)]
     # data/example: 8 training triplets, 16 pairs; 2 epochs of batches of 4.
-    training_rows = table_rows((output / "results.md").read_text(), "model | training time")
-    assert [row[2:4] for row in training_rows[1:]] == [["16", "8"], ["16", "8"], ["8", "4"], ["8", "4"]]
-    for name in SVT_MODELS:
-        trained = results["models"][name]["training"]
+    training_rows = table_rows((output / "results.md").read_text(), "model | NDCG@10")
+    assert [row[-2:] for row in training_rows[1:]] == [["16", "8"]] * 2 + [["8", "4"]] * 4
+    for name, entry in zip(SVT_NETWORKS, SVT_MODELS):
+        trained = results["models"][name]["runs"][0]["training"]
         assert len(trained["loss"]) == trained["steps"]
-        assert (output / "models" / name / "final" / "model.safetensors").is_file()
-        assert (output / "models" / name / "result.json").is_file()
+        assert (output / "models" / entry / "final" / "model.safetensors").is_file()
+        assert (output / "models" / entry / "result.json").is_file()
     assert "**Against the paper's finding**" in (output / "results.md").read_text()
-    for name in SVT_MODELS + ["untrained"]:  # five triplets in the first two components
-        pca = results["models"][name]["pca"]
+    for pca in [results["models"]["untrained"]["pca"]] + [results["models"][n]["runs"][0]["pca"] for n in SVT_NETWORKS]:
         assert [np.shape(pca[role]) for role in ("query", "positive", "negative")] == [(5, 2)] * 3
         assert 0 < pca["explained"][1] <= pca["explained"][0] < 1
     assert_png(output / "loss.png")
     assert_png(output / "pca.png")
+    assert_png(output / "differences.png")
+
+
+def test_each_difference_in_the_report_is_the_test_of_the_per_query_scores(svt_run):
+    output, results = svt_run
+    models, tests = results["models"], results["tests"]
+    for name, result in models.items():  # the per-query values average to the reported scores exactly
+        for metric, values in result["per_query"].items():
+            assert np.mean(list(values.values())) == result["scores"][metric], (name, metric)
+    # Each network against the start model scored with its own measure, recomputed from per_query.
+    for name in SVT_NETWORKS:
+        start = models["untrained-euclidean" if "euclidean" in name else "untrained"]
+        expected = significance.compare(models[name]["per_query"]["ndcg@10"], start["per_query"]["ndcg@10"])
+        assert {k: v for k, v in tests["against_start"][name].items() if k != "p_holm"} == expected
+        assert tests["against_start"][name]["p_holm"] >= expected["p_randomization"]
+    # The verdict sentences quote the tests.
+    report = (output / "results.md").read_text()
+    siamese = tests["measures"]["Siamese network"]
+    assert runner.verdict(siamese, "NDCG@10", "cosine", "euclidean", p_key="p_holm") in report
+    assert runner.difference_cell(tests["against_start"]["siamese-cosine"]) in report
+
+
+def test_with_two_seeds_a_row_is_the_mean_and_the_tests_use_the_averaged_queries(tmp_path):
+    results = run(siamese_vs_triplet, tmp_path / "run", "--seeds", "2", "--margins", "1")
+    network = results["models"]["triplet-cosine-margin1"]
+    assert [r["training"]["steps"] for r in network["runs"]] == [4, 4]
+    assert network["runs"][0]["training"]["loss"] != network["runs"][1]["training"]["loss"]  # seeds 42 and 43
+    assert (tmp_path / "run" / "models" / "triplet-cosine-margin1-seed43" / "final").is_dir()
+    for metric, values in network["per_query"].items():
+        for query, value in values.items():
+            assert value == pytest.approx(np.mean([r["per_query"][metric][query] for r in network["runs"]]), abs=1e-15)
+        assert network["scores"][metric] == pytest.approx(np.mean([r["scores"][metric] for r in network["runs"]]))
+        assert network["spread"][metric] == pytest.approx(np.std([r["scores"][metric] for r in network["runs"]], ddof=1))
+    rows = table_rows((tmp_path / "run" / "results.md").read_text(), "model | NDCG@10")
+    assert rows[1][1] == f"{results['models']['siamese-cosine']['scores']['ndcg@10']:.4f} ± " \
+                         f"{results['models']['siamese-cosine']['spread']['ndcg@10']:.4f}"
+
+
+def test_a_result_whose_per_query_values_do_not_match_it_is_refused(svt_run, tmp_path):
+    output = tmp_path / "run"
+    shutil.copytree(svt_run[0], output)
+    path = output / "models" / "untrained" / "result.json"
+    result = json.loads(path.read_text())
+    first_query = next(iter(result["per_query"]["ndcg@10"]))
+    result["per_query"]["ndcg@10"][first_query] += 0.5
+    path.write_text(json.dumps(result))
+    with pytest.raises(ValueError, match=r"result.json: the 8 per-query values of ndcg@10 average to .*, not to the "
+                                         r".* it reports; delete the file"):
+        run(siamese_vs_triplet, output)
 
 
 def test_a_rerun_trains_and_evaluates_nothing(svt_run, tmp_path, monkeypatch):
@@ -152,7 +210,7 @@ def test_a_run_killed_between_models_goes_on_with_the_remaining_ones(svt_run, tm
 
     monkeypatch.setattr(runner, "train", counting)
     results = run(siamese_vs_triplet, output)
-    assert trained == SVT_MODELS  # the first two from the first run, the last two from the second
+    assert trained == SVT_MODELS  # the first two from the first run, the others from the second
     assert without_timing(results) == without_timing(expected)
 
 
@@ -163,7 +221,7 @@ def test_ctrl_c_while_a_model_trains_resumes_from_its_checkpoint(svt_run, tmp_pa
 
     def ctrl_c_at_step_3_of_the_second_model(path, entry):
         append_log(path, entry)
-        if path.parent.name == "siamese-euclidean" and entry["step"] == 3 and not pressed:
+        if path.parent.name == "siamese-euclidean-seed42" and entry["step"] == 3 and not pressed:
             pressed.append(entry["step"])
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -171,8 +229,8 @@ def test_ctrl_c_while_a_model_trains_resumes_from_its_checkpoint(svt_run, tmp_pa
     with pytest.raises(SystemExit) as stopped:
         command.main(["siamese-vs-triplet", "--quick", "--model", str(TINY), "--device", "cpu", "--output", str(output)])
     assert stopped.value.code == 130
-    assert checkpoints.load_checkpoint(output / "models" / "siamese-euclidean" / "checkpoint.pt")["step"] == 3
-    assert not (output / "models" / "siamese-euclidean" / "result.json").exists()
+    assert checkpoints.load_checkpoint(output / "models" / "siamese-euclidean-seed42" / "checkpoint.pt")["step"] == 3
+    assert not (output / "models" / "siamese-euclidean-seed42" / "result.json").exists()
     results = run(siamese_vs_triplet, output)
     assert without_timing(results) == without_timing(expected)
 
@@ -186,7 +244,7 @@ def test_without_matplotlib_the_tables_are_written_and_a_line_says_how_to_get_th
     monkeypatch.setattr(figures, "available", lambda: False)
     run(siamese_vs_triplet, output)
     assert figures.MISSING in (output / "results.md").read_text()
-    assert len(table_rows((output / "results.md").read_text(), "model")) == 7
+    assert len(table_rows((output / "results.md").read_text(), "model")) == 10
     assert not list(output.glob("*.png"))
 
 
@@ -201,27 +259,55 @@ def test_figures_need_only_their_own_module_to_import_matplotlib():
 
 def test_embedding_size_writes_a_row_per_size_and_the_figure(tmp_path):
     output = tmp_path / "run"
-    results = run(embedding_size, output, "--dims", "16", "8", "--synthetic", "300")
-    assert list(results["models"]) == ["jaccard", "untrained", "d16", "d8"]
+    results = run(embedding_size, output, "--dims", "16", "8", "64", "--synthetic", "300")
+    assert list(results["models"]) == ["jaccard", "untrained", "untrained-euclidean", "pca16", "pca8", "pca64",
+                                       "base", "d16", "d8", "d64"]
     rows = table_rows((output / "results.md").read_text(), "model")
-    assert rows[0] == ["model", "measure", "Accuracy@1", "Accuracy@5", "Accuracy@10", "NDCG@1", "NDCG@5", "NDCG@10",
+    assert rows[0] == ["model", "NDCG@10", "Accuracy@1", "Accuracy@10", "difference from the base model",
+                       "untrained PCA projection, NDCG@10", "difference from the untrained projection",
                        "queries/s, test corpus", "queries/s, 300 random", "training time", "steps"]
-    assert [row[:2] for row in rows[1:]] == [["D = 16", "euclidean"], ["D = 8", "euclidean"],
-                                           ["start model, untrained (D = 32)", "cosine"], ["Jaccard (words)", "jaccard"]]
-    for dim, row in zip((16, 8), rows[1:]):
-        assert row[2:8] == [f"{results['models'][f'd{dim}']['scores'][m]:.4f}" for m in embedding_size.QUALITY]
+    assert [row[0] for row in rows[1:]] == ["D = 16", "D = 8", "D = 64", "base model: trained, no projection (D = 32)",
+                                            "start model, untrained, euclidean (D = 32)",
+                                            "start model, untrained, cosine (D = 32)", "Jaccard (words)"]
+    for dim, row in zip((16, 8, 64), rows[1:]):
+        trained = results["models"][f"d{dim}"]
+        assert row[1:4] == [f"{trained['scores'][m]:.4f}" for m in ("ndcg@10", "accuracy@1", "accuracy@10")]
+        assert row[4] == runner.difference_cell(results["tests"]["against_base"][str(dim)])
         assert row[-1] == "4"  # 8 triplets, batches of 4, 2 epochs
-        assert np.load(output / "models" / f"d{dim}" / "corpus.npy").shape == (48, dim)  # each model has its own size
+        assert np.load(output / "models" / f"d{dim}-seed42" / "corpus.npy").shape == (48, dim)  # each its own size
     speed = results["search_speed"]
-    assert len(speed["test"]) == len(speed["synthetic"]) == 2 and min(speed["test"] + speed["synthetic"]) > 0
+    assert len(speed["test"]) == len(speed["synthetic"]) == 3 and min(speed["test"] + speed["synthetic"]) > 0
     assert_png(output / "dims.png")
 
 
-def test_a_size_larger_than_the_model_dimension_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"--dims 64 is larger than the 32 dimensions of .*tiny_bert: the projection "
-                                         r"reduces the size, so choose D <= 32"):
-        run(embedding_size, tmp_path / "run", "--dims", "16", "64")
-    assert not (tmp_path / "run").exists()
+def test_the_projection_starts_from_the_pca_or_the_padded_identity(tmp_path):
+    model = embedding_size.unnormalised(runner.load_model(str(TINY), "cpu"))
+    triplets = runner.mined_triplets("example", "train", runner.load_model(str(TINY), "cpu"), seed=42)[1]
+    texts = sorted({text for t in triplets for text in t.texts})
+    embeddings = model.encode(texts).astype(np.float64)  # (n, 32)
+    weight, bias = embedding_size.starting_projection(model, triplets, 8)
+    projected = embeddings @ weight.double().numpy().T + bias.double().numpy()  # (n, 8)
+    reference = fit_pca(embeddings, k=8).project(embeddings)
+    np.testing.assert_allclose(projected, reference, atol=1e-4)  # the projection is the PCA, in float32
+    np.testing.assert_allclose(projected.mean(axis=0), 0, atol=1e-4)  # centred
+    # Above the width: the first 32 coordinates are the embedding itself, the other 32 are 0.
+    weight, bias = embedding_size.starting_projection(model, triplets, 64)
+    padded = embeddings @ weight.double().numpy().T + bias.double().numpy()
+    np.testing.assert_array_equal(padded[:, :32], embeddings)
+    assert not padded[:, 32:].any()
+    # So the untrained projection to 64 retrieves exactly as the start model with euclidean distance does.
+    results = run(embedding_size, tmp_path / "run", "--dims", "64", "--synthetic", "300")
+    assert results["models"]["pca64"]["per_query"] == results["models"]["untrained-euclidean"]["per_query"]
+
+
+def test_the_projection_trains_at_its_own_learning_rate(tmp_path):
+    run(embedding_size, tmp_path / "run", "--dims", "8", "--synthetic", "300", "--projection-lr", "0.003")
+    checkpoint = checkpoints.load_checkpoint(tmp_path / "run" / "models" / "d8-seed42" / "checkpoint.pt")
+    groups = checkpoint["optimizer"]["param_groups"]
+    rates = {name.startswith("dense."): group["lr"] for group in groups for name in group["param_names"]}
+    peak = {True: 0.003, False: 2e-5}
+    for dense, lr in rates.items():  # after the last step the schedule has decayed both by the same factor
+        assert lr / peak[dense] == pytest.approx(rates[False] / peak[False])
 
 
 def write_quora(folder, duplicates: int = 20):
@@ -251,7 +337,7 @@ def test_quora_duplicates_split_80_15_5_with_the_files_own_negatives(tmp_path):
 
 def test_embedding_size_reads_quoras_layout_and_no_question_finds_itself(tmp_path):
     results = run(embedding_size, tmp_path / "run", "--data", str(write_quora(tmp_path / "quora")), "--dims", "8")
-    assert list(results["models"]) == ["jaccard", "untrained", "d8"]
+    assert list(results["models"]) == ["jaccard", "untrained", "untrained-euclidean", "pca8", "base", "d8"]
     # 3 test pairs pooled into 6 questions. By word-set Jaccard, "is the 3 man eating" is nearer the two
     # other "is the N man eating" (4 words of 6 shared) than its duplicate "does the 3 man eat food"
     # (3 of 8), which is nearer than the other two "does the N man eat food" (2 of 8); the same holds
@@ -285,35 +371,58 @@ def test_sbert_objectives_writes_one_row_per_objective(tmp_path):
     stsb, sick = write_sts_and_sick(tmp_path / "data")
     output = tmp_path / "run"
     results = run(sbert_objectives, output, "--stsb", str(stsb), "--sick", str(sick), "--batch-size", "4")
-    assert list(results["models"]) == ["untrained", "classification", "regression", "mnrl"]
+    assert list(results["models"]) == ["untrained", "classification", "regression", "triplet", "mnrl"]
     rows = table_rows((output / "results.md").read_text(), "model")
-    assert rows[0] == ["model", "trained on", "STS-B test Spearman", "example test NDCG@10", "training time",
-                       "examples", "steps"]
+    assert rows[0] == ["model", "trained on", "STS-B test Spearman", "difference from the start model",
+                       "example test NDCG@10", "difference from the start model", "training time", "examples", "steps"]
     assert [row[0] for row in rows[1:]] == ["start model, untrained", "classification (softmax)",
-                                            "regression (cosine MSE)", "MNRL, hard negatives"]
-    assert [row[5:] for row in rows[2:]] == [["6", "2"], ["6", "2"], ["8", "2"]]  # 6 pairs, 8 mined triplets; batch 4
+                                            "regression (cosine MSE)", "triplet (euclidean, margin 1)",
+                                            "MNRL, hard negatives (beyond SBERT's paper)"]
+    assert [row[7:] for row in rows[2:]] == [["6", "2"], ["6", "2"], ["8", "2"], ["8", "2"]]  # 6 pairs, 8 triplets
     for name, row in zip(results["models"], rows[1:]):
         scores = results["models"][name]["scores"]
-        assert row[2:4] == [f"{scores['spearman']:.4f}", f"{scores['ndcg@10']:.4f}"]
+        assert [row[2], row[4]] == [f"{scores['spearman']:.4f}", f"{scores['ndcg@10']:.4f}"]
         assert -1 <= scores["spearman"] <= 1 and 0 <= scores["ndcg@10"] <= 1
+    # Each objective's differences from the start model are the tests of its STS cosines and per-query NDCG@10.
+    gold = [p.score for p in sbert_objectives.datasets.load_stsb("test", folder=stsb)]
+    models, tests = results["models"], results["tests"]
+    for name in ("classification", "regression", "triplet", "mnrl"):
+        spearman = significance.spearman_difference(models[name]["sts_cosine"], models["untrained"]["sts_cosine"], gold)
+        assert {k: v for k, v in tests[name]["spearman"].items() if k != "p_holm"} == spearman
+        assert spearman["difference"] == pytest.approx(models[name]["scores"]["spearman"]
+                                                       - models["untrained"]["scores"]["spearman"], abs=1e-12)
+        assert runner.difference_cell(tests[name]["spearman"]) in (output / "results.md").read_text()
 
 
-def test_model_selection_marks_the_best_model_in_each_column(svt_run, tmp_path):
+def test_model_selection_tests_every_candidate_against_the_best(svt_run, tmp_path):
     output = tmp_path / "run"
-    trained = svt_run[0] / "models" / "triplet-cosine"  # an experiment's model folder: its final/ is used
+    trained = svt_run[0] / "models" / "triplet-cosine-margin1-seed42"  # an experiment's model folder: final/ is used
     models = [str(TINY), str(trained), "bm25", "jaccard"]
     module_args = ["--quick", "--device", "cpu", "--output", str(output), "--model", *models]
     model_selection.main(module_args)
-    results = json.loads((output / "results.json").read_text())["models"]
+    written = json.loads((output / "results.json").read_text())
+    results = written["models"]
     assert list(results) == models
-    assert results[str(trained)]["scores"] == svt_run[1]["models"]["triplet-cosine"]["scores"]  # cosine, as it was trained
+    # NDCG@10 and MRR@10 read the same in both definition sets on binary judgments: as the study scored it.
+    for key in ("ndcg@10", "mrr@10"):
+        assert results[str(trained)]["scores"][key] == svt_run[1]["models"]["triplet-cosine-margin1"]["runs"][0]["scores"][key]
     rows = table_rows((output / "results.md").read_text(), "model")
-    assert rows[0][:4] == ["model", "NDCG@1", "NDCG@5", "NDCG@10"] and len(rows[0]) == 13
-    for column, key in enumerate([f"{m}@{k}" for m in ("ndcg", "map", "recall", "precision") for k in (1, 5, 10)], 1):
+    assert rows[0][:6] == ["model", "NDCG@1", "NDCG@3", "NDCG@5", "NDCG@10", "NDCG@100"] and len(rows[0]) == 21
+    for column, key in enumerate([f"{m}@{k}" for m in ("ndcg", "map", "recall", "precision") for k in (1, 3, 5, 10, 100)], 1):
         best = max(result["scores"][key] for result in results.values())
         for name, row in zip(models, rows[1:]):
             value = results[name]["scores"][key]
             assert row[column] == (f"**{value:.4f}**" if value == best else f"{value:.4f}")
+    # trec_eval's MAP@k divides by every relevant document, and every other candidate is tested against the best.
+    best = written["best"]
+    assert best == max(results, key=lambda name: results[name]["scores"]["ndcg@10"])
+    others = [name for name in models if name != best]
+    for key, tests in written["tests"].items():
+        assert list(tests) == others
+        expected = runner.with_holm([runner.paired_test(results[name], results[best], key) for name in others])
+        assert list(tests.values()) == expected
+    assert runner.verdict(written["tests"]["ndcg@10"][others[0]], "NDCG@10", others[0], best, "p_holm") in \
+        (output / "results.md").read_text()
 
 
 def test_model_selection_checks_every_model_before_evaluating_any(tmp_path):
@@ -407,16 +516,38 @@ def test_an_output_folder_with_other_settings_is_refused(svt_run, tmp_path):
     output = tmp_path / "run"
     shutil.copytree(svt_run[0], output)
     with pytest.raises(ValueError, match=r"holds a run of siamese-vs-triplet with other settings \(they differ in "
-                                         r"\['margin'\]\); run the same command as before"):
+                                         r"\['margins'\]\); run the same command as before"):
         run(siamese_vs_triplet, output, "--margin", "1")
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--margin", "-1", "--margin cannot be negative, got -1.0"),
+    ("--margin", "-1", "--margins cannot be negative, got [-1.0]"),
     ("--examples", "0", "--examples must be positive, got 0"),
+    ("--seeds", "0", "--seeds must be positive, got 0"),
 ])
 def test_a_bad_option_is_refused(option, value, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
         run(siamese_vs_triplet, tmp_path / "run", option, value)
     assert stopped.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The papers' start: raw DistilBERT and RoBERTa checkpoints (random weights here, offline)
+
+
+@pytest.mark.parametrize("study", [siamese_vs_triplet, embedding_size, sbert_objectives])
+@pytest.mark.parametrize("checkpoint", ["tiny_distilbert", "tiny_roberta"])
+def test_every_study_starts_from_a_raw_transformer_checkpoint(study, checkpoint, tmp_path):
+    """The papers fine-tune raw DistilBERT and RoBERTa (no sentence-transformers layout: mean pooling,
+    no normalisation); `--model distilbert-base-uncased` fetches such a checkpoint, the fixtures stand
+    in for it offline."""
+    options = ["--synthetic", "300"] if study is embedding_size else []
+    if study is sbert_objectives:
+        stsb, sick = write_sts_and_sick(tmp_path / "data")
+        options = ["--stsb", str(stsb), "--sick", str(sick), "--batch-size", "4"]
+    output = tmp_path / "run"
+    study.main(["--quick", "--model", str(FIXTURES / checkpoint), "--device", "cpu", "--output", str(output), *options])
+    results = json.loads((output / "results.json").read_text())
+    assert results["settings"]["model"] == str(FIXTURES / checkpoint)
+    assert results["tests"] and (output / "results.md").is_file()

@@ -99,20 +99,29 @@ def pca_panels(path: Path, panels: dict) -> None:
     _save(fig, path)
 
 
-def dims_figure(path: Path, dims: list, quality: dict, speed: dict, untrained: dict) -> None:
-    """Left: retrieval quality against the embedding size D ({metric label: [value per D]}), with the
-    untrained start model as dotted lines ({metric label: value}). Right: search speed against D
+def dims_figure(path: Path, dims: list, results: dict, tests: dict, speed: dict, metric: str, label: str) -> None:
+    """Left: `metric` against the embedding size D: the trained model at each D (results["d<D>"]),
+    its error bar the 95% interval of its difference from the base model (tests["against_base"]),
+    set on the base model's score; the untrained PCA projection at each D (results["pca<D>"]); the
+    base model and the untrained start model as horizontal lines. Right: search speed against D
     ({corpus label: [queries per second per D]})."""
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for colour, (label, values) in zip(TRIPLET_COLOURS, quality.items()):
-        left.plot(dims, values, marker="o", color=colour, label=label)
-        if label in untrained:
-            left.axhline(untrained[label], color=colour, linestyle=":", linewidth=1)
-    left.set_title("retrieval quality (dotted: start model, untrained)")
-    left.set_ylabel("score")
-    for colour, (label, values) in zip(TRIPLET_COLOURS, speed.items()):
-        right.plot(dims, values, marker="o", color=colour, label=label)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    base = results["base"]["scores"][metric]
+    trained = [results[f"d{dim}"]["scores"][metric] for dim in dims]
+    low = [base + tests["against_base"][str(dim)]["ci95"][0] for dim in dims]
+    high = [base + tests["against_base"][str(dim)]["ci95"][1] for dim in dims]
+    left.errorbar(dims, trained, yerr=[np.subtract(trained, low), np.subtract(high, trained)], marker="o",
+                  color="tab:blue", capsize=3, label="trained, with projection to D")
+    left.plot(dims, [results[f"pca{dim}"]["scores"][metric] for dim in dims], marker="s", linestyle="--",
+              color="tab:orange", label="untrained: start model + PCA projection")
+    left.axhline(base, color="tab:green", linewidth=1.5, label="base model (trained, no projection)")
+    left.axhline(results["untrained-euclidean"]["scores"][metric], color="grey", linestyle=":", linewidth=1.5,
+                 label="start model, untrained")
+    left.set_title(f"{label}; error bars: 95% CI of the difference from the base model", fontsize="medium")
+    left.set_ylabel(label)
+    for colour, (corpus, values) in zip(TRIPLET_COLOURS, speed.items()):
+        right.plot(dims, values, marker="o", color=colour, label=corpus)
     right.set_title("exact search speed")
     right.set_ylabel("queries per second")
     right.set_yscale("log")
@@ -128,4 +137,24 @@ def dims_figure(path: Path, dims: list, quality: dict, speed: dict, untrained: d
         ax.set_xlabel("embedding size D")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
+    _save(fig, path)
+
+
+def differences(path: Path, tests: dict, xlabel: str) -> None:
+    """One row per model ({label: {"difference", "ci95": [low, high], "p_holm" or "p_randomization"}}):
+    its mean difference as a dot, its 95% interval as a bar, and the line at 0 (no difference). A dot
+    is filled where p < 0.05 and hollow where the test cannot tell."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(tests) + 1.4))
+    for row, (label, test) in enumerate(reversed(list(tests.items()))):
+        low, high = test["ci95"]
+        p = test.get("p_holm", test["p_randomization"])
+        ax.plot([low, high], [row, row], color="tab:blue", linewidth=2)
+        ax.scatter([test["difference"]], [row], color="tab:blue" if p < 0.05 else "white", edgecolors="tab:blue",
+                   s=45, zorder=3)
+    ax.axvline(0, color="grey", linewidth=1, linestyle="--")
+    ax.set_yticks(range(len(tests)), list(reversed(list(tests))))
+    ax.set_xlabel(xlabel)
+    ax.set_title("filled: p < 0.05; hollow: no detectable difference", fontsize="small")
+    ax.grid(alpha=0.3, axis="x")
     _save(fig, path)

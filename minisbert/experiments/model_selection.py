@@ -7,17 +7,23 @@ After Silveri, "Choosing the Right SBERT Model for Your Data with BEIR" (2024).
     python -m minisbert.experiments model-selection --quick      # data/example: the default models
 
 The walk-through evaluates candidate models on the user's own data, in the BEIR layout (corpus,
-queries, qrels), and reads NDCG, MAP, Recall and Precision at k side by side. --data takes a dataset
-name, a BEIR folder, or such a CSV of question,answer rows: each question becomes a query whose
-answer is its one relevant document (datasets/qa_csv.py). Here each model ranks
-the test split's corpus with --score (cosine by default; euclidean for models trained for it) and is
-scored with those four metrics at 1, 5 and 10; the best model in each column is marked in bold.
+queries, qrels), with BEIR's EvaluateRetrieval, which computes NDCG, MAP, Recall and Precision with
+trec_eval at k = 1, 3, 5, 10 and 100, and reads them side by side. --data takes a dataset name, a
+BEIR folder, or such a CSV of question,answer rows: each question becomes a query whose answer is its
+one relevant document (datasets/qa_csv.py). Here each model ranks the test split's corpus with
+--score (cosine by default; euclidean for models trained for it) and is scored with those four
+metrics, with trec_eval's definitions (metrics.py, definitions="trec") at --k (1 3 5 10 100 by
+default; --definitions st gives sentence-transformers' instead). The best model in each column is in
+bold, and every other candidate is tested against the best one (by NDCG@10) query by query on every
+metric: the difference, its bootstrap 95% interval and the randomization test's p, Holm-adjusted
+over the candidates; a candidate the test cannot tell from the best is as good a choice on this data.
 
 A model is a known name (fetched on first use), a model directory, the output folder of train.py
 (its final/ model is used) or of an experiment's model (models/<name>/), or a lexical baseline: bm25,
 jaccard. Every name is checked before the first model is evaluated.
 
-Writes results.md (the table) and results.json. Checked in tests/test_experiments.py.
+Writes results.md (the tables) and results.json (each query's scores included). Checked in
+tests/test_experiments.py.
 """
 
 import re
@@ -31,11 +37,12 @@ from . import runner
 NAME = "model-selection"
 PRESETS = {
     "full": {"data": "scifact", "model": ["all-MiniLM-L6-v2", "bm25", "jaccard"], "score": "cosine",
-             "max_seq_length": None},
+             "max_seq_length": None, "k": [1, 3, 5, 10, 100], "definitions": "trec"},
     "quick": {"data": "example", "model": ["all-MiniLM-L6-v2", "bm25", "jaccard"], "score": "cosine",
-              "max_seq_length": None},
+              "max_seq_length": None, "k": [1, 3, 5, 10, 100], "definitions": "trec"},
 }
 COLUMNS = [("NDCG", "ndcg"), ("MAP", "map"), ("Recall", "recall"), ("Precision", "precision")]
+BEST_BY = "ndcg@10"
 
 
 def parse_args(argv=None):
@@ -43,7 +50,13 @@ def parse_args(argv=None):
     p.add_argument("--score", choices=["cosine", "dot", "euclidean"], default=None,
                    help="how the sentence encoders compare embeddings (default cosine)")
     p.add_argument("--max-seq-length", type=int, default=None, help="tokens per text (default: each model's own)")
-    return runner.parse(p, argv)
+    p.add_argument("--k", type=int, nargs="+", default=None, help="cutoffs (default 1 3 5 10 100, as BEIR)")
+    p.add_argument("--definitions", choices=["trec", "st"], default=None,
+                   help="metric definitions: trec (trec_eval, as BEIR; the default) or st (sentence-transformers)")
+    args = runner.parse(p, argv)
+    if args.k is not None and (min(args.k) <= 0 or 10 not in args.k):
+        p.error(f"--k must be positive and include 10 (the best model is chosen by NDCG@10), got {args.k}")
+    return args
 
 
 def main(argv=None):
@@ -58,16 +71,29 @@ def main(argv=None):
 
     def evaluate(source):
         model = source if source in LEXICAL else runner.load_model(source, args.device, s.max_seq_length)
-        return {"scores": runner.retrieval_scores(model, test, s.score)}
+        return runner.retrieval_scores(model, test, s.score, ks=s.k, definitions=s.definitions)
 
     results = {name: study.entry(entry_name(name), lambda folder, source=source: evaluate(source))
                for name, source in models.items()}
 
-    header = ["model"] + [f"{title}@{k}" for title, _ in COLUMNS for k in runner.KS]
-    keys = [f"{key}@{k}" for _, key in COLUMNS for k in runner.KS]
+    # The best model by NDCG@10, and every other one tested against it on every metric.
+    keys = [f"{key}@{k}" for _, key in COLUMNS for k in s.k]
+    best_model = max(results, key=lambda name: results[name]["scores"][BEST_BY])
+    others = [name for name in results if name != best_model]
+    tests = {key: dict(zip(others, runner.with_holm([runner.paired_test(results[name], results[best_model], key)
+                                                     for name in others]))) for key in keys} if others else {}
+    study.write_results({"settings": vars(s), "models": results, "best": best_model, "tests": tests},
+                        report(s, args, results, tests, best_model, keys, test))
+
+
+def report(s, args, results: dict, tests: dict, best_model: str, keys: list, test) -> str:
+    header = ["model"] + [f"{title}@{k}" for title, _ in COLUMNS for k in s.k]
     best = {key: max(result["scores"][key] for result in results.values()) for key in keys}
     rows = [[name] + [bold_if(result["scores"][key], best[key]) for key in keys] for name, result in results.items()]
-    markdown = "\n".join([
+    tested_keys = [f"{key}@10" for _, key in COLUMNS]
+    verdicts = [f"- {name} against {best_model}: {runner.verdict(tests[BEST_BY][name], 'NDCG@10', name, best_model, 'p_holm')}."
+                for name in results if name != best_model]
+    return "\n".join([
         "# Model selection",
         "",
         "After Silveri, \"Choosing the Right SBERT Model for Your Data with BEIR\": candidate models on one "
@@ -75,12 +101,21 @@ def main(argv=None):
         "",
         f"Data: {s.data}, test split: {len(test.queries):,} queries over {len(test.corpus):,} documents. Sentence "
         f"encoders compare embeddings by {s.score}"
-        + (f", at most {s.max_seq_length} tokens per text. " if s.max_seq_length else ". ")
-        + runner.about_the_run(s, args.device or "default"),
+        + (f", at most {s.max_seq_length} tokens per text" if s.max_seq_length else "")
+        + f". Metrics: {'trec_eval' if s.definitions == 'trec' else 'sentence-transformers'} definitions "
+        f"(minisbert/metrics.py). " + runner.about_the_run(s, args.device or "default"),
         "",
         runner.markdown_table(header, rows),
+        f"Best by NDCG@10: **{best_model}**. Each other candidate against it, query by query (difference, "
+        "bootstrap 95% interval, randomization-test p Holm-adjusted over the candidates; every metric@k is in "
+        "results.json):",
+        "",
+        *verdicts,
+        "",
+        runner.markdown_table(["model"] + [f"{title}@10 difference from {best_model}" for title, _ in COLUMNS],
+                              [[name] + [runner.difference_cell(tests[key][name]) for key in tested_keys]
+                               for name in results if name != best_model]) if tests else "",
     ])
-    study.write_results({"settings": vars(s), "models": results}, markdown)
 
 
 def model_directory(name: str) -> Path:

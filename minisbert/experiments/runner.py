@@ -9,8 +9,13 @@ from that model's last checkpoint (fit.py).
 
     OUTPUT/settings.json               the experiment and every setting it runs with
     OUTPUT/models/<name>/              log.jsonl, checkpoint.pt, final/ (fit.py), result.json
-    OUTPUT/results.json, results.md    every number, and the tables
+    OUTPUT/results.json, results.md    every number, each query's own included, and the tables
     OUTPUT/*.png                       the figures (figures.py, when matplotlib is installed)
+
+A model trained with several seeds (--seeds N: seed, seed + 1, ...) is one entry per seed
+(<name>-seed<seed>); its row in the tables is the mean over seeds with their spread, and its tests
+use each query's score averaged over the seeds. Every difference a study reports is tested, query by
+query (minisbert/significance.py), and a verdict sentence says what the test says (`verdict`).
 
 Checked in tests/test_experiments.py.
 """
@@ -21,18 +26,22 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import minisbert
 from .. import datasets
 from .. import metrics
+from .. import significance
 from ..evaluation import CACHE_DIR, encode_cached, rank
 from ..fileio import read_json, write_json
 from ..fit import TrainingSettings, fit
+from ..search import search
 from ..datasets import QUORA_FILE
 from ..training_data import Example, mine_hard_negatives
 
 KS = (1, 5, 10)  # the cutoffs Rygaard et al. report
+ALPHA = 0.05  # a difference whose (randomization test) p is below this is called detected
 EMBEDDING_CACHE = CACHE_DIR / "embeddings"  # shared with evaluate.py: a corpus is encoded once per model
 CHECKPOINT_STEPS = 20  # a model killed while it trains loses at most this many steps
 METRIC_COLUMNS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("MRR", "mrr"), ("NDCG", "ndcg")]
@@ -69,10 +78,17 @@ def training_options(p: argparse.ArgumentParser, examples_help: str) -> None:
     p.add_argument("--max-seq-length", type=int, default=None, help="tokens per text, in training and search")
 
 
+def seeds_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", type=int, default=None,
+                   help="train every model with this many seeds (--seed, --seed + 1, ...): the tables give the "
+                        "mean and spread over seeds, the tests use each query's score averaged over them")
+    p.add_argument("--seed", type=int, default=None, help="the first seed (default 42)")
+
+
 def parse(p: argparse.ArgumentParser, argv) -> argparse.Namespace:
     """The parsed options; a count that is not positive or a negative margin stops with a message."""
     args = p.parse_args(argv)
-    for name in ("examples", "epochs", "batch_size", "max_seq_length", "synthetic"):
+    for name in ("examples", "epochs", "batch_size", "max_seq_length", "synthetic", "seeds"):
         if getattr(args, name, None) is not None and getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if getattr(args, "margin", None) is not None and args.margin < 0:
@@ -120,7 +136,9 @@ class Study:
         path = self.output / "models" / name / "result.json"
         if path.is_file():
             print(f"{name}: finished in an earlier run, read from {path}")
-            return read_json(path)
+            result = read_json(path)
+            check_per_query(result, path)
+            return result
         print(f"--- {name}")
         result = make(path.parent)
         write_json(path, result)
@@ -223,11 +241,102 @@ def train(model, examples: list, spec, folder: Path, settings: TrainingSettings,
             "loss": [entry["loss"] for entry in log]}
 
 
-def retrieval_scores(model, retrieval: datasets.RetrievalData, score: str = "cosine", exclude_self: bool = False) -> dict:
-    """Every metric at KS for `model` (a SentenceModel, or "bm25" / "jaccard") ranking the split's
-    corpus with `score` (cosine, dot or euclidean); exclude_self drops the document whose id is the query's."""
-    run = rank(model, retrieval, max(KS), score=score, cache_dir=EMBEDDING_CACHE, exclude_self=exclude_self)
-    return metrics.evaluate_run(run, retrieval.qrels, KS)
+def retrieval_scores(model, retrieval: datasets.RetrievalData, score: str = "cosine", exclude_self: bool = False,
+                     ks=KS, definitions: str = "st") -> dict:
+    """{"scores": every metric at ks, "per_query": {metric: {query id: value}}} for `model` (a
+    SentenceModel, or "bm25" / "jaccard") ranking the split's corpus with `score` (cosine, dot or
+    euclidean); exclude_self drops the document whose id is the query's."""
+    run = rank(model, retrieval, max(ks), score=score, cache_dir=EMBEDDING_CACHE, exclude_self=exclude_self)
+    per_query = metrics.per_query_scores(run, retrieval.qrels, ks, definitions)
+    return {"scores": metrics.average_scores(per_query), "per_query": per_query}
+
+
+def embedding_scores(queries, corpus, retrieval: datasets.RetrievalData, score: str = "cosine",
+                     exclude_self: bool = False) -> dict:
+    """retrieval_scores for embeddings already computed: queries (Q, D) and corpus (N, D), in the
+    order of retrieval.queries and retrieval.corpus."""
+    query_ids, doc_ids = list(retrieval.queries), list(retrieval.corpus)
+    scores, indices = search(np.ascontiguousarray(queries, dtype=np.float32),
+                             np.ascontiguousarray(corpus, dtype=np.float32), max(KS), score=score,
+                             query_ids=query_ids if exclude_self else None, corpus_ids=doc_ids if exclude_self else None)
+    run = metrics.run_from_search(-scores if score == "euclidean" else scores, indices, query_ids, doc_ids)
+    per_query = metrics.per_query_scores(run, retrieval.qrels, KS)
+    return {"scores": metrics.average_scores(per_query), "per_query": per_query}
+
+
+def check_per_query(result: dict, path: Path) -> None:
+    """Refuse a result whose per-query values do not average to its scores (a file edited, or one
+    written for another run): the tests would otherwise test numbers the table does not show."""
+    for metric, values in result.get("per_query", {}).items():
+        stated = result.get("scores", {}).get(metric)
+        if stated is not None and metrics.average_scores({metric: values})[metric] != stated:
+            raise ValueError(f"{path}: the {len(values):,} per-query values of {metric} average to "
+                             f"{metrics.average_scores({metric: values})[metric]:.6f}, not to the {stated:.6f} "
+                             "it reports; delete the file to evaluate that model again")
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeds and tests
+
+
+def seed_list(s: argparse.Namespace) -> list:
+    return [s.seed + i for i in range(getattr(s, "seeds", 1) or 1)]
+
+
+def over_seeds(results: list) -> dict:
+    """One model trained with several seeds, as one row: each query's score averaged over the seeds
+    ("per_query"), their mean ("scores", so the per-query values average to it), the sample standard
+    deviation of the seeds' own scores ("spread"; 0 for one seed), and each seed's scores ("seeds")."""
+    first = results[0]["per_query"]
+    for result in results[1:]:
+        if any(set(result["per_query"][m]) != set(first[m]) for m in first):
+            raise ValueError("the seeds of one model were evaluated on different queries")
+    per_query = {m: {q: float(np.mean([r["per_query"][m][q] for r in results])) for q in first[m]} for m in first}
+    spread = {m: float(np.std([r["scores"][m] for r in results], ddof=1)) if len(results) > 1 else 0.0
+              for m in first}
+    return {"scores": metrics.average_scores(per_query), "spread": spread, "per_query": per_query,
+            "seeds": [r["scores"] for r in results]}
+
+
+def paired_test(a: dict, b: dict, metric: str) -> dict:
+    """significance.compare of model a's and model b's per-query values of `metric` (a - b)."""
+    return significance.compare(a["per_query"][metric], b["per_query"][metric])
+
+
+def with_holm(tests: list) -> list:
+    """The tests, each with "p_holm": its randomization p adjusted by Holm's method over the list."""
+    return [{**t, "p_holm": p} for t, p in zip(tests, significance.holm([t["p_randomization"] for t in tests]))]
+
+
+def p_text(p: float) -> str:
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
+def tested(test: dict, label: str, p_key: str = "p_randomization") -> str:
+    """"NDCG@10 +0.031, 95% CI [+0.012, +0.050], p = 0.002": a difference, its interval and p."""
+    low, high = test["ci95"]
+    return f"{label} {test['difference']:+.4f}, 95% CI [{low:+.4f}, {high:+.4f}], {p_text(test[p_key])}"
+
+
+def verdict(test: dict, label: str, first: str, second: str, p_key: str = "p_randomization") -> str:
+    """What the test of (first - second) says: "prefers <first or second> (difference, CI, p)" when
+    p < ALPHA, else "no detectable difference (...)"."""
+    if test[p_key] < ALPHA:
+        return f"prefers {first if test['difference'] > 0 else second} ({tested(test, label, p_key)})"
+    return f"no detectable difference ({tested(test, label, p_key)})"
+
+
+def difference_cell(test: dict, p_key: str = "p_holm") -> str:
+    """A table cell: "+0.0123 [+0.0031, +0.0215], p = 0.008"."""
+    low, high = test["ci95"]
+    return f"{test['difference']:+.4f} [{low:+.4f}, {high:+.4f}], {p_text(test[p_key])}"
+
+
+def mean_cell(result: dict, metric: str) -> str:
+    """"0.6345 ± 0.0021" (mean and spread over seeds), or "0.6345" for one seed or an untrained model."""
+    if len(result.get("seeds", [])) > 1:
+        return f"{result['scores'][metric]:.4f} ± {result['spread'][metric]:.4f}"
+    return f"{result['scores'][metric]:.4f}"
 
 
 def corpus_embeddings(model, retrieval: datasets.RetrievalData):

@@ -3,7 +3,7 @@ Dilemma: Siamese vs. Triplet SBERT Networks for Information Retrieval" (DTU).
 
     python -m minisbert.experiments siamese-vs-triplet            # SciFact (see PRESETS for the budget)
     python -m minisbert.experiments siamese-vs-triplet --quick    # data/example: a minute or two
-    python -m minisbert.experiments siamese-vs-triplet --margin 1 --output runs/margin-1
+    python -m minisbert.experiments siamese-vs-triplet --margins 1 --seeds 3 --output runs/margin-1
 
 The paper trains four networks from one start model, on the same data with the same budget, and
 evaluates each with the measure it was trained with (section 3.1):
@@ -19,22 +19,36 @@ for training for the same reason. The paper's finding (sections 4.1, 5.2): the S
 best with cosine similarity, the Triplet network with euclidean distance, and Triplet-cosine is
 clearly the worst of the four.
 
+Margins: cosine distances lie in [0, 2], so with margin 5 the cosine triplet loss can never reach 0
+and every triplet pushes with the same weight whatever the model does. The paper's own discussion
+(section 5.1) asks whether the margin should be tuned; here the Triplet networks are trained at each
+of --margins (1, SBERT's, and 5, the paper's, by default), so a margin the loss can reach stands
+beside the one it cannot.
+
 The paper trains on MS MARCO: a query, its positive passage and a hard negative, with cross-encoder
 scores squashed by a sigmoid as the Siamese labels. A folder with MS MARCO's training files
 (training_data.msmarco_examples) and its BEIR layout (corpus.jsonl, queries.jsonl, qrels/test.tsv) is read
 that way. Here, by default, the data is SciFact (BEIR): one triplet per judged (query, relevant
 abstract) of the train split, its negative drawn from the start model's top 10 abstracts that are not
-judged relevant, mined once and shared by all four models; the Siamese networks see each triplet as
-two pairs labelled 1 and 0. The baselines share the table: the start model untrained (cosine) and BM25.
+judged relevant, mined once and shared by all models; the Siamese networks see each triplet as two
+pairs labelled 1 and 0. The controls share the table: the start model untrained, scored with cosine
+and with euclidean distance (each trained model is tested against the start scored with its own
+measure), and BM25.
+
+Every claim is tested query by query (significance.py, through runner.py): each trained model
+against the start model, and the cosine against the euclidean network of each architecture, with
+--seeds N training every model N times (the tests then use each query's NDCG@10 averaged over seeds).
 
 Writes to OUTPUT (runner.py describes the folder):
-    results.md    the paper's table (Precision, Accuracy, MRR, NDCG at 1, 5, 10) per model, training
-                  time, examples and steps, and whether this run agrees with the paper's finding
-    results.json  every number above, each step's loss, the PCA coordinates
-    loss.png      the training loss of the four models (the paper's Fig. 3)
-    pca.png       a PCA fitted on the normalised embeddings of every test triplet (query, relevant
-                  document, mined negative), five triplets drawn with a fixed seed, one panel per
-                  model (the paper's Fig. 2B)
+    results.md       the paper's table (Precision, Accuracy, MRR, NDCG at 1, 5, 10) per model, each
+                     trained model's tested difference from the start model, training time, examples
+                     and steps, and the verdicts on the paper's finding
+    results.json     every number above, each query's scores, each step's loss, the PCA coordinates
+    loss.png         the training loss of every model, first seed (the paper's Fig. 3)
+    pca.png          a PCA fitted on the normalised embeddings of every test triplet (query, relevant
+                     document, mined negative), five triplets drawn with a fixed seed, one panel per
+                     model, first seed (the paper's Fig. 2B)
+    differences.png  each trained model's NDCG@10 difference from the start model, with its 95% interval
 Checked in tests/test_experiments.py.
 """
 
@@ -50,28 +64,42 @@ from . import figures, runner
 from .pca import fit_pca
 
 NAME = "siamese-vs-triplet"
-# (name, arch, measure): each model retrieves with the measure it was trained with.
-MODELS = [("siamese-cosine", "siamese", "cosine"), ("siamese-euclidean", "siamese", "euclidean"),
-          ("triplet-euclidean", "triplet", "euclidean"), ("triplet-cosine", "triplet", "cosine")]
-LABELS = {"siamese-cosine": "Siamese cosine", "siamese-euclidean": "Siamese euclidean",
-          "triplet-euclidean": "Triplet euclidean", "triplet-cosine": "Triplet cosine",
-          "untrained": "start model, untrained", "bm25": "BM25"}
-# The full preset is sized for about 45 minutes on 2 CPU cores; the paper's own budget (MS MARCO,
-# 3 epochs, batch 64) is --data FOLDER --epochs 3 --batch-size 64 --max-seq-length 256 on a GPU.
+MAIN_METRIC, MAIN_LABEL = "ndcg@10", "NDCG@10"
+BASELINE_LABELS = {"untrained": "start model, untrained", "untrained-euclidean": "start model, untrained",
+                   "bm25": "BM25"}
+# The full preset: every SciFact training triplet (919), one epoch of batch 16 (58 steps for a Triplet
+# network, 115 for a Siamese one, which sees two pairs per triplet), two seeds, about 75 minutes on 2
+# CPU cores. The paper's own budget (MS MARCO, 3 epochs, batch 64) is
+# --data FOLDER --epochs 3 --batch-size 64 --max-seq-length 256 on a GPU.
 PRESETS = {
-    "full": {"data": "scifact", "model": "all-MiniLM-L6-v2", "examples": 256, "epochs": 1, "batch_size": 16,
-             "max_seq_length": 128, "lr": 2e-5, "margin": 5.0, "seed": 42},
+    "full": {"data": "scifact", "model": "all-MiniLM-L6-v2", "examples": None, "epochs": 1, "batch_size": 16,
+             "max_seq_length": 128, "lr": 2e-5, "margins": [1.0, 5.0], "seed": 42, "seeds": 2},
     "quick": {"data": "example", "model": "all-MiniLM-L6-v2", "examples": None, "epochs": 2, "batch_size": 4,
-              "max_seq_length": 128, "lr": 2e-5, "margin": 5.0, "seed": 42},
+              "max_seq_length": 128, "lr": 2e-5, "margins": [1.0, 5.0], "seed": 42, "seeds": 1},
 }
 PCA_TRIPLETS = 5  # drawn from the test triplets with the seed, the same five in every panel
 
 
+def networks(margins: list) -> list:
+    """(name, label, arch, measure, margin) of every model trained: the two Siamese networks, then the
+    two Triplet networks at each margin. Each retrieves with the measure it was trained with."""
+    siamese = [("siamese-cosine", "Siamese cosine", "siamese", "cosine", None),
+               ("siamese-euclidean", "Siamese euclidean", "siamese", "euclidean", None)]
+    return siamese + [(f"triplet-{measure}-margin{margin:g}", f"Triplet {measure}, margin {margin:g}", "triplet",
+                       measure, margin) for margin in margins for measure in ("euclidean", "cosine")]
+
+
 def parse_args(argv=None):
     p = runner.parser(NAME, __doc__, PRESETS)
-    p.add_argument("--margin", type=float, default=None, help="triplet margin (default 5, as the paper)")
+    p.add_argument("--margins", "--margin", type=float, nargs="+", default=None,
+                   help="triplet margins, one pair of Triplet networks each (default 1 and 5)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-5, SBERT's)")
     runner.training_options(p, "training triplets, drawn with the seed (the Siamese models get two pairs from each)")
-    return runner.parse(p, argv)
+    runner.seeds_option(p)
+    args = runner.parse(p, argv)
+    if args.margins is not None and min(args.margins) < 0:
+        p.error(f"--margins cannot be negative, got {args.margins}")
+    return args
 
 
 def main(argv=None):
@@ -87,36 +115,46 @@ def main(argv=None):
     print(f"{len(triplets):,} training triplets ({len(pairs):,} pairs), {len(test.queries):,} test queries, "
           f"{len(test.corpus):,} documents")
 
-    # The baselines, then the four models: each trained from the start model and evaluated with its own measure.
+    # The controls: BM25, and the start model untrained, scored with each measure.
     results = {
-        "bm25": study.entry("bm25", lambda folder: {"measure": "bm25", "scores": runner.retrieval_scores("bm25", test)}),
+        "bm25": study.entry("bm25", lambda folder: {"measure": "bm25", **runner.retrieval_scores("bm25", test)}),
         "untrained": study.entry("untrained", lambda folder: {
-            "measure": "cosine", "scores": runner.retrieval_scores(start, test, "cosine"),
+            "measure": "cosine", **runner.retrieval_scores(start, test, "cosine"),
             "pca": embedding_pca(start, test, test_triplets, drawn)}),
+        "untrained-euclidean": study.entry("untrained-euclidean", lambda folder: {
+            "measure": "euclidean", **runner.retrieval_scores(
+                unnormalised(runner.load_model(s.model, args.device, s.max_seq_length)), test, "euclidean")}),
     }
-    settings = TrainingSettings(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, margin=s.margin, seed=s.seed,
-                                checkpoint_steps=runner.CHECKPOINT_STEPS)
-    for name, arch, measure in MODELS:
-        def train_and_evaluate(folder, arch=arch, measure=measure):
-            model = runner.load_model(s.model, args.device, s.max_seq_length)
-            model.normalize_embeddings = False  # the paper's networks end at mean pooling
-            training = runner.train(model, pairs if arch == "siamese" else triplets, select_loss(arch, measure),
-                                    folder, settings, identity={"model": s.model, "data": s.data})
-            return {"measure": measure, "scores": runner.retrieval_scores(model, test, measure), "training": training,
-                    "pca": embedding_pca(model, test, test_triplets, drawn)}
-        results[name] = study.entry(name, train_and_evaluate)
+    # The networks: each trained from the start model with every seed, evaluated with its own measure.
+    for name, _, arch, measure, margin in networks(s.margins):
+        runs = []
+        for seed in runner.seed_list(s):
+            def train_and_evaluate(folder, arch=arch, measure=measure, margin=margin, seed=seed):
+                model = unnormalised(runner.load_model(s.model, args.device, s.max_seq_length))
+                settings = TrainingSettings(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, seed=seed,
+                                            margin=1.0 if margin is None else margin,
+                                            checkpoint_steps=runner.CHECKPOINT_STEPS)
+                training = runner.train(model, pairs if arch == "siamese" else triplets, select_loss(arch, measure),
+                                        folder, settings, identity={"model": s.model, "data": s.data})
+                return {"measure": measure, **runner.retrieval_scores(model, test, measure), "training": training,
+                        "pca": embedding_pca(model, test, test_triplets, drawn)}
+            runs.append(study.entry(f"{name}-seed{seed}", train_and_evaluate))
+        results[name] = {"measure": measure, **runner.over_seeds(runs), "runs": runs}
 
-    # The report: the table, the finding, the figures.
-    order = [name for name, _, _ in MODELS] + ["untrained", "bm25"]
-    markdown = report(s, start, results, order, len(test.queries), len(test.corpus))
+    # The tests, the report, the figures.
+    tests = claims(s, results)
+    markdown = report(s, start, results, tests, len(test.queries), len(test.corpus))
     if figures.available():
-        figures.loss_curves(study.output / "loss.png", {
-            arch.capitalize(): {LABELS[n]: results[n]["training"]["loss"] for n, a, _ in MODELS if a == arch}
-            for arch in ("siamese", "triplet")})
-        figures.pca_panels(study.output / "pca.png", {LABELS[n]: results[n]["pca"] for n in order if "pca" in results[n]})
+        draw(study.output, s, results, tests)
     else:
         markdown += f"\n{figures.MISSING}.\n"
-    study.write_results({"settings": vars(s), "models": results}, markdown)
+    study.write_results({"settings": vars(s), "models": results, "tests": tests}, markdown)
+
+
+def unnormalised(model):
+    """The model with its final normalisation switched off: the paper's networks end at mean pooling."""
+    model.normalize_embeddings = False
+    return model
 
 
 def training_sets(s, start) -> tuple:
@@ -146,48 +184,95 @@ def embedding_pca(model, test, test_triplets: list, drawn: list) -> dict:
                (("query", queries), ("positive", positives), ("negative", negatives))}}
 
 
-def report(s, start, results: dict, order: list, num_queries: int, num_documents: int) -> str:
-    trained = [name for name, _, _ in MODELS]
-    first = results[trained[0]]["training"]
+def claims(s, results: dict) -> dict:
+    """Every difference the report states, tested on NDCG@10 query by query, each family of tests
+    Holm-adjusted: "against_start" (each network against the start model scored with its measure) and
+    "measures" (per architecture and margin: the cosine network against the euclidean one)."""
+    trained = networks(s.margins)
+    start = {"cosine": results["untrained"], "euclidean": results["untrained-euclidean"]}
+    against_start = runner.with_holm([runner.paired_test(results[name], start[measure], MAIN_METRIC)
+                                      for name, _, _, measure, _ in trained])
+    pairs = [("Siamese network", "siamese-cosine", "siamese-euclidean")] + [
+        (f"Triplet network, margin {margin:g}", f"triplet-cosine-margin{margin:g}", f"triplet-euclidean-margin{margin:g}")
+        for margin in s.margins]
+    measures = runner.with_holm([runner.paired_test(results[cos], results[euc], MAIN_METRIC) for _, cos, euc in pairs])
+    return {"against_start": {name: test for (name, *_), test in zip(trained, against_start)},
+            "measures": {network: {"cosine": cos, "euclidean": euc, **test}
+                         for (network, cos, euc), test in zip(pairs, measures)}}
+
+
+def report(s, start, results: dict, tests: dict, num_queries: int, num_documents: int) -> str:
+    trained = networks(s.margins)
+    seeds = runner.seed_list(s)
+    rows = [(label, results[name]) for name, label, *_ in trained] + [
+        (f"{BASELINE_LABELS[name]} ({results[name]['measure']})" if name != "bm25" else "BM25", results[name])
+        for name in ("untrained", "untrained-euclidean", "bm25")]
     lines = [
         "# Siamese vs. Triplet networks for retrieval",
         "",
         "After Rygaard, Bramsløw, Jensen and Bagger, \"Distance Dilemma: Siamese vs. Triplet SBERT Networks "
-        "for Information Retrieval\". Four models trained from the same start model on the same data, each "
+        "for Information Retrieval\". Networks trained from the same start model on the same data, each "
         "retrieving with the measure it was trained with.",
         "",
-        f"Data: {s.data}, train -> test; {results['triplet-cosine']['training']['examples']:,} training triplets "
-        f"(hard negatives mined once with the start model; the Siamese models see each triplet as two pairs "
-        f"labelled 1 and 0), {num_queries:,} test queries over {num_documents:,} documents. Start model "
+        f"Data: {s.data}, train -> test; {results[trained[-1][0]]['runs'][0]['training']['examples']:,} training "
+        f"triplets (hard negatives mined once with the start model; the Siamese networks see each triplet as two "
+        f"pairs labelled 1 and 0), {num_queries:,} test queries over {num_documents:,} documents. Start model "
         f"{s.model}, normalisation off for training; at most {s.max_seq_length} tokens per text; {s.epochs} "
-        f"epoch(s), batch {s.batch_size}, learning rate {s.lr:g}, triplet margin {s.margin:g}, seed {s.seed}. "
+        f"epoch(s), batch {s.batch_size}, learning rate {s.lr:g}, triplet margins {', '.join(f'{m:g}' for m in s.margins)}; "
+        f"seeds {', '.join(map(str, seeds))} (every number of a trained network is the mean over its seeds). "
         + runner.about_the_run(s, start.device),
         "",
         runner.markdown_table(["model", "measure"] + runner.metric_header(),
-                              [[LABELS[n], results[n]["measure"]] + runner.metric_cells(results[n]["scores"])
-                               for n in order]),
-        runner.markdown_table(["model", "training time", "examples", "steps", "loss, first step", "loss, last step"],
-                              [[LABELS[n], runner.minutes(t["seconds"]), f"{t['examples']:,}", f"{t['steps']:,}",
-                                f"{t['loss'][0]:.4f}", f"{t['loss'][-1]:.4f}"]
-                               for n in trained for t in [results[n]["training"]]]),
-        finding(results),
+                              [[label, r["measure"]] + runner.metric_cells(r["scores"]) for label, r in rows]),
+        f"Each network against the start model scored with the same measure, {MAIN_LABEL} query by query: the "
+        f"mean difference, its bootstrap 95% interval and the randomization test's p, Holm-adjusted over the "
+        f"{len(trained)} networks" + (f"; ± is the standard deviation over the {len(seeds)} seeds" if len(seeds) > 1 else "")
+        + ".",
         "",
-        f"Figures: loss.png (training loss per step, {first['steps']:,} steps for a Siamese model), pca.png (PCA of "
-        "the normalised test-triplet embeddings, five triplets).",
+        runner.markdown_table(
+            ["model", MAIN_LABEL, "difference from the start model", "loss, first step", "loss, last step",
+             "training time", "examples", "steps"],
+            [[label, runner.mean_cell(results[name], MAIN_METRIC), runner.difference_cell(tests["against_start"][name]),
+              f"{np.mean([r['training']['loss'][0] for r in results[name]['runs']]):.4f}",
+              f"{np.mean([r['training']['loss'][-1] for r in results[name]['runs']]):.4f}",
+              runner.minutes(np.mean([r["training"]["seconds"] for r in results[name]["runs"]])),
+              f"{results[name]['runs'][0]['training']['examples']:,}", f"{results[name]['runs'][0]['training']['steps']:,}"]
+             for name, label, *_ in trained]),
+        finding(tests),
+        "",
+        "Figures: loss.png (training loss per step, first seed), pca.png (PCA of the normalised test-triplet "
+        "embeddings, five triplets, first seed), differences.png (each network's NDCG@10 difference from the "
+        "start model, with its 95% interval).",
         "",
     ]
     return "\n".join(lines)
 
 
-def finding(results: dict) -> str:
-    """Whether this run agrees with the paper: Siamese prefers cosine, Triplet prefers euclidean (by NDCG@10)."""
-    ndcg = {name: results[name]["scores"]["ndcg@10"] for name, _, _ in MODELS}
-    siamese = "cosine" if ndcg["siamese-cosine"] > ndcg["siamese-euclidean"] else "euclidean"
-    triplet = "euclidean" if ndcg["triplet-euclidean"] > ndcg["triplet-cosine"] else "cosine"
-    verdict = {(True, True): "agrees with the paper on both counts", (False, False): "agrees with neither",
-               (True, False): "agrees on the Siamese network only", (False, True): "agrees on the Triplet network only"}
-    return (f"**Against the paper's finding** (Siamese prefers cosine, Triplet prefers euclidean): by NDCG@10, the "
-            f"Siamese network prefers {siamese} ({ndcg['siamese-cosine']:.4f} cosine vs "
-            f"{ndcg['siamese-euclidean']:.4f} euclidean) and the Triplet network prefers {triplet} "
-            f"({ndcg['triplet-euclidean']:.4f} euclidean vs {ndcg['triplet-cosine']:.4f} cosine): this run "
-            f"{verdict[(siamese == 'cosine', triplet == 'euclidean')]}.")
+def finding(tests: dict) -> str:
+    """The paper's finding (Siamese prefers cosine, Triplet prefers euclidean) against this run's
+    tests, and the networks that did not move detectably from the start model."""
+    lines = [f"**Against the paper's finding** (Siamese prefers cosine, Triplet prefers euclidean), {MAIN_LABEL} "
+             f"query by query, p Holm-adjusted over the {len(tests['measures'])} comparisons:", ""]
+    for network, test in tests["measures"].items():
+        expected = "cosine" if network.startswith("Siamese") else "euclidean"
+        said = runner.verdict(test, MAIN_LABEL, "cosine", "euclidean", p_key="p_holm")
+        agrees = ("agrees with the paper" if said.startswith(f"prefers {expected}") else
+                  "cannot tell" if said.startswith("no detectable") else "the opposite of the paper")
+        lines.append(f"- {network}: {said}: {agrees}.")
+    still = [name for name, test in tests["against_start"].items() if test["p_holm"] >= runner.ALPHA]
+    lines += ["", ("Every network moved detectably from the start model." if not still else
+                   "Not detectably different from the start model (Holm-adjusted p >= 0.05): " + ", ".join(still) + ".")]
+    return "\n".join(lines)
+
+
+def draw(output, s, results: dict, tests: dict) -> None:
+    """loss.png and pca.png from each network's first seed, differences.png from the tests."""
+    trained = networks(s.margins)
+    figures.loss_curves(output / "loss.png", {
+        arch.capitalize(): {label: results[name]["runs"][0]["training"]["loss"] for name, label, a, *_ in trained
+                            if a == arch} for arch in ("siamese", "triplet")})
+    panels = {"start model, untrained": results["untrained"]["pca"]}
+    panels.update({label: results[name]["runs"][0]["pca"] for name, label, *_ in trained})
+    figures.pca_panels(output / "pca.png", panels)
+    figures.differences(output / "differences.png", {label: tests["against_start"][name] for name, label, *_ in trained},
+                        f"{MAIN_LABEL} difference from the start model (95% CI)")

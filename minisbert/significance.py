@@ -1,0 +1,246 @@
+"""Paired significance tests: is model A better than model B on these queries, or is it luck?
+
+Both models are scored on the same queries, so the tests work on the per-query differences
+d_i = a_i - b_i and ask whether their mean could be 0 (H0: the two models are equally good):
+
+randomization test  Fisher's sign-flip test (Fisher 1935; recommended for IR by Smucker, Allan &
+                    Carterette, CIKM 2007). Under H0 each d_i is as likely to be +|d_i| as -|d_i|.
+paired t-test       t = mean(d) / (sd(d) / sqrt(n)) against Student's t with n - 1 degrees of freedom.
+bootstrap interval  percentile bootstrap (Efron & Tibshirani 1993, ch. 13) of mean(d).
+Holm, Bonferroni    adjusted p-values when several comparisons are tested at once (Holm 1979).
+
+`compare` runs them all on one metric's {query id: value} maps; `spearman_difference` does the
+same for the Spearman correlation of an STS benchmark, which is not a mean of per-query values.
+
+Checked against scipy.stats.permutation_test, ttest_rel and bootstrap (tests/test_significance.py;
+reference numbers written by tests/fixtures/make_significance.py).
+"""
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .metrics import average_ranks, spearman
+
+BLOCK = 256  # random sign vectors or resamples drawn at a time: memory is BLOCK x n floats
+TOLERANCE = 1e-12  # relative; keeps float error in a re-summed statistic from dropping a tie
+
+
+def randomization_test(a, b, trials: int = 10_000, seed: int = 0) -> float:
+    """Two-sided p of Fisher's paired randomization (sign-flip) test.
+
+    With d = a - b, p = #{signs s : |sum(s * d)| >= |sum(d)|} / #{signs}. When 2**n <= trials all
+    2**n sign vectors are enumerated and p is exact; otherwise `trials` random sign vectors are
+    drawn (numpy default_rng(seed)) and p = (1 + count) / (1 + trials), which counts the observed
+    assignment among them so that p is never 0.
+    """
+    a, b = _paired(a, b)
+    d = a - b
+    _check_count("trials", trials)
+    n = len(d)
+    threshold = abs(d.sum()) - TOLERANCE * np.abs(d).sum()
+    if 2**n <= trials:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)  # (2**n, n): all patterns
+        return float(np.mean(np.abs(signs @ d) >= threshold))
+    rng = np.random.default_rng(seed)
+    count = 0
+    for start in range(0, trials, BLOCK):
+        signs = 2 * rng.integers(0, 2, size=(min(BLOCK, trials - start), n)) - 1  # (block, n)
+        count += int(np.sum(np.abs(signs @ d) >= threshold))
+    return (1 + count) / (1 + trials)
+
+
+def paired_t_test(a, b) -> float:
+    """Two-sided p of the paired t-test.
+
+    t = mean(d) / (sd(d) / sqrt(n)), sd with ddof=1, and df = n - 1. The two tails of Student's t
+    beyond |t| hold P(|T| >= |t|) = I_x(df/2, 1/2) with x = df / (df + t²), I the regularized
+    incomplete beta function. All differences 0 gives p = 1; equal nonzero differences give p = 0.
+    """
+    a, b = _paired(a, b)
+    d = a - b
+    mean, sd, df = float(d.mean()), float(d.std(ddof=1)), len(d) - 1
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    t = mean / (sd / math.sqrt(len(d)))
+    return _regularized_incomplete_beta(df / (df + t * t), df / 2, 0.5)
+
+
+def _regularized_incomplete_beta(x: float, a: float, b: float) -> float:
+    """I_x(a, b) = B(x; a, b) / B(a, b), the integral of t^(a-1) (1-t)^(b-1) from 0 to x over
+    the same integral from 0 to 1.
+
+    Evaluated as x^a (1-x)^b / (a B(a, b)) divided by a continued fraction (Numerical Recipes,
+    3rd ed., §6.4) computed with the modified Lentz method. The fraction converges fast only for
+    x < (a + 1) / (a + b + 2); above that, I_x(a, b) = 1 - I_{1-x}(b, a).
+    """
+    if x == 0 or x == 1:
+        return float(x)
+    if x > (a + 1) / (a + b + 2):
+        return 1 - _regularized_incomplete_beta(1 - x, b, a)
+    log_beta = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+    front = math.exp(a * math.log(x) + b * math.log1p(-x) - log_beta) / a
+    return front / _beta_continued_fraction(x, a, b)
+
+
+def _beta_continued_fraction(x: float, a: float, b: float) -> float:
+    """f = 1 + c_1 / (1 + c_2 / (1 + c_3 / ...)), where
+    c_2m+1 = -(a+m)(a+b+m) x / ((a+2m)(a+2m+1))  and  c_2m = m(b-m) x / ((a+2m-1)(a+2m)),
+    by the modified Lentz method: f_j = f_j-1 C_j D_j with C_j = 1 + c_j / C_j-1 and
+    D_j = 1 / (1 + c_j D_j-1), starting from f_0 = C_0 = 1, D_0 = 0; a zero that would be divided
+    by is replaced by a tiny number. Stops when C_j D_j is 1 to double precision."""
+    tiny = 1e-300
+    f, c, d = 1.0, 1.0, 0.0
+    for j in range(1, 20_000):
+        m = j // 2
+        if j % 2:
+            coefficient = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        else:
+            coefficient = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        c = 1 + coefficient / c
+        c = c if abs(c) > tiny else tiny
+        d = 1 + coefficient * d
+        d = 1 / (d if abs(d) > tiny else tiny)
+        f *= c * d
+        if abs(c * d - 1) < 1e-15:
+            return f
+    raise RuntimeError(f"incomplete beta continued fraction did not converge for x={x}, a={a}, b={b}")
+
+
+def bootstrap_ci(a, b, level: float = 0.95, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean(a - b): draw n queries with replacement `resamples`
+    times (numpy default_rng(seed)), take mean(d) of each draw, and return the (1 - level) / 2 and
+    (1 + level) / 2 quantiles of those means (numpy.quantile, linear interpolation)."""
+    a, b = _paired(a, b)
+    d = a - b
+    _check_count("resamples", resamples)
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie strictly between 0 and 1, got {level}")
+    rng = np.random.default_rng(seed)
+    means = np.concatenate([
+        d[rng.integers(0, len(d), size=(min(BLOCK, resamples - start), len(d)))].mean(axis=1)
+        for start in range(0, resamples, BLOCK)
+    ])
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni step-down adjusted p-values, in the input order.
+
+    Sort the m p-values ascending; the j-th smallest (1-based) is multiplied by m - j + 1, capped
+    at 1, and raised to the largest adjusted value before it, so the order never flips.
+    [0.01, 0.04, 0.03, 0.2] -> [0.04, 0.09, 0.09, 0.2].
+    """
+    p = _check_p_values(p_values)
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    adjusted_sorted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
+    return adjusted_sorted[np.argsort(order)].tolist()  # argsort(order) undoes the sort
+
+
+def bonferroni(p_values: Sequence[float]) -> list[float]:
+    """Bonferroni adjusted p-values: min(1, m * p) for each of the m p-values."""
+    p = _check_p_values(p_values)
+    return np.minimum(1.0, len(p) * p).tolist()
+
+
+def compare(a: Mapping, b: Mapping, trials: int = 10_000, resamples: int = 10_000, seed: int = 0) -> dict:
+    """Compare two models on one metric, given as {query id: value} for each model.
+
+    Returns the mean difference a - b, its 95% bootstrap interval ("ci95") and the two-sided p of
+    the randomization test and of the paired t-test, all plain floats.
+    """
+    only_a, only_b = [q for q in a if q not in b], [q for q in b if q not in a]
+    if only_a or only_b:
+        raise ValueError(f"a and b must score the same queries: {len(only_a)} ids only in a "
+                         f"{only_a[:5]}, {len(only_b)} only in b {only_b[:5]}")
+    values_a, values_b = _paired([a[q] for q in a], [b[q] for q in a])
+    return {
+        "difference": float(np.mean(values_a - values_b)),
+        "ci95": list(bootstrap_ci(values_a, values_b, 0.95, resamples, seed)),
+        "p_randomization": randomization_test(values_a, values_b, trials, seed),
+        "p_t_test": paired_t_test(values_a, values_b),
+    }
+
+
+def spearman_difference(x_a, x_b, gold, trials: int = 10_000, resamples: int = 2_000, seed: int = 0) -> dict:
+    """Compare two models on an STS benchmark: spearman(x_a, gold) - spearman(x_b, gold).
+
+    x_a and x_b are two models' similarity scores for the same sentence pairs. A correlation is
+    not a mean of per-pair values, so there is no per-query t-test ("p_t_test" is None); the
+    other numbers resample whole pairs. ci95: percentile bootstrap, both Spearmans recomputed on
+    each resample (costlier than a mean, hence 2,000 resamples by default; a resample in which a
+    column is constant has no correlation and is left out). p_randomization: each model's scores
+    become ranks; each trial swaps the two models' ranks pair by pair with probability 1/2 and
+    recomputes each column's Pearson correlation with the gold ranks; p = (1 + #{|diff*| >=
+    |diff|}) / (1 + trials), diff computed the same way on the unswapped ranks (equal to the
+    Spearman difference when there are no ties).
+    """
+    x_a, x_b, gold = _paired(x_a, x_b, gold, names=("x_a", "x_b", "gold"))
+    _check_count("trials", trials)
+    _check_count("resamples", resamples)
+    rng = np.random.default_rng(seed)
+    differences = []
+    for _ in range(resamples):
+        pairs = rng.integers(0, len(gold), size=len(gold))
+        if min(np.ptp(x_a[pairs]), np.ptp(x_b[pairs]), np.ptp(gold[pairs])) > 0:
+            differences.append(spearman(x_a[pairs], gold[pairs]) - spearman(x_b[pairs], gold[pairs]))
+    low, high = np.quantile(differences, [0.025, 0.975])
+    return {
+        "difference": spearman(x_a, gold) - spearman(x_b, gold),
+        "ci95": [float(low), float(high)],
+        "p_randomization": _rank_swap_test(x_a, x_b, gold, trials, seed),
+        "p_t_test": None,
+    }
+
+
+def _rank_swap_test(x_a: np.ndarray, x_b: np.ndarray, gold: np.ndarray, trials: int, seed: int) -> float:
+    """The p_randomization of spearman_difference (see there)."""
+    ranks_a, ranks_b, gold_ranks = average_ranks(x_a), average_ranks(x_b), average_ranks(gold)
+    gold_unit = gold_ranks - gold_ranks.mean()
+    gold_unit /= np.linalg.norm(gold_unit)
+    observed = abs(_correlation(ranks_a[None], gold_unit) - _correlation(ranks_b[None], gold_unit))[0]
+    rng = np.random.default_rng(seed)
+    count = 0
+    for start in range(0, trials, BLOCK):
+        swap = rng.integers(0, 2, size=(min(BLOCK, trials - start), len(gold))).astype(bool)  # (block, n)
+        columns_a, columns_b = np.where(swap, ranks_b, ranks_a), np.where(swap, ranks_a, ranks_b)
+        swapped = _correlation(columns_a, gold_unit) - _correlation(columns_b, gold_unit)  # (block,)
+        count += int(np.sum(np.abs(swapped) >= observed - TOLERANCE))
+    return (1 + count) / (1 + trials)
+
+
+def _correlation(columns: np.ndarray, unit_centered: np.ndarray) -> np.ndarray:
+    """Pearson correlation of each row of columns (k, n) with a centered unit vector (n,). A
+    constant row (possible after a swap when n is tiny) counts as uncorrelated: 0."""
+    centered = columns - columns.mean(axis=1, keepdims=True)
+    norms = np.linalg.norm(centered, axis=1)
+    return np.divide(centered @ unit_centered, norms, out=np.zeros(len(columns)), where=norms > 0)
+
+
+def _paired(*sequences, names: tuple[str, ...] = ("a", "b")) -> list[np.ndarray]:
+    """The sequences as float64 arrays, after checking that they are 1-D, of one length >= 2, finite."""
+    arrays = [np.asarray(values, dtype=np.float64) for values in sequences]
+    shapes = [values.shape for values in arrays]
+    if any(len(shape) != 1 for shape in shapes) or len(set(shapes)) > 1:
+        raise ValueError(f"{' and '.join(names)} must be 1-D of equal length, got shapes {shapes}")
+    if len(arrays[0]) < 2:
+        raise ValueError(f"need at least 2 paired values, got {len(arrays[0])}")
+    for name, values in zip(names, arrays):
+        if not np.isfinite(values).all():
+            raise ValueError(f"{name} holds NaN or inf at index {np.flatnonzero(~np.isfinite(values))[0]}")
+    return arrays
+
+
+def _check_count(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def _check_p_values(p_values: Sequence[float]) -> np.ndarray:
+    p = np.asarray(p_values, dtype=np.float64)
+    if p.ndim != 1 or not ((p >= 0) & (p <= 1)).all():
+        raise ValueError(f"p-values must be a flat list of numbers in [0, 1], got {p_values}")
+    return p

@@ -1,0 +1,220 @@
+"""Tests for minisbert.significance.
+
+What "correct" means here: the exact sign-flip p equals scipy's exact permutation_test p; the
+random versions land within Monte Carlo error of scipy's (100,000 resamples); the paired t-test p
+equals scipy's ttest_rel to 1e-9 relative, down to p ~ 1e-46; bootstrap intervals agree with
+scipy's percentile bootstrap. Reference numbers: tests/fixtures/make_significance.py. Holm,
+Bonferroni, the t-test with 1 and 2 degrees of freedom and the edge cases are worked by hand.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minisbert.significance import (
+    bonferroni,
+    bootstrap_ci,
+    compare,
+    holm,
+    paired_t_test,
+    randomization_test,
+    spearman_difference,
+)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "significance_reference.json"
+CASES = json.loads(FIXTURE.read_text())["cases"]
+EXACT = [case for case in CASES if case["permutation_resamples"] == "exact"]
+RANDOM = [case for case in CASES if case["permutation_resamples"] != "exact"]
+
+
+def names(cases):
+    return [case["name"] for case in cases]
+
+
+# ---- against scipy --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", EXACT, ids=names(EXACT))
+def test_exact_randomization_p_equals_scipy(case):
+    # 2**n <= trials: every sign vector is enumerated. The cases hold zero differences, tied
+    # |differences| and differences of 1e-10, so ">=" and its float tolerance both matter: with
+    # ">" the n = 8 case gives 0.1875, without the tolerance the n = 12 case gives 0.3125, not
+    # 0.3359 (ties in twentieths that rounding breaks).
+    assert 2 ** len(case["a"]) <= 10_000
+    assert randomization_test(case["a"], case["b"]) == pytest.approx(case["p_permutation"], abs=1e-12)
+
+
+@pytest.mark.parametrize("case", RANDOM, ids=names(RANDOM))
+def test_random_randomization_p_within_monte_carlo_error(case):
+    trials = 20_000
+    p = randomization_test(case["a"], case["b"], trials=trials, seed=1)
+    reference = case["p_permutation"]
+    # 4 standard errors of ours (scipy's 100,000 draws add a little), plus a floor for p near 0
+    assert abs(p - reference) <= 4 * math.sqrt(reference * (1 - reference) / trials) + 1e-3
+    assert randomization_test(case["a"], case["b"], trials=trials, seed=1) == p  # same seed, same p
+
+
+@pytest.mark.parametrize("case", CASES, ids=names(CASES))
+def test_paired_t_test_equals_scipy(case):
+    assert paired_t_test(case["a"], case["b"]) == pytest.approx(case["p_t_test"], rel=1e-9)
+
+
+def test_strong_shift_t_test_p_is_tiny_and_still_exact():
+    case = next(case for case in CASES if case["name"] == "normal_n50_strong_shift")
+    assert case["p_t_test"] < 1e-40
+    assert paired_t_test(case["a"], case["b"]) == pytest.approx(case["p_t_test"], rel=1e-9)
+
+
+@pytest.mark.parametrize("case", CASES, ids=names(CASES))
+def test_bootstrap_interval_agrees_with_scipy(case):
+    low, high = bootstrap_ci(case["a"], case["b"])
+    width = case["bootstrap_high"] - case["bootstrap_low"]
+    # 10,000 resamples against scipy's 100,000: each bound within a tenth of the interval's width
+    assert abs(low - case["bootstrap_low"]) <= 0.1 * width
+    assert abs(high - case["bootstrap_high"]) <= 0.1 * width
+    assert low <= np.mean(np.subtract(case["a"], case["b"])) <= high
+
+
+# ---- by hand --------------------------------------------------------------------------------
+
+
+def test_sign_flip_p_exact_by_hand():
+    # d = [1, 2, 3]: of the 8 sign vectors, |sum| >= 6 only for +++ and ---: p = 2/8.
+    assert randomization_test([1, 2, 3], [0, 0, 0]) == 0.25
+    # d = [1, 1, 0]: the zero's sign changes nothing; |sum| >= 2 for ++0 and --0 (each twice): 4/8.
+    assert randomization_test([1, 1, 0], [0, 0, 0]) == 0.5
+
+
+def test_sign_flip_separates_a_shift_from_noise():
+    rng = np.random.default_rng(7)
+    b = rng.uniform(0, 1, size=200)
+    shifted = b + rng.normal(0.05, 0.1, size=200)
+    assert randomization_test(shifted, b) < 0.01
+    # differences ±0.05, ±0.1, ... in equal measure: mean 0, the observed sum is as small as any
+    symmetric = b + np.tile([0.05, -0.05, 0.1, -0.1], 50)
+    assert randomization_test(symmetric, b) > 0.9
+
+
+def test_randomization_p_counts_the_observed_assignment():
+    # 2**40 > trials: random signs, p = (1 + count) / (1 + trials), never 0
+    a = np.arange(40) + 1.0
+    p = randomization_test(a, np.zeros(40), trials=999, seed=3)
+    assert p == 1 / 1000  # every difference positive: no random sign vector reaches the sum
+    assert p * 1000 == round(p * 1000)
+
+
+def test_randomization_on_5000_queries_is_reproducible_and_seeded():
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(size=5000), rng.uniform(size=5000)
+    p = randomization_test(a, b, seed=11)  # 10,000 trials in blocks: memory stays ~ block x 5,000
+    assert p == randomization_test(a, b, seed=11)
+    assert p != randomization_test(a, b, seed=12)
+
+
+def test_t_test_with_one_and_two_degrees_of_freedom():
+    # n = 2, d = [1, 3]: mean 2, sd sqrt(2), t = 2 / (sqrt(2) / sqrt(2)) = 2.
+    # With 1 df Student's t is Cauchy: P(|T| >= t) = 1 - (2 / pi) atan(t).
+    assert paired_t_test([1, 3], [0, 0]) == pytest.approx(1 - 2 / math.pi * math.atan(2), rel=1e-12)
+    # n = 3, d = [1, 2, 3]: mean 2, sd 1, t = 2 * sqrt(3). With 2 df: P(|T| >= t) = 1 - t / sqrt(2 + t²).
+    t = 2 * math.sqrt(3)
+    assert paired_t_test([1, 2, 3], [0, 0, 0]) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-12)
+
+
+def test_t_test_edge_cases():
+    assert paired_t_test([0.5, 0.7, 0.2], [0.5, 0.7, 0.2]) == 1.0  # all differences 0
+    assert paired_t_test([1.5, 2.5, 3.5], [1.0, 2.0, 3.0]) == 0.0  # all differences 0.5: sd 0
+    with pytest.raises(ValueError, match="at least 2"):
+        paired_t_test([1.0], [0.0])
+
+
+def test_identical_models_give_p_1():
+    a = np.random.default_rng(5).uniform(size=30)
+    assert randomization_test(a, a) == 1.0
+    assert paired_t_test(a, a) == 1.0
+    assert bootstrap_ci(a, a) == (0.0, 0.0)
+
+
+def test_holm_by_hand():
+    # sorted: 0.01, 0.03, 0.04, 0.2, times 4, 3, 2, 1: 0.04, 0.09, 0.08, 0.2; the running maximum
+    # lifts 0.08 to 0.09. Returned in the input order.
+    assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    assert holm([0.5, 0.6]) == [1.0, 1.0]  # 2 * 0.5 and 1 * 0.6, raised to 1.0, capped at 1
+    assert holm([]) == []
+
+
+def test_bonferroni_by_hand():
+    assert bonferroni([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.16, 0.12, 0.8])
+    assert bonferroni([0.3, 0.001]) == pytest.approx([0.6, 0.002])
+    assert bonferroni([0.7, 0.9]) == [1.0, 1.0]  # capped at 1
+
+
+# ---- compare and spearman_difference --------------------------------------------------------
+
+
+def test_compare_pairs_queries_by_id_and_returns_plain_floats():
+    rng = np.random.default_rng(2)
+    query_ids = [f"q{i}" for i in range(40)]
+    values_a, values_b = rng.uniform(size=40), rng.uniform(size=40)
+    a = dict(zip(query_ids, values_a.tolist()))
+    b = dict(reversed(list(zip(query_ids, values_b.tolist()))))  # same ids, another order
+    result = compare(a, b, seed=9)
+    assert result == {
+        "difference": pytest.approx(np.mean(values_a - values_b)),
+        "ci95": list(bootstrap_ci(values_a, values_b, seed=9)),
+        "p_randomization": randomization_test(values_a, values_b, seed=9),
+        "p_t_test": paired_t_test(values_a, values_b),
+    }
+    assert all(type(value) is float for value in [result["difference"], *result["ci95"],
+                                                  result["p_randomization"], result["p_t_test"]])
+
+
+def test_compare_refuses_different_query_sets():
+    a = {"q1": 0.5, "q2": 0.7, "q3": 0.1}
+    b = {"q1": 0.4, "q2": 0.6, "q9": 0.3}
+    with pytest.raises(ValueError, match=r"1 ids only in a \['q3'\], 1 only in b \['q9'\]"):
+        compare(a, b)
+
+
+def test_inputs_are_checked():
+    with pytest.raises(ValueError, match=r"a and b must be 1-D of equal length, got shapes \[\(3,\), \(2,\)\]"):
+        randomization_test([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="b holds NaN or inf at index 1"):
+        bootstrap_ci([1, 2, 3], [1, float("nan"), 3])
+    with pytest.raises(ValueError, match="level must lie strictly between 0 and 1, got 95"):
+        bootstrap_ci([1, 2, 3], [0, 0, 0], level=95)
+    with pytest.raises(ValueError, match="x_a and x_b and gold must be 1-D"):
+        spearman_difference([1, 2, 3], [1, 2, 3], [1, 2])
+
+
+def test_spearman_difference_of_identical_models_is_zero_with_p_1():
+    rng = np.random.default_rng(4)
+    gold = rng.uniform(0, 5, size=50)
+    scores = gold + rng.normal(0, 1, size=50)
+    result = spearman_difference(scores, scores, gold, trials=2_000, resamples=500)
+    assert result["difference"] == 0.0
+    assert result["p_randomization"] == 1.0  # swapping equal ranks changes nothing
+    assert result["ci95"] == [0.0, 0.0]
+    assert result["p_t_test"] is None  # a correlation is not a mean of per-pair values
+
+
+def test_spearman_difference_finds_a_real_gap():
+    rng = np.random.default_rng(6)
+    gold = rng.uniform(0, 5, size=200)
+    noisy = gold + rng.normal(0, 2, size=200)
+    result = spearman_difference(gold, noisy, gold, trials=2_000, resamples=500)
+    assert result["difference"] > 0.2  # 1 - spearman(noisy, gold)
+    assert result["p_randomization"] < 0.01
+    assert 0 < result["ci95"][0] < result["difference"] < result["ci95"][1]
+
+
+def test_spearman_difference_survives_two_pairs():
+    # Spearmans 1 and -1. Half the resamples draw one pair twice (no correlation: left out), the
+    # rest draw both pairs: the interval is [2, 2]. Swapping one pair's ranks leaves both columns
+    # constant (correlation 0, diff* 0); swapping none or both gives |diff*| = 2: p about 1/2.
+    result = spearman_difference([1, 2], [2, 1], [1, 2], trials=1_000, resamples=200)
+    assert result["difference"] == pytest.approx(2.0)
+    assert result["ci95"] == pytest.approx([2.0, 2.0])
+    assert 0.4 < result["p_randomization"] < 0.6
