@@ -161,6 +161,22 @@ def test_with_two_seeds_a_row_is_the_mean_and_the_tests_use_the_averaged_queries
                          f"{results['models']['siamese-cosine']['spread']['ndcg@10']:.4f}"
 
 
+def test_more_seeds_on_the_same_output_trains_only_the_new_seeds(svt_run, tmp_path, monkeypatch):
+    output = tmp_path / "run"
+    shutil.copytree(svt_run[0], output)
+    train, trained = runner.train, []
+
+    def counting(model, examples, spec, folder, *args, **kwargs):
+        trained.append(folder.name)
+        return train(model, examples, spec, folder, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "train", counting)
+    results = run(siamese_vs_triplet, output, "--seeds", "2")
+    assert trained == [f"{name}-seed43" for name in SVT_NETWORKS]
+    assert results["models"]["siamese-cosine"]["runs"][0] == svt_run[1]["models"]["siamese-cosine"]["runs"][0]
+    assert json.loads((output / "settings.json").read_text())["seeds"] == 2
+
+
 def test_a_result_whose_per_query_values_do_not_match_it_is_refused(svt_run, tmp_path):
     output = tmp_path / "run"
     shutil.copytree(svt_run[0], output)
