@@ -254,15 +254,19 @@ def sts_pairs(data: str, split: str) -> list:
 def print_significance(results: dict) -> None:
     """Each compared model's difference from the first, metric by metric, * where p_holm < 0.05."""
     first, *others = results
-    print(f"\nDifferences from {first}, paired over the same queries (pairs for STS): mean difference, bootstrap "
-          "95% interval, p of the randomization test and of the paired t-test"
+    sts = "similarities" in results[first]
+    print(f"\nDifferences from {first}, paired over the same {'sentence pairs' if sts else 'queries'}: mean "
+          "difference, bootstrap 95% interval, p of the randomization test" + ("" if sts else " and of the paired t-test")
           + (f", Holm-adjusted randomization p over the {len(others)} comparisons" if len(others) > 1 else "")
           + "; * marks p < 0.05" + (" after adjustment" if len(others) > 1 else ""))
     for name in others:
         print(f"\n{name} - {first}")
         print(f"{'':14s}{'difference':>11s}{'95% CI':>22s}{'p rand':>9s}{'p t':>9s}"
               + (f"{'p Holm':>9s}" if len(others) > 1 else ""))
-        for metric, test in results[name]["significance"].items():
+        order = [key for _, key in METRIC_ROWS]  # the metric tables' order: metric, then k
+        for metric, test in sorted(results[name]["significance"].items(),
+                                   key=lambda item: (order.index(item[0].split("@")[0]) if "@" in item[0] else -1,
+                                                     int(item[0].split("@")[1]) if "@" in item[0] else 0)):
             p_t = "-" if test["p_t_test"] is None else f"{test['p_t_test']:.4f}"
             low, high = test["ci95"]
             print(f"{metric:14s}{test['difference']:+11.4f}{f'[{low:+.4f}, {high:+.4f}]':>22s}"
