@@ -279,7 +279,8 @@ def test_embedding_size_writes_a_row_per_size_and_the_figure(tmp_path):
     assert list(results["models"]) == ["jaccard", "untrained", "untrained-euclidean", "pca16", "pca8", "pca64",
                                        "base", "d16", "d8", "d64"]
     rows = table_rows((output / "results.md").read_text(), "model")
-    assert rows[0] == ["model", "NDCG@10", "Accuracy@1", "Accuracy@10", "difference from the base model",
+    assert rows[0] == ["model", "NDCG@10", "Accuracy@1", "Accuracy@10", "difference from the start model",
+                       "difference from the base model",
                        "untrained PCA projection, NDCG@10", "difference from the untrained projection",
                        "queries/s, test corpus", "queries/s, 300 random", "training time", "steps"]
     assert [row[0] for row in rows[1:]] == ["D = 16", "D = 8", "D = 64", "base model: trained, no projection (D = 32)",
@@ -288,7 +289,8 @@ def test_embedding_size_writes_a_row_per_size_and_the_figure(tmp_path):
     for dim, row in zip((16, 8, 64), rows[1:]):
         trained = results["models"][f"d{dim}"]
         assert row[1:4] == [f"{trained['scores'][m]:.4f}" for m in ("ndcg@10", "accuracy@1", "accuracy@10")]
-        assert row[4] == runner.difference_cell(results["tests"]["against_base"][str(dim)])
+        assert row[4] == runner.difference_cell(results["tests"]["against_start"][str(dim)])
+        assert row[5] == runner.difference_cell(results["tests"]["against_base"][str(dim)])
         assert row[-1] == "4"  # 8 triplets, batches of 4, 2 epochs
         assert np.load(output / "models" / f"d{dim}-seed42" / "corpus.npy").shape == (48, dim)  # each its own size
     speed = results["search_speed"]

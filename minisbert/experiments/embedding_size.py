@@ -184,9 +184,12 @@ def train_and_evaluate(folder, s, args, dim, seed: int, starts: dict, triplets: 
 
 def claims(s, results: dict) -> dict:
     """The tests behind the report, NDCG@10 query by query, each family Holm-adjusted: each D against
-    the base model ("against_base"), each D against its untrained PCA projection ("against_projection"),
-    and the base model against the start model scored with euclidean distance ("base_moved")."""
+    the base model ("against_base"), against its untrained PCA projection ("against_projection") and
+    against the start model scored with euclidean distance ("against_start"), and the base model
+    against that start model ("base_moved")."""
     return {
+        "against_start": dict(zip(map(str, s.dims), runner.with_holm(
+            [runner.paired_test(results[f"d{dim}"], results["untrained-euclidean"], MAIN_METRIC) for dim in s.dims]))),
         "against_base": dict(zip(map(str, s.dims), runner.with_holm(
             [runner.paired_test(results[f"d{dim}"], results["base"], MAIN_METRIC) for dim in s.dims]))),
         "against_projection": dict(zip(map(str, s.dims), runner.with_holm(
@@ -200,7 +203,8 @@ def report(s, start, results: dict, tests: dict, speed: dict, num_triplets: int,
     seeds = runner.seed_list(s)
     rows = [[f"D = {dim}", runner.mean_cell(results[f"d{dim}"], MAIN_METRIC)]
             + [f"{results[f'd{dim}']['scores'][m]:.4f}" for m in ("accuracy@1", "accuracy@10")]
-            + [runner.difference_cell(tests["against_base"][str(dim)]), f"{results[f'pca{dim}']['scores'][MAIN_METRIC]:.4f}",
+            + [runner.difference_cell(tests["against_start"][str(dim)]),
+               runner.difference_cell(tests["against_base"][str(dim)]), f"{results[f'pca{dim}']['scores'][MAIN_METRIC]:.4f}",
                runner.difference_cell(tests["against_projection"][str(dim)]),
                f"{speed['test'][i]:,.0f}", f"{speed['synthetic'][i]:,.0f}",
                runner.minutes(np.mean([r["training"]["seconds"] for r in results[f"d{dim}"]["runs"]])),
@@ -209,7 +213,7 @@ def report(s, start, results: dict, tests: dict, speed: dict, num_triplets: int,
               (f"start model, untrained, euclidean (D = {start.dimension})", "untrained-euclidean"),
               (f"start model, untrained, cosine (D = {start.dimension})", "untrained"), ("Jaccard (words)", "jaccard")]
     rows += [[label, runner.mean_cell(results[name], MAIN_METRIC)]
-             + [f"{results[name]['scores'][m]:.4f}" for m in ("accuracy@1", "accuracy@10")] + ["-"] * 7
+             + [f"{results[name]['scores'][m]:.4f}" for m in ("accuracy@1", "accuracy@10")] + ["-"] * 8
              for label, name in others]
     kept = [dim for dim in s.dims if tests["against_base"][str(dim)]["p_holm"] >= runner.ALPHA]
     worse = [dim for dim in s.dims if dim not in kept and tests["against_base"][str(dim)]["difference"] < 0]
@@ -233,7 +237,8 @@ def report(s, start, results: dict, tests: dict, speed: dict, num_triplets: int,
         f"top-10, {len(test.queries):,} queries, over the test corpus and over {s.synthetic:,} random vectors, the "
         f"fastest of {SPEED_ROUNDS} alternating rounds. " + runner.about_the_run(s, start.device),
         "",
-        runner.markdown_table(["model", MAIN_LABEL, "Accuracy@1", "Accuracy@10", "difference from the base model",
+        runner.markdown_table(["model", MAIN_LABEL, "Accuracy@1", "Accuracy@10", "difference from the start model",
+                               "difference from the base model",
                                f"untrained PCA projection, {MAIN_LABEL}", "difference from the untrained projection",
                                "queries/s, test corpus", f"queries/s, {s.synthetic:,} random", "training time", "steps"],
                               rows),
