@@ -147,6 +147,11 @@ class Study:
         return result
 
     def write_results(self, results: dict, markdown: str) -> None:
+        """results.json and results.md. A model trained with one seed keeps its per-query scores once:
+        they are the seed's own, so the copy under "runs" is left out."""
+        for model in results.get("models", {}).values():
+            if len(model.get("runs", [])) == 1:
+                model["runs"] = [{key: value for key, value in model["runs"][0].items() if key != "per_query"}]
         write_json(self.output / "results.json", results)
         (self.output / "results.md").write_text(markdown, encoding="utf-8")
         print(f"\n{markdown}\nresults: {self.output / 'results.md'}, {self.output / 'results.json'}")
@@ -321,11 +326,12 @@ def tested(test: dict, label: str, p_key: str = "p_randomization") -> str:
 
 
 def verdict(test: dict, label: str, first: str, second: str, p_key: str = "p_randomization") -> str:
-    """What the test of (first - second) says: "prefers <first or second> (difference, CI, p)" when
-    p < ALPHA, else "no detectable difference (...)"."""
+    """What the test of (first - second) says: "prefers <first or second> (...)" when p < ALPHA, else
+    "no detectable difference (...)", the parentheses holding the difference, its interval and p."""
+    said = tested(test, f"{label}, {first} - {second}:", p_key)
     if test[p_key] < ALPHA:
-        return f"prefers {first if test['difference'] > 0 else second} ({tested(test, label, p_key)})"
-    return f"no detectable difference ({tested(test, label, p_key)})"
+        return f"prefers {first if test['difference'] > 0 else second} ({said})"
+    return f"no detectable difference ({said})"
 
 
 def difference_cell(test: dict, p_key: str = "p_holm") -> str:
