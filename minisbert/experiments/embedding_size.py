@@ -185,9 +185,12 @@ def train_and_evaluate(folder, s, args, dim, seed: int, starts: dict, triplets: 
 def claims(s, results: dict) -> dict:
     """The tests behind the report, NDCG@10 query by query, each family Holm-adjusted: each D against
     the base model ("against_base"), against its untrained PCA projection ("against_projection") and
-    against the start model scored with euclidean distance ("against_start"), and the base model
-    against that start model ("base_moved")."""
+    against the start model scored with euclidean distance ("against_start"), each untrained PCA
+    projection against that start model ("projection_cost": what the size alone costs), and the base
+    model against that start model ("base_moved")."""
     return {
+        "projection_cost": dict(zip(map(str, s.dims), runner.with_holm(
+            [runner.paired_test(results[f"pca{dim}"], results["untrained-euclidean"], MAIN_METRIC) for dim in s.dims]))),
         "against_start": dict(zip(map(str, s.dims), runner.with_holm(
             [runner.paired_test(results[f"d{dim}"], results["untrained-euclidean"], MAIN_METRIC) for dim in s.dims]))),
         "against_base": dict(zip(map(str, s.dims), runner.with_holm(
@@ -242,7 +245,11 @@ def report(s, start, results: dict, tests: dict, speed: dict, num_triplets: int,
                                f"untrained PCA projection, {MAIN_LABEL}", "difference from the untrained projection",
                                "queries/s, test corpus", f"queries/s, {s.synthetic:,} random", "training time", "steps"],
                               rows),
-        f"**Finding.** The base model against the untrained start model (euclidean): "
+        "**What the size alone costs**: the untrained PCA projection to each D against the start model "
+        "(euclidean), Holm-adjusted over the sizes: " + "; ".join(
+            f"D = {dim}: {runner.tested(tests['projection_cost'][str(dim)], MAIN_LABEL, 'p_holm')}" for dim in s.dims) + ".",
+        "",
+        f"**Training.** The base model against the untrained start model (euclidean): "
         f"{runner.tested(tests['base_moved'], MAIN_LABEL)}. "
         + (f"Not detectably different from the base model: D = {', '.join(map(str, kept))}. " if kept else
            "Every D differs detectably from the base model. ")
