@@ -151,11 +151,8 @@ def report(s, start, results: dict, tests: dict, sts_pairs: int, retrieval_test)
                      runner.mean_cell(result, "ndcg@10"), runner.difference_cell(tests[name]["ndcg@10"]),
                      runner.minutes(np.mean([r["training"]["seconds"] for r in result["runs"]])),
                      f"{training['examples']:,}", f"{training['steps']:,}"])
-    findings = []
-    for name, (label, _, _) in OBJECTIVES.items():
-        said = {task: runner.verdict(tests[name][key], task, "the trained model", "the start model", p_key="p_holm")
-                for task, key in (("STS-B Spearman", "spearman"), ("NDCG@10", "ndcg@10"))}
-        findings.append(f"- {label}: STS-B {said['STS-B Spearman']}; {s.data} {said['NDCG@10']}.")
+    findings = [f"- {label}: on STS-B, {against_start(tests[name]['spearman'], 'Spearman')}; on {s.data}, "
+                f"{against_start(tests[name]['ndcg@10'], 'NDCG@10')}." for name, (label, _, _) in OBJECTIVES.items()]
     return "\n".join([
         "# Sentence-BERT's objectives",
         "",
@@ -177,6 +174,15 @@ def report(s, start, results: dict, tests: dict, sts_pairs: int, retrieval_test)
         *findings,
         "",
     ])
+
+
+def against_start(test: dict, label: str) -> str:
+    """"better than the start model (...)", "worse ..." or "no detectable difference (...)", by the
+    Holm-adjusted p, the parentheses holding the difference, its interval and p."""
+    said = runner.tested(test, f"{label}, trained - start:", "p_holm")
+    if test["p_holm"] >= runner.ALPHA:
+        return f"no detectable difference ({said})"
+    return f"{'better' if test['difference'] > 0 else 'worse'} than the start model ({said})"
 
 
 def named_or_folder(value: str, name: str):
