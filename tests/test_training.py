@@ -338,7 +338,9 @@ def test_ctrl_c_then_resume_logs_exactly_what_an_uninterrupted_run_logs(
     summary, expected_summary = (json.loads((out / "summary.json").read_text()) for out in (output, beir_run))
     assert summary["best"] == expected_summary["best"]
     # The training time counts the interrupted run's steps too, up to its checkpoint.
-    assert summary["training_seconds"] >= round(checkpoint["training_seconds"], 1) > 0
+    # (summary.json rounds to 0.1 s; on a fast CPU the five steps take under 0.05 s, so compare rounded.)
+    assert checkpoint["training_seconds"] > 0
+    assert summary["training_seconds"] >= round(checkpoint["training_seconds"], 1)
 
 
 def test_ctrl_c_at_the_end_of_an_epoch_then_resume_with_the_softmax_classifier(

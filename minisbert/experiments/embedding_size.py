@@ -126,7 +126,8 @@ def main(argv=None):
     tests = claims(s, results)
     markdown = report(s, start, results, tests, speed, len(triplets), test, quora)
     if figures.available():
-        figures.dims_figure(study.output / "dims.png", s.dims, results, tests, speed, MAIN_METRIC, MAIN_LABEL)
+        speeds = {f"{len(test.corpus):,} test documents": speed["test"], f"{s.synthetic:,} random vectors": speed["synthetic"]}
+        figures.dims_figure(study.output / "dims.png", s.dims, results, tests, speeds, MAIN_METRIC, MAIN_LABEL)
     else:
         markdown += f"\n{figures.MISSING}.\n"
     study.write_results({"settings": vars(s), "models": results, "tests": tests, "search_speed": speed}, markdown)
