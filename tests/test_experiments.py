@@ -304,13 +304,13 @@ def test_the_projection_starts_from_the_pca_or_the_padded_identity(tmp_path):
     triplets = runner.mined_triplets("example", "train", runner.load_model(str(TINY), "cpu"), seed=42)[1]
     texts = sorted({text for t in triplets for text in t.texts})
     embeddings = model.encode(texts).astype(np.float64)  # (n, 32)
-    weight, bias = embedding_size.starting_projection(model, triplets, 8)
+    weight, bias = embedding_size.starting_projections(model, triplets, [8, 16])[8]
     projected = embeddings @ weight.double().numpy().T + bias.double().numpy()  # (n, 8)
     reference = fit_pca(embeddings, k=8).project(embeddings)
     np.testing.assert_allclose(projected, reference, atol=1e-4)  # the projection is the PCA, in float32
     np.testing.assert_allclose(projected.mean(axis=0), 0, atol=1e-4)  # centred
     # Above the width: the first 32 coordinates are the embedding itself, the other 32 are 0.
-    weight, bias = embedding_size.starting_projection(model, triplets, 64)
+    weight, bias = embedding_size.starting_projections(model, triplets, [64])[64]
     padded = embeddings @ weight.double().numpy().T + bias.double().numpy()
     np.testing.assert_array_equal(padded[:, :32], embeddings)
     assert not padded[:, 32:].any()

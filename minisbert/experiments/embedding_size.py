@@ -101,7 +101,7 @@ def main(argv=None):
 
     # The baselines, and the start model's own embeddings (no normalisation) projected to each D.
     raw = unnormalised(runner.load_model(s.model, args.device, s.max_seq_length))
-    starts = {dim: starting_projection(raw, triplets, dim) for dim in s.dims}
+    starts = starting_projections(raw, triplets, s.dims)
     results = {
         "jaccard": study.entry("jaccard", lambda folder: runner.retrieval_scores("jaccard", test, exclude_self=quora)),
         "untrained": study.entry("untrained", lambda folder: {
@@ -139,20 +139,25 @@ def unnormalised(model):
     return model
 
 
-def starting_projection(raw, triplets: list, dim: int) -> tuple:
-    """(weight (D, H), bias (D,)) the projection to D starts from: the PCA of the start model's
-    embeddings of every training text (y = V (x - mean) = V x - V mean) for D <= H, else the
-    identity padded with zeros (the first H coordinates are x itself, the others 0)."""
+def starting_projections(raw, triplets: list, dims: list) -> dict:
+    """{D: (weight (D, H), bias (D,))}, the projection to each D starts from: the PCA of the start
+    model's embeddings of every training text (y = V (x - mean) = V x - V mean) for D <= H, else the
+    identity padded with zeros (the first H coordinates are x itself, the others 0). The texts are
+    encoded and the PCA fitted once: the first D directions of the largest D are those of each D."""
     width = raw.dimension
-    if dim > width:
-        return torch.eye(dim, width), torch.zeros(dim)
+    starts = {dim: (torch.eye(dim, width), torch.zeros(dim)) for dim in dims if dim > width}
+    reduced = [dim for dim in dims if dim <= width]
+    if not reduced:
+        return starts
     texts = sorted({text for t in triplets for text in t.texts})
-    if len(texts) < dim:
-        raise ValueError(f"a PCA projection to D = {dim} needs at least {dim} training texts, got {len(texts)}; "
-                         "choose a smaller D or more --examples")
-    pca = fit_pca(raw.encode(texts), k=dim)
-    weight = pca.components.float()  # (D, H)
-    return weight, -(weight @ pca.mean.float())
+    if len(texts) < max(reduced):
+        raise ValueError(f"a PCA projection to D = {max(reduced)} needs at least {max(reduced)} training texts, "
+                         f"got {len(texts)}; choose a smaller D or more --examples")
+    pca = fit_pca(raw.encode(texts), k=max(reduced))
+    for dim in reduced:
+        weight = pca.components[:dim].float()  # (D, H)
+        starts[dim] = (weight, -(weight @ pca.mean.float()))
+    return starts
 
 
 def projected_scores(raw, projection: tuple, test, quora: bool) -> dict:
