@@ -120,13 +120,23 @@ def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine"
     else:
         corpus = encode_cached(model, doc_texts, batch_size, cache_dir, dtype)
         queries = model.encode(query_texts, batch_size=batch_size, dtype=dtype)
-        scores, indices = search(queries, corpus, k, score=score,
-                                 query_ids=query_ids if exclude_self else None,
-                                 corpus_ids=doc_ids if exclude_self else None)
+        return rank_embeddings(queries, corpus, retrieval, k, score, exclude_self)
     if score == "euclidean" and not isinstance(model, str):
         scores = -scores
     run = metrics.run_from_search(scores, indices, query_ids, doc_ids)
     return {query_id: dict(list(hits.items())[:k]) for query_id, hits in run.items()}
+
+
+def rank_embeddings(queries, corpus, retrieval: datasets.RetrievalData, k: int, score: str = "cosine",
+                    exclude_self: bool = False) -> dict:
+    """rank() for embeddings already computed: queries (Q, D) and corpus (N, D), in the order of
+    retrieval.queries and retrieval.corpus (a projection of a model's embeddings, say)."""
+    query_ids, doc_ids = list(retrieval.queries), list(retrieval.corpus)
+    scores, indices = search(np.ascontiguousarray(queries, dtype=np.float32),
+                             np.ascontiguousarray(corpus, dtype=np.float32), k, score=score,
+                             query_ids=query_ids if exclude_self else None,
+                             corpus_ids=doc_ids if exclude_self else None)
+    return metrics.run_from_search(-scores if score == "euclidean" else scores, indices, query_ids, doc_ids)
 
 
 def sts_correlations(model, pairs: list, dtype: str = "float32") -> dict:

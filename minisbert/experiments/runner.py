@@ -33,10 +33,9 @@ import minisbert
 from .. import datasets
 from .. import metrics
 from .. import significance
-from ..evaluation import CACHE_DIR, encode_cached, rank
+from ..evaluation import CACHE_DIR, encode_cached, rank, rank_embeddings
 from ..fileio import read_json, write_json
 from ..fit import TrainingSettings, fit
-from ..search import search
 from ..datasets import QUORA_FILE
 from ..training_data import Example, mine_hard_negatives
 
@@ -262,11 +261,7 @@ def embedding_scores(queries, corpus, retrieval: datasets.RetrievalData, score: 
                      exclude_self: bool = False) -> dict:
     """retrieval_scores for embeddings already computed: queries (Q, D) and corpus (N, D), in the
     order of retrieval.queries and retrieval.corpus."""
-    query_ids, doc_ids = list(retrieval.queries), list(retrieval.corpus)
-    scores, indices = search(np.ascontiguousarray(queries, dtype=np.float32),
-                             np.ascontiguousarray(corpus, dtype=np.float32), max(KS), score=score,
-                             query_ids=query_ids if exclude_self else None, corpus_ids=doc_ids if exclude_self else None)
-    run = metrics.run_from_search(-scores if score == "euclidean" else scores, indices, query_ids, doc_ids)
+    run = rank_embeddings(queries, corpus, retrieval, max(KS), score, exclude_self)
     per_query = metrics.per_query_scores(run, retrieval.qrels, KS)
     return {"scores": metrics.average_scores(per_query), "per_query": per_query}
 

@@ -33,6 +33,7 @@ Checked in tests/test_experiments.py.
 """
 
 import numpy as np
+import torch
 
 from .. import datasets
 from .. import significance
@@ -101,6 +102,7 @@ def main(argv=None):
             model = runner.load_model(s.model, args.device, s.max_seq_length)
             classifier = None
             if name == "classification":
+                torch.manual_seed(seed)  # its initial weights, whatever drew from torch's generator before
                 classifier = SoftmaxClassifier(model.dimension, len(datasets.ENTAILMENT_LABELS)).to(model.device)
             settings = TrainingSettings(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, seed=seed, margin=1.0,
                                         checkpoint_steps=runner.CHECKPOINT_STEPS)
