@@ -22,6 +22,7 @@ import signal
 
 import numpy as np
 import pytest
+import torch
 
 from minisbert import checkpoints, significance
 from minisbert.experiments import __main__ as command
@@ -411,6 +412,18 @@ def test_sbert_objectives_writes_one_row_per_objective(tmp_path):
         assert spearman["difference"] == pytest.approx(models[name]["scores"]["spearman"]
                                                        - models["untrained"]["scores"]["spearman"], abs=1e-12)
         assert runner.difference_cell(tests[name]["spearman"]) in (output / "results.md").read_text()
+
+
+def test_sbert_objectives_classification_head_starts_from_the_seed(tmp_path):
+    # The softmax head is drawn from torch's generator: whatever drew from it before must not change the run.
+    stsb, sick = write_sts_and_sick(tmp_path / "data")
+    cosines = []
+    for earlier_seed in (1, 2):
+        torch.manual_seed(earlier_seed)
+        results = run(sbert_objectives, tmp_path / f"run{earlier_seed}", "--stsb", str(stsb), "--sick", str(sick),
+                      "--batch-size", "4")
+        cosines.append(results["models"]["classification"]["sts_cosine"])
+    assert cosines[0] == cosines[1]
 
 
 def test_model_selection_tests_every_candidate_against_the_best(svt_run, tmp_path):
