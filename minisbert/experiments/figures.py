@@ -33,8 +33,9 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
+def _save(fig, path: Path, bottom: float = 0.0) -> None:
+    """Write the figure; `bottom`: the fraction of its height kept free below the panels (a legend's)."""
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(path, dpi=100)
     _pyplot().close(fig)
     print(f"figure: {path}")
@@ -53,7 +54,7 @@ def loss_curves(path: Path, panels: dict) -> None:
     faint, and its running mean over a twentieth of the steps, as Rygaard et al.'s Fig. 3; a panel
     whose curves differ in scale by more than 20 times gets a logarithmic loss axis."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 3.8), squeeze=False)
     for ax, (title, curves) in zip(axes[0], panels.items()):
         for colour, (label, losses) in zip(TRIPLET_COLOURS, curves.items()):
             steps = np.arange(1, len(losses) + 1)
@@ -66,7 +67,7 @@ def loss_curves(path: Path, panels: dict) -> None:
         ax.set_xlabel("step")
         ax.set_ylabel("training loss")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the curves, not on them
     _save(fig, path)
 
 
@@ -95,8 +96,9 @@ def pca_panels(path: Path, panels: dict) -> None:
         ax.grid(alpha=0.3)
     handles = [plt.Line2D([], [], color="grey", marker=m, linestyle=s, label=t)
                for m, s, t in (("o", "", "query"), ("^", "-", "positive"), ("x", "--", "negative"))]
-    fig.legend(handles=handles, loc="lower right", ncol=3, fontsize="small")
-    _save(fig, path)
+    legend_height = 0.4 / fig.get_figheight()  # 0.4 inch below the panels, clear of their axis labels
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize="small")
+    _save(fig, path, bottom=legend_height)
 
 
 def dims_figure(path: Path, dims: list, results: dict, tests: dict, speed: dict, metric: str, label: str) -> None:
