@@ -355,6 +355,20 @@ def test_quora_duplicates_split_80_15_5_with_the_files_own_negatives(tmp_path):
     assert not {t.texts[0] for t in triplets} & set(test.queries.values())  # no test question is trained on
 
 
+def test_embedding_size_summary_names_the_sizes_better_worse_and_level_with_the_base_model():
+    def test(difference, p):
+        return {"difference": difference, "ci95": [difference - 0.01, difference + 0.01], "p_randomization": p,
+                "p_holm": p}
+    tests = {"base_moved": test(-0.04, 0.02),
+             "against_base": {"8": test(-0.4, 0.001), "32": test(0.001, 0.8), "128": test(0.03, 0.01)}}
+    said = embedding_size.training_summary(tests, [8, 32, 128])
+    assert "Not detectably different from the base model: D = 32." in said
+    assert "Detectably worse than the base model: D = 8." in said
+    assert "Detectably better than the base model: D = 128." in said
+    tests["against_base"]["128"] = test(0.03, 0.2)
+    assert "Detectably better" not in embedding_size.training_summary(tests, [8, 32, 128])
+
+
 def test_embedding_size_reads_quoras_layout_and_no_question_finds_itself(tmp_path):
     results = run(embedding_size, tmp_path / "run", "--data", str(write_quora(tmp_path / "quora")), "--dims", "8")
     assert list(results["models"]) == ["jaccard", "untrained", "untrained-euclidean", "pca8", "base", "d8"]
