@@ -356,16 +356,16 @@ def test_quora_duplicates_split_80_15_5_with_the_files_own_negatives(tmp_path):
 
 
 def test_embedding_size_summary_names_the_sizes_better_worse_and_level_with_the_base_model():
-    def test(difference, p):
+    def outcome(difference, p):
         return {"difference": difference, "ci95": [difference - 0.01, difference + 0.01], "p_randomization": p,
                 "p_holm": p}
-    tests = {"base_moved": test(-0.04, 0.02),
-             "against_base": {"8": test(-0.4, 0.001), "32": test(0.001, 0.8), "128": test(0.03, 0.01)}}
+    tests = {"base_moved": outcome(-0.04, 0.02),
+             "against_base": {"8": outcome(-0.4, 0.001), "32": outcome(0.001, 0.8), "128": outcome(0.03, 0.01)}}
     said = embedding_size.training_summary(tests, [8, 32, 128])
     assert "Not detectably different from the base model: D = 32." in said
     assert "Detectably worse than the base model: D = 8." in said
     assert "Detectably better than the base model: D = 128." in said
-    tests["against_base"]["128"] = test(0.03, 0.2)
+    tests["against_base"]["128"] = outcome(0.03, 0.2)
     assert "Detectably better" not in embedding_size.training_summary(tests, [8, 32, 128])
 
 
