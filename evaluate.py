@@ -37,7 +37,7 @@ import minisbert
 from minisbert import datasets, distributed, metrics, significance
 from minisbert.evaluation import CACHE_DIR, LEXICAL, rank, sts_similarities
 from minisbert.fileio import check_writable_folder, write_json
-from minisbert.model import AMP_DTYPES, dtype_for
+from minisbert.precision import AMP_SPELLINGS, dtype_from_flags
 
 METRIC_ROWS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("Recall", "recall"),
                ("MRR", "mrr"), ("NDCG", "ndcg"), ("MAP", "map")]
@@ -61,7 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="precision the models encode in: bfloat16 on a GPU or a CPU with native bfloat16 "
                         "(avx512_bf16, amx_bf16), float16 on a GPU")
-    p.add_argument("--amp", choices=sorted(AMP_DTYPES), default=None,
+    p.add_argument("--amp", choices=sorted(AMP_SPELLINGS), default=None,
                    help="mixed precision, as --dtype: bf16 = bfloat16, fp16 = float16")
     p.add_argument("--device", default=None)
     p.add_argument("--output", type=Path, default=None, help="JSON results (default: runs/eval/<data>-<split>.json)")
@@ -75,7 +75,7 @@ def parse_args(argv=None):
                    help="test each model's difference from the first, query by query (two or more --model)")
     args = p.parse_args(argv)
     try:
-        args.dtype = dtype_for(args.amp, args.dtype)
+        args.dtype = dtype_from_flags(args.amp, args.dtype)
     except ValueError as disagreement:
         p.error(str(disagreement))
     if any(k <= 0 for k in args.k):

@@ -182,7 +182,7 @@ def train_and_evaluate(folder, s, args, dim, seed: int, starts: dict, triplets: 
     settings = TrainingSettings(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, dense_lr=s.projection_lr,
                                 margin=s.margin, seed=seed, checkpoint_steps=runner.CHECKPOINT_STEPS)
     training = runner.train(model, triplets, select_loss("triplet", "euclidean"), folder, settings,
-                            identity={"model": s.model, "dim": dim, "data": s.data})
+                            run_inputs={"model": s.model, "dim": dim, "data": s.data})
     result = runner.retrieval_scores(model, test, "euclidean", exclude_self=quora)
     np.save(folder / "corpus.npy", runner.corpus_embeddings(model, test)[0])  # for the speed rounds
     np.save(folder / "queries.npy", model.encode(list(test.queries.values())))

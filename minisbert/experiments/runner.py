@@ -234,12 +234,12 @@ def as_scored_pairs(triplets: list) -> list:
     return [Example((t.texts[0], text), label) for t in triplets for text, label in ((t.texts[1], 1.0), (t.texts[2], 0.0))]
 
 
-def train(model, examples: list, spec, folder: Path, settings: TrainingSettings, identity: dict,
+def train(model, examples: list, spec, folder: Path, settings: TrainingSettings, run_inputs: dict,
           classifier=None) -> dict:
     """fit() into `folder` (from its checkpoint when a killed run left one), save folder/final, and
     return what the report needs: training seconds, examples, steps and the loss of every step."""
     torch.manual_seed(settings.seed)  # dropout draws the same numbers whichever models ran before
-    result = fit(model, examples, spec, folder, settings, identity=identity, classifier=classifier,
+    result = fit(model, examples, spec, folder, settings, run_inputs=run_inputs, classifier=classifier,
                  resume=(folder / "checkpoint.pt").is_file())
     model.save(folder / "final")
     log = [json.loads(line) for line in (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()]

@@ -107,7 +107,7 @@ def main(argv=None):
             settings = TrainingSettings(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, seed=seed, margin=1.0,
                                         checkpoint_steps=runner.CHECKPOINT_STEPS)
             training = runner.train(model, examples[name], select_loss(*loss), folder, settings,
-                                    identity={"model": s.model, "data": s.data}, classifier=classifier)
+                                    run_inputs={"model": s.model, "data": s.data}, classifier=classifier)
             return {**scores(model), "training": training}
         runs = [study.entry(f"{name}-seed{seed}", lambda folder, train_and_evaluate=train_and_evaluate, seed=seed:
                             train_and_evaluate(folder, seed=seed)) for seed in runner.seed_list(s)]

@@ -137,7 +137,7 @@ def main(argv=None):
                                             margin=1.0 if margin is None else margin,
                                             checkpoint_steps=runner.CHECKPOINT_STEPS)
                 training = runner.train(model, pairs if arch == "siamese" else triplets, select_loss(arch, measure),
-                                        folder, settings, identity={"model": s.model, "data": s.data})
+                                        folder, settings, run_inputs={"model": s.model, "data": s.data})
                 return {"measure": measure, **runner.retrieval_scores(model, test, measure), "training": training,
                         "pca": embedding_pca(model, test, test_triplets, drawn)}
             runs.append(study.entry(f"{name}-seed{seed}", train_and_evaluate))
