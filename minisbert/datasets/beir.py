@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rows import json_rows, malformed, tab_rows, write_lines
+from .rows import json_rows, malformed, write_lines
 from .trec import read_beir_qrels
 
 
