@@ -30,7 +30,7 @@ from minisbert.evaluation import evaluate_dev
 from minisbert.fileio import check_writable_folder, write_json
 from minisbert.fit import Interrupted, TrainingFailed, TrainingSettings, fit
 from minisbert.losses import SoftmaxClassifier, select_loss
-from minisbert.model import AMP_DTYPES, check_dtype, dtype_for
+from minisbert.precision import AMP_SPELLINGS, autocast_dtype, dtype_from_flags
 from minisbert.pooling import Dense
 from minisbert.training_data import example_shape, training_examples
 
@@ -78,7 +78,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="compute precision: bfloat16 (on a GPU, or a CPU with native bfloat16) and float16 (GPU) "
                         "run under autocast, the weights and optimizer state staying float32")
-    p.add_argument("--amp", choices=sorted(AMP_DTYPES), default=None,
+    p.add_argument("--amp", choices=sorted(AMP_SPELLINGS), default=None,
                    help="mixed precision, as --dtype: bf16 = bfloat16, fp16 = float16")
     p.add_argument("--plain-encoder", action="store_true",
                    help="run the plain encoder (minisbert/encoder.py, the reference) instead of the fast one: "
@@ -90,7 +90,7 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
     args = p.parse_args(argv)
     try:
-        args.dtype = dtype_for(args.amp, args.dtype)
+        args.dtype = dtype_from_flags(args.amp, args.dtype)
     except ValueError as disagreement:
         p.error(str(disagreement))
     if args.resume and args.output is None:
@@ -114,7 +114,7 @@ def main(argv=None):
     # The model: a pretrained encoder with its pooling, plus what this run adds (dense layer, pooling).
     model = minisbert.load(args.model, device=args.device, fast=not args.plain_encoder)
     model.limit_max_seq_length(args.max_seq_length)  # at most the model's positions
-    check_dtype(args.dtype, model.device)  # a precision this device cannot use is refused before the data is read
+    autocast_dtype(args.dtype, model.device)  # a precision this device cannot use is refused before the data is read
     if args.pooling:
         model.pooling = args.pooling
     if args.dim:
@@ -140,7 +140,7 @@ def main(argv=None):
         dtype=args.dtype, eval_steps=args.eval_steps, checkpoint_steps=args.checkpoint_steps)
     try:
         result = fit(model, examples, spec, output, settings, classifier=classifier, resume=args.resume,
-                     identity={"model": str(args.model), "dim": args.dim, "data": args.data},
+                     run_inputs={"model": str(args.model), "dim": args.dim, "data": args.data},
                      evaluate=lambda trained: evaluate_dev(trained, args.data))
     except Interrupted as stop:
         if distributed.is_main():

@@ -102,7 +102,7 @@ def main(argv=None):
         if not args.emulate:
             p.error("this CPU has no native bfloat16 (no avx512_bf16 or amx_bf16 flag), so minisbert refuses it; "
                     "pass --emulate to measure its accuracy on torch's software kernels")
-        cpu.native_bfloat16 = lambda: True  # lifts the refusal in this process only (model.check_dtype reads it)
+        cpu.native_bfloat16 = lambda: True  # lifts the refusal in this process only (precision.autocast_dtype reads it)
         print("EMULATED bfloat16: torch's software kernels. The accuracy figures hold for a native CPU; the "
               "bfloat16 speeds below do not.")
 

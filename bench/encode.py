@@ -43,7 +43,7 @@ from minisbert import cpu  # noqa: E402
 from minisbert.fast import linear as fast_linear  # noqa: E402
 from minisbert.fileio import write_dir  # noqa: E402
 from minisbert.hub import resolve  # noqa: E402
-from minisbert.model import check_dtype  # noqa: E402
+from minisbert.precision import autocast_dtype  # noqa: E402
 
 WARM_UP_TEXTS = 64
 PEER_VARIANTS = ("torch float32", "torch bfloat16", "ONNX float32", "ONNX int8")
@@ -188,7 +188,7 @@ def minisbert_contenders(model, args) -> dict:
     if args.plain:
         contenders["minisbert float32 plain path"] = contender(fast=False)
     try:
-        check_dtype("bfloat16", model.device)
+        autocast_dtype("bfloat16", model.device)
         contenders["minisbert bfloat16"] = contender("bfloat16")
     except ValueError as refusal:
         print(f"no minisbert bfloat16 here: {refusal}")

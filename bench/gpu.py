@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as `python bench/gpu.py` from a clone
 import minisbert  # noqa: E402
-from minisbert.model import AMP_DTYPES  # noqa: E402
+from minisbert.precision import AMP_SPELLINGS  # noqa: E402
 from minisbert.search import search  # noqa: E402
 
 TEXTS = [f"sentence number {i} about {topic}" for i in range(256)
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="all-MiniLM-L6-v2")
     p.add_argument("--device", default="cuda:0")
-    p.add_argument("--amp", choices=sorted(AMP_DTYPES), default="bf16", help="the dtype of the second encode rate")
+    p.add_argument("--amp", choices=sorted(AMP_SPELLINGS), default="bf16", help="the dtype of the second encode rate")
     p.add_argument("--corpus-rows", type=int, default=8_841_823, help="MS MARCO passages: 8,841,823")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--peak-gbs", type=float, default=None, help="device peak bandwidth (default: measure a copy)")
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     print(f"device: {torch.cuda.get_device_name(args.device)}, torch {torch.__version__}")
     print(f"1. embeddings, CUDA vs CPU: largest difference {embedding_parity(args.model, args.device):.2e}")
     print(f"2. search, CUDA top-k ids == CPU's: {search_parity(args.device)}")
-    dtype = AMP_DTYPES[args.amp]
+    dtype = AMP_SPELLINGS[args.amp]
     print(f"3. encode: {encode_rate(args.model, args.device):,.0f} texts/s float32, "
           f"{encode_rate(args.model, args.device, dtype):,.0f} texts/s {dtype}")
     seconds, size = scan(args.device, args.corpus_rows, args.dim)

@@ -5,10 +5,12 @@
     embeddings = model.encode(["A man is eating food.", "A man is eating a piece of bread."])
 
 Files, one concept each: config (model shape), encoder (the transformer), weights (checkpoint names),
-tokenizer, pooling, model (encode/save/load), st_directory (the sentence-transformers layout), hub
-(which weights, from where), download (one file, checked), losses, optim, fit (the training loop),
-datasets/ (readers, and where each dataset is found), retrieval, metrics, lexical (BM25, Jaccard),
-evaluation, experiments/ (the papers' studies); for code ported from sentence-transformers,
+tokenizer, pooling, model (the network: encode/save/load), precision (dtype and device rules),
+st_directory (the sentence-transformers layout), hub (which weights, from where), download (one file,
+checked), similarity (cosine and distances), losses, optim, fit (the training loop), datasets/
+(readers, TREC files, and where each dataset is found), retrieval, metrics, correlation (STS),
+significance, lexical (BM25, Jaccard), evaluation, experiments/ (the papers' studies); for code
+ported from sentence-transformers, sentence_transformer (its class's calls, over the network),
 prompts, quantize, porting (what is refused) and util. Speed machinery sits beside the plain code in
 minisbert/fast/.
 """
@@ -16,13 +18,14 @@ minisbert/fast/.
 
 def load(name_or_path, device=None, fast: bool = True, **st_options):
     """A known model name (fetched on first use), a sentence-transformers directory, or a plain
-    Hugging Face model directory -> SentenceModel. device: None picks cuda, then mps, then cpu.
+    Hugging Face model directory -> the model, with sentence-transformers' calls
+    (sentence_transformer.py). device: None picks cuda, then mps, then cpu.
     fast: run the fast encoder (minisbert/fast/) or, with False, the plain one (encoder.py).
-    st_options: sentence-transformers' truncate_dim, prompts, default_prompt_name (model.py)."""
+    st_options: sentence-transformers' truncate_dim, prompts, default_prompt_name, similarity_fn_name."""
     from .hub import resolve
-    from .model import SentenceModel
+    from .sentence_transformer import SentenceTransformer as Model
 
-    return SentenceModel.from_dir(resolve(name_or_path), device=device, fast=fast, **st_options)
+    return Model.from_dir(resolve(name_or_path), device=device, fast=fast, **st_options)
 
 
 def SentenceTransformer(model_name_or_path, device=None, *, truncate_dim=None, prompts=None,  # noqa: N802
@@ -30,21 +33,15 @@ def SentenceTransformer(model_name_or_path, device=None, *, truncate_dim=None, p
     """sentence-transformers' constructor, by name, so that its snippets run with the import changed
     (`from minisbert import SentenceTransformer`): the same as load(), with the constructor's
     truncate_dim, prompts, default_prompt_name and similarity_fn_name (None: the directory's).
-    Its other arguments are refused by name. encode() and similarity() take sentence-transformers'
-    arguments (minisbert/model.py); README.md lists where minisbert differs."""
+    Its other arguments are refused by name. Returns minisbert.sentence_transformer.SentenceTransformer,
+    whose encode() and similarity() take sentence-transformers' arguments; README.md lists where
+    minisbert differs."""
     if unsupported:
         raise TypeError(f"minisbert's SentenceTransformer() does not support the argument(s) {sorted(unsupported)}; "
                         "it takes model_name_or_path, device, truncate_dim, prompts, default_prompt_name and "
                         "similarity_fn_name")
-    model = load(model_name_or_path, device=device, truncate_dim=truncate_dim, prompts=prompts,
-                 default_prompt_name=default_prompt_name)
-    if similarity_fn_name is not None:
-        from .similarity import SIMILARITY_FUNCTIONS
-
-        if similarity_fn_name not in SIMILARITY_FUNCTIONS:
-            raise ValueError(f"unknown similarity_fn_name {similarity_fn_name!r}; choose one of {SIMILARITY_FUNCTIONS}")
-        model.similarity_fn_name = similarity_fn_name
-    return model
+    return load(model_name_or_path, device=device, truncate_dim=truncate_dim, prompts=prompts,
+                default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name)
 
 
 def __getattr__(name):

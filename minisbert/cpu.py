@@ -7,7 +7,7 @@ software, which is slower than float32 itself; so minisbert offers bfloat16 on a
 flags say the hardware has it. Flags are read from Linux's /proc/cpuinfo; elsewhere none are known
 and bfloat16 is offered on GPUs only.
 
-Used by encode(), evaluate.py and train.py (model.py: `check_dtype`), by the fast products
+Used by encode(), evaluate.py and train.py (precision.py: `autocast_dtype`), by the fast products
 (fast/linear.py) and by the benchmarks' machine description; tests/test_bfloat16.py checks what is
 refused where.
 """

@@ -50,7 +50,7 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
-ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu_tanh}  # EncoderConfig.activation -> function
+GELU_FUNCTIONS = {"gelu": gelu, "gelu_new": gelu_tanh}  # EncoderConfig.activation -> function
 
 
 class LayerNorm(nn.Module):
@@ -129,7 +129,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
         self.output = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.activation = ACTIVATIONS[config.activation]
+        self.activation = GELU_FUNCTIONS[config.activation]
 
     def forward(self, x):
         return self.output(self.activation(self.intermediate(x)))  # (B, T, I) -> (B, T, H)

@@ -1,9 +1,11 @@
 """Evaluating a model: retrieval (rank a corpus for each query, score the ranking) and STS.
 
 Retrieval follows BEIR / MTEB: embed documents (title + " " + text) and queries, rank documents by
-the score function with the exact retriever (search.py), keep the top `max(ks)`, and compute the
-metrics (metrics.py) against the split's qrels. STS follows SBERT section 4.1 and MTEB: the Spearman
-(and Pearson) correlation between the cosine similarity of each pair's embeddings and the gold score.
+the score function with the exact retriever (search.py), keep the top `max(ks)` as a run
+(`run_from_search`), and compute the metrics (metrics.py) against the split's qrels (`score_run`:
+each query's values and their means, the one shape evaluate.py and the studies keep). STS follows
+SBERT section 4.1 and MTEB: the Spearman (and Pearson) correlation (correlation.py) between the
+cosine similarity (similarity.py) of each pair's embeddings and the gold score.
 
 Corpus embeddings are cached on disk under a key made of the model's tokenizer, weights, pooling and
 length settings, the compute precision (`dtype`, see SentenceModel.encode) and the corpus texts, so a
@@ -15,6 +17,7 @@ tests/test_evaluate.py (and against published numbers in tests/test_published.py
 import hashlib
 import os
 import warnings
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +26,10 @@ import torch
 from . import datasets
 from . import distributed, metrics
 from .lexical import BM25, Jaccard
+from .correlation import pearson, spearman
 from .search import search
 from .fileio import atomic_write
+from .similarity import pairwise_cosine
 
 CACHE_DIR = Path(os.environ.get("MINISBERT_CACHE") or Path(__file__).resolve().parent.parent / ".cache")
 LEXICAL = {"bm25": BM25, "jaccard": Jaccard}
@@ -38,9 +43,12 @@ def model_fingerprint(model) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
     digest.update(f"{model.pooling}|{model.normalize_embeddings}|{model.tokenizer.max_seq_length}".encode())
-    default_prompt = model.prompts.get(model.default_prompt_name, "") if model.default_prompt_name else ""
-    if model.truncate_dim is not None or default_prompt:  # added only when set: older caches keep their names
-        digest.update(f"|{model.truncate_dim}|{default_prompt}".encode())
+    # sentence-transformers' settings that change embeddings (sentence_transformer.py; a plain
+    # SentenceModel has none), added only when set: older caches keep their names.
+    truncate_dim, prompts = getattr(model, "truncate_dim", None), getattr(model, "prompts", {})
+    default_prompt = prompts.get(model.default_prompt_name, "") if prompts and model.default_prompt_name else ""
+    if truncate_dim is not None or default_prompt:
+        digest.update(f"|{truncate_dim}|{default_prompt}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -121,9 +129,7 @@ def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine"
         corpus = encode_cached(model, doc_texts, batch_size, cache_dir, dtype)
         queries = model.encode(query_texts, batch_size=batch_size, dtype=dtype)
         return rank_embeddings(queries, corpus, retrieval, k, score, exclude_self)
-    if score == "euclidean" and not isinstance(model, str):
-        scores = -scores
-    run = metrics.run_from_search(scores, indices, query_ids, doc_ids)
+    run = run_from_search(scores, indices, query_ids, doc_ids, distances=score == "euclidean" and not isinstance(model, str))
     return {query_id: dict(list(hits.items())[:k]) for query_id, hits in run.items()}
 
 
@@ -136,13 +142,40 @@ def rank_embeddings(queries, corpus, retrieval: datasets.RetrievalData, k: int, 
                              np.ascontiguousarray(corpus, dtype=np.float32), k, score=score,
                              query_ids=query_ids if exclude_self else None,
                              corpus_ids=doc_ids if exclude_self else None)
-    return metrics.run_from_search(-scores if score == "euclidean" else scores, indices, query_ids, doc_ids)
+    return run_from_search(scores, indices, query_ids, doc_ids, distances=score == "euclidean")
+
+
+def run_from_search(
+    scores: np.ndarray,
+    indices: np.ndarray,
+    query_ids: Sequence[Hashable],
+    corpus_ids: Sequence[Hashable],
+    distances: bool = False,
+) -> dict[Hashable, dict[Hashable, float]]:
+    """Turn `retrieval.search` output (Q, k) into {query id: {doc id: score}}, best first.
+
+    Padding (index -1) is dropped. A run's scores are larger-is-better: distances (euclidean
+    search, distances=True) are negated, here and nowhere else.
+    """
+    scores, indices = np.asarray(scores), np.asarray(indices)
+    scores = -scores if distances else scores
+    if scores.shape != indices.shape or scores.shape[0] != len(query_ids):
+        raise ValueError(
+            f"scores {scores.shape} and indices {indices.shape} must both be (Q, k) with "
+            f"Q = {len(query_ids)} query ids"
+        )
+    return {
+        query_id: {corpus_ids[i]: float(s) for s, i in zip(row_scores, row_indices) if i >= 0}
+        for query_id, row_scores, row_indices in zip(query_ids, scores.tolist(), indices.tolist())
+    }
+
+
 
 
 def sts_correlations(model, pairs: list, dtype: str = "float32") -> dict:
     """Spearman and Pearson correlation of cosine similarity with the gold scores."""
     cosine, gold = sts_similarities(model, pairs, dtype)
-    return {"spearman": metrics.spearman(cosine, gold), "pearson": metrics.pearson(cosine, gold)}
+    return {"spearman": spearman(cosine, gold), "pearson": pearson(cosine, gold)}
 
 
 def sts_similarities(model, pairs: list, dtype: str = "float32") -> tuple:
@@ -151,7 +184,7 @@ def sts_similarities(model, pairs: list, dtype: str = "float32") -> tuple:
         raise ValueError("no sentence pairs to evaluate")
     first = model.encode([p.sentence1 for p in pairs], dtype=dtype)
     second = model.encode([p.sentence2 for p in pairs], dtype=dtype)
-    cosine = torch.nn.functional.cosine_similarity(torch.from_numpy(first), torch.from_numpy(second)).numpy()
+    cosine = pairwise_cosine(torch.from_numpy(first), torch.from_numpy(second)).numpy()
     return cosine, np.array([p.score for p in pairs], dtype=np.float64)
 
 
@@ -167,3 +200,38 @@ def evaluate_dev(model, data: str):
     retrieval = datasets.load_beir(folder, "dev")
     results = metrics.evaluate_run(rank(model, retrieval, 10), retrieval.qrels, [10])
     return {"ndcg@10": results["ndcg@10"], "mrr@10": results["mrr@10"]}
+
+
+def score_run(run: dict, qrels: dict, ks, definitions: str = "st") -> dict:
+    """A ranking's metrics, in the one shape evaluate.py and the studies keep them: {"scores":
+    {metric@k: mean over the queries}, "per_query": {metric@k: {query id: value}}}, the per-query
+    values averaging to the scores exactly (metrics.per_query_scores, metrics.average_scores)."""
+    per_query = metrics.per_query_scores(run, qrels, ks, definitions)
+    return {"scores": metrics.average_scores(per_query), "per_query": per_query}
+
+
+def retrieval_split(data: str, split: str, cache_dir: Path = CACHE_DIR) -> datasets.RetrievalData:
+    """The split of `data` to rank (evaluate.py's --data): a BEIR folder's, or a question,answer
+    CSV's, converted once into cache_dir/qa-csv."""
+    source = datasets.what_data(data)
+    folder = source.retrieval_folder(cache_dir / "qa-csv")
+    if source.kind == datasets.QA_CSV:
+        print(f"{data}: one query per question, its answer the relevant document (BEIR layout in {folder})")
+    retrieval = datasets.load_beir(folder, split)
+    if not retrieval.corpus or not retrieval.queries:
+        raise ValueError(f"{folder}: nothing to evaluate: {len(retrieval.corpus)} documents in corpus.jsonl and "
+                         f"{len(retrieval.queries)} queries judged against them in qrels/{split}.tsv")
+    return retrieval
+
+
+def sts_pairs(data: str, split: str) -> list:
+    """STS-B or SICK gold pairs (by name, or from a folder holding either), or pairs.tsv (scores
+    in [0, 1]) from a folder."""
+    source = datasets.what_data(data)
+    if source.kind == datasets.STS:
+        return datasets.load_sts(data, split)
+    folder = source.folder()
+    if not (folder / "pairs.tsv").is_file():
+        raise FileNotFoundError(f"--task sts needs stsb, sick, a folder holding STS-B (sts-*.csv, stsbenchmark.tsv.gz) or SICK "
+                 f"(SICK_*.txt) files, or a folder with pairs.tsv; {folder} has none of them")
+    return datasets.read_pairs_tsv(folder / "pairs.tsv")

@@ -14,6 +14,7 @@ Checked in tests/test_fileio.py.
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -59,6 +60,11 @@ def atomic_write(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def file_label(text: str) -> str:
+    """`text` made safe to use in a file name."""
+    return re.sub(r"[^\w.-]+", "_", text).strip("_")
 
 
 def write_text(path: Path, text: str) -> None:

@@ -6,11 +6,13 @@ the examples are shuffled every epoch, AdamW skips weight decay on biases and La
 learning rate warms up linearly then decays linearly to 0, and gradients are clipped to norm 1.
 train.py and the experiment runner (minisbert/experiments) both train through it.
 
-`fit` is the loop itself, short enough to read as the algorithm. What surrounds it is in named
-helpers below it: starting or resuming (`new_state`, `start_or_resume`), one batch's loss
-(`batch_loss`) and update (`optimizer_step`), the dev score and best/ (`evaluate_and_keep_best`),
-checkpoints (`write_checkpoint`, with the files themselves in checkpoints.py), float16's loss
-scaling (`LossScaler`) and Ctrl-C (`StopRequest`). Along the way it writes to its output folder:
+`fit` is the loop itself, short enough to read as the algorithm: each step is `embed`,
+`compute_loss`, `backward` and `step`, which keep the processes' slices of the batch, the
+precision and float16's loss scaling (`LossScaler`) inside them, and then one call,
+`AroundSteps.after_step`, for the log, the dev score and best/ (`evaluate_and_keep_best`), the
+checkpoint (`write_checkpoint`, the files themselves in checkpoints.py) and Ctrl-C
+(`StopRequest`). Starting or resuming is `new_state` and `start_or_resume`. Along the way it
+writes to its output folder:
 
     log.jsonl       one JSON line per optimizer step: loss, learning rate, gradient norm, dev scores
     checkpoint.pt   everything the next step depends on (checkpoints.py), every checkpoint_steps
@@ -40,9 +42,10 @@ import torch
 
 from . import checkpoints, distributed
 from .training_data import Example
-from .losses import LossSpec, multiple_negatives_ranking_loss
-from .model import check_dtype
+from .losses import LossSpec
 from .optim import AdamW, LinearWarmupDecay, clip_grad_norm_, weight_decay_groups
+from .precision import autocast_dtype, computing_in
+from .weights import config_to_hf
 from .progress import Progress
 
 LOG, CHECKPOINT = "log.jsonl", "checkpoint.pt"
@@ -60,7 +63,7 @@ class TrainingSettings:
     margin: float = 1.0  # triplet losses only: SBERT used 1
     dense_lr: float | None = None  # peak learning rate of the dense projection (model.dense); None: lr
     seed: int = 42  # the order of the examples in each epoch
-    dtype: str = "float32"  # compute precision; "bfloat16", "float16" run under autocast (model.check_dtype)
+    dtype: str = "float32"  # compute precision; "bfloat16", "float16" run under autocast (precision.py)
     eval_steps: int | None = None  # dev score every N steps; None: about 4 times a run; 0: at the end only
     checkpoint_steps: int = 100
 
@@ -82,61 +85,39 @@ class TrainingFailed(Exception):
 
 
 def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingSettings, *,
-        identity: dict, classifier=None, evaluate=None, resume: bool = False) -> dict:
+        run_inputs: dict, classifier=None, evaluate=None, resume: bool = False) -> dict:
     """Train `model` (and `classifier`, SBERT's softmax W, when the objective has one) in place.
 
     examples: training_data.Example of the shape `spec` needs; MNRL without hard negatives uses the
-    first two texts of each. identity: what else the run depends on (model name, data, ...), stored
+    first two texts of each. run_inputs: what else the run depends on (model name, data, ...), stored
     in the checkpoint so that a checkpoint of another run is never resumed. evaluate(model) returns
     the dev scores {metric: value, ...} or None; the first metric is the one maximised for best/.
     Returns {"steps", "training_seconds", "best"}; best is {"step", "metric", "value"} or None.
     training_seconds counts the steps of earlier, interrupted runs too, up to their checkpoint.
     """
     output, examples = Path(output), [Example(e.texts[:spec.n_texts], e.label) for e in examples]
-    total_steps = settings.total_steps(len(examples))
-    autocast_dtype = check_dtype(settings.dtype, model.device)  # None: float32; the weights stay float32 anyway
+    autocast_dtype(settings.dtype, model.device)  # a precision this device cannot use is refused before step 1
     model.train()  # dropout on, as in training; encode() switches it off and back by itself
-    state = new_state(model, classifier, spec, settings, len(examples), identity)
+    state = new_state(model, classifier, spec, settings, len(examples), run_inputs)
     start_or_resume(state, output, resume)
     if not resume and (initial := evaluate_and_keep_best(state, evaluate, output)) is not None:
         print(f"dev before training: {initial}")
-    eval_steps = settings.eval_steps if settings.eval_steps is not None else math.ceil(total_steps / 4)
-    stop, state.started = StopRequest(), time.perf_counter()
-    progress = Progress(total_steps, "step", done=state.step, show=distributed.is_main())
+    around = AroundSteps(state, output, evaluate)
     try:
-        while state.step < total_steps:
+        while state.step < state.total_steps:
             batches = batches_for_epoch(len(examples), settings.batch_size, settings.seed, state.epoch)
-            while state.next_batch < len(batches) and state.step < total_steps:
+            while state.next_batch < len(batches) and state.step < state.total_steps:
                 batch = [examples[i] for i in batches[state.next_batch]]  # the global batch
-                local_batch = batch[slice(*distributed.shard_range(len(batch)))]  # this rank's slice
-                with torch.autocast(model.device.type, dtype=autocast_dtype or torch.float32,
-                                    enabled=autocast_dtype is not None):
-                    embeddings = embed_examples(model, local_batch)  # one (B, D) tensor per text column
-                    share, loss = batch_loss(spec, embeddings, batch, settings.margin, classifier)
-                if not torch.isfinite(loss):
-                    raise non_finite_loss(loss, state.step + 1, output / CHECKPOINT)
-                state.scaler.scaled(share).backward()
-                grad_norm, lr = optimizer_step(state, settings.max_grad_norm)
-                state.step, state.next_batch = state.step + 1, state.next_batch + 1
-
-                entry = {"step": state.step, "epoch": state.epoch, "loss": loss.item(), "lr": lr,
-                         "grad_norm": grad_norm.item()}
-                if eval_steps and state.step % eval_steps == 0 or state.step == total_steps:
-                    entry["eval"] = evaluate_and_keep_best(state, evaluate, output)
-                if distributed.is_main():
-                    checkpoints.append_log(output / LOG, entry)
-                progress.update(1, f"loss {entry['loss']:.4f}")
-                stop.requested = distributed.any_rank(stop.requested)
-                if state.step % settings.checkpoint_steps == 0 or state.step == total_steps or stop.requested:
-                    write_checkpoint(state, output / CHECKPOINT)
-                if stop.requested:
-                    distributed.barrier()  # torchrun stops every rank once one exits: let rank 0 save first
-                    raise Interrupted(state.step)
+                embedded = embed(state, batch)
+                loss = compute_loss(state, embedded)
+                batch_loss = backward(state, loss, output)
+                grad_norm, lr = step(state)
+                around.after_step(batch_loss, grad_norm, lr)
             if state.next_batch >= len(batches):
                 state.epoch, state.next_batch = state.epoch + 1, 0
     finally:
-        stop.restore()
-    progress.close()
+        around.stop.restore()
+    around.progress.close()
     return {"steps": state.step, "training_seconds": round(state.seconds(), 1), "best": state.best}
 
 
@@ -149,7 +130,10 @@ class TrainingState:
     optimizer: AdamW
     scheduler: LinearWarmupDecay
     scaler: "LossScaler"
-    identity: dict  # what the weights and the data position mean: a checkpoint of another run is refused
+    spec: LossSpec  # the objective
+    settings: TrainingSettings
+    total_steps: int
+    run_inputs: dict  # what the weights and the data position mean: a checkpoint of another run is refused
     step: int = 0  # optimizer steps taken
     epoch: int = 0
     next_batch: int = 0  # the batch of the epoch that the next step trains on
@@ -162,7 +146,7 @@ class TrainingState:
 
 
 def new_state(model, classifier, spec: LossSpec, settings: TrainingSettings, num_examples: int,
-              identity: dict) -> TrainingState:
+              run_inputs: dict) -> TrainingState:
     """Step 0: AdamW without weight decay on biases and LayerNorm, warmup then linear decay, and
     float16's loss scaler (a no-op in other precisions)."""
     total_steps = settings.total_steps(num_examples)
@@ -175,11 +159,11 @@ def new_state(model, classifier, spec: LossSpec, settings: TrainingSettings, num
         named += [(f"classifier.{n}", p) for n, p in classifier.named_parameters()]
     optimizer = AdamW(parameter_groups(named, settings), lr=settings.lr)
     scheduler = LinearWarmupDecay(optimizer, int(settings.warmup * total_steps), total_steps)
-    identity = {**identity, "encoder": model.encoder.config.to_hf(), "pooling": model.pooling, "loss": spec.name,
-                "examples": num_examples, "seed": settings.seed, "batch_size": settings.batch_size,
-                "steps": total_steps}
+    run_inputs = {**run_inputs, "encoder": config_to_hf(model.encoder.config), "pooling": model.pooling,
+                  "loss": spec.name, "examples": num_examples, "seed": settings.seed, "batch_size": settings.batch_size,
+                  "steps": total_steps}
     return TrainingState(model, classifier, [p for _, p in named], optimizer, scheduler,
-                         LossScaler(enabled=settings.dtype == "float16"), identity)
+                         LossScaler(enabled=settings.dtype == "float16"), spec, settings, total_steps, run_inputs)
 
 
 def parameter_groups(named: list, settings: TrainingSettings) -> list:
@@ -214,9 +198,9 @@ def start_or_resume(state: TrainingState, output: Path, resume: bool) -> None:
     if state.classifier is not None:
         distributed.broadcast_parameters(state.classifier)
     if distributed.is_main():
-        identity = state.identity
-        print(f"{identity['loss']}: {identity['examples']:,} examples, batch {identity['batch_size']}, "
-              f"{identity['steps']:,} steps, {distributed.world_size()} process(es), device {state.model.device}, "
+        inputs = state.run_inputs
+        print(f"{inputs['loss']}: {inputs['examples']:,} examples, batch {inputs['batch_size']}, "
+              f"{inputs['steps']:,} steps, {distributed.world_size()} process(es), device {state.model.device}, "
               f"output {output}")
 
 
@@ -224,8 +208,8 @@ def resume_from(state: TrainingState, checkpoint_path: Path) -> None:
     """Put the checkpoint's weights, optimizer, schedule, loss scale, random state and data position
     into `state`, after checking that it was written by this very run."""
     saved = checkpoints.load_checkpoint(checkpoint_path)
-    if saved["identity"] != state.identity:
-        differences = [k for k in state.identity if saved["identity"].get(k) != state.identity[k]]
+    if saved["identity"] != state.run_inputs:  # the checkpoint's name for the run's inputs
+        differences = [k for k in state.run_inputs if saved["identity"].get(k) != state.run_inputs[k]]
         raise TrainingFailed(f"{checkpoint_path} is from another run: it differs in {differences}; resume "
                              "with the settings it was written with, or start a new run in another folder")
     state.model.load_state_dict(saved["model"])
@@ -245,7 +229,7 @@ def write_checkpoint(state: TrainingState, checkpoint_path: Path) -> None:
     if not distributed.is_main():
         return
     checkpoints.save_checkpoint(checkpoint_path, {
-        "identity": state.identity, "model": state.model.state_dict(),
+        "identity": state.run_inputs, "model": state.model.state_dict(),
         "classifier": state.classifier.state_dict() if state.classifier is not None else {},
         "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
         "scaler": state.scaler.state_dict(), "rng": rng_states,
@@ -295,34 +279,45 @@ def embed_examples(model, examples: list) -> list:
     return list(embeddings.split(len(examples)))
 
 
-def batch_loss(spec: LossSpec, embeddings: list, batch: list, margin: float, classifier=None) -> tuple:
-    """(this rank's share of the global batch's loss, to backpropagate; the global batch's loss, the
-    same on every rank). `embeddings` are this rank's slice's. With one process both are the loss."""
-    if spec.function is multiple_negatives_ranking_loss:  # every anchor sees every positive of the global batch
-        embeddings = [distributed.gather_with_grad(e, len(batch)) for e in embeddings]
-        share = compute_loss(spec, embeddings, batch, margin, classifier)
-        return share, share.detach()
+@dataclass
+class Embedded:
+    """A batch's embeddings as this rank's loss reads them."""
+    columns: list  # one (B, D) tensor per text column
+    examples: list  # the examples they embed: this rank's slice of the batch, or all of it (spec.whole_batch)
+    weight: float  # this rank's part of the batch's loss: its slice's share of the batch, or 1 for the whole
+
+
+def embed(state: TrainingState, batch: list) -> Embedded:
+    """This rank's slice of the global batch, embedded in the run's precision. A loss that ranks each
+    anchor against the whole batch (spec.whole_batch) gets every rank's embeddings, gradients flowing
+    back to this rank's own (distributed.gather_with_grad)."""
     local_batch = batch[slice(*distributed.shard_range(len(batch)))]
-    share = compute_loss(spec, embeddings, local_batch, margin, classifier) \
-        * distributed.local_loss_weight(len(local_batch), len(batch))
-    return share, distributed.sum_tensor(share.detach())
+    with computing_in(state.settings.dtype, state.model.device):
+        columns = embed_examples(state.model, local_batch)  # one (B, D) tensor per text column
+    if state.spec.whole_batch:
+        return Embedded([distributed.gather_with_grad(c, len(batch)) for c in columns], batch, 1.0)
+    return Embedded(columns, local_batch, distributed.local_loss_weight(len(local_batch), len(batch)))
 
 
-def compute_loss(spec: LossSpec, embeddings: list, batch: list, margin: float, classifier=None):
-    """Call the loss function with what its signature needs (see losses.select_loss)."""
-    kwargs = {}
-    if spec.takes_margin:
-        kwargs["margin"] = margin
-    if classifier is not None:
-        kwargs["classifier"] = classifier
-    if spec.label_kind is None:
-        return spec.function(*embeddings, **kwargs)
-    dtype = torch.float32 if spec.label_kind == "score" else torch.long
-    labels = torch.tensor([e.label for e in batch], dtype=dtype, device=embeddings[0].device)
-    return spec.function(*embeddings, labels, **kwargs)
+def compute_loss(state: TrainingState, embedded: Embedded) -> torch.Tensor:
+    """This rank's part of the batch's loss: the objective (losses.LossSpec) on its embeddings, in the
+    run's precision, times its weight. With one process it is the batch's loss."""
+    with computing_in(state.settings.dtype, state.model.device):
+        return state.spec(embedded.columns, embedded.examples, margin=state.settings.margin,
+                          classifier=state.classifier) * embedded.weight
 
 
-def optimizer_step(state: TrainingState, max_grad_norm: float) -> tuple:
+def backward(state: TrainingState, loss: torch.Tensor, output: Path) -> torch.Tensor:
+    """Backpropagate this rank's part of the loss (float16: scaled, LossScaler); return the batch's
+    loss, summed over ranks (the same on every rank). A loss that is not finite stops the run."""
+    batch_loss = loss.detach() if state.spec.whole_batch else distributed.sum_tensor(loss.detach())
+    if not torch.isfinite(batch_loss):
+        raise non_finite_loss(batch_loss, state.step + 1, output / CHECKPOINT)
+    state.scaler.scaled(loss).backward()
+    return batch_loss
+
+
+def step(state: TrainingState) -> tuple:
     """Sum the gradients over ranks, unscale (float16) and clip them, take the AdamW step and move
     the schedule on. Returns (the gradient norm, inf for a step float16 overflow skipped; the
     learning rate this step used)."""
@@ -330,11 +325,41 @@ def optimizer_step(state: TrainingState, max_grad_norm: float) -> tuple:
     grad_norm = torch.full((), float("inf"), device=state.model.device)
     lr = state.scheduler.current_lrs()[0]
     if state.scaler.unscale(state.parameters):
-        grad_norm = clip_grad_norm_(state.parameters, max_grad_norm)
+        grad_norm = clip_grad_norm_(state.parameters, state.settings.max_grad_norm)
         state.optimizer.step()
         state.scheduler.step()
     state.optimizer.zero_grad()
+    state.step, state.next_batch = state.step + 1, state.next_batch + 1
     return grad_norm, lr
+
+
+class AroundSteps:
+    """What happens between optimizer steps: the log line, the dev score and best/, the checkpoint,
+    the progress line, and Ctrl-C (StopRequest), which ends the run at a step boundary."""
+
+    def __init__(self, state: TrainingState, output: Path, evaluate):
+        self.state, self.output, self.evaluate = state, output, evaluate
+        eval_steps = state.settings.eval_steps
+        self.eval_steps = eval_steps if eval_steps is not None else math.ceil(state.total_steps / 4)
+        self.stop, state.started = StopRequest(), time.perf_counter()
+        self.progress = Progress(state.total_steps, "step", done=state.step, show=distributed.is_main())
+
+    def after_step(self, batch_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+        state, output = self.state, self.output
+        entry = {"step": state.step, "epoch": state.epoch, "loss": batch_loss.item(), "lr": lr,
+                 "grad_norm": grad_norm.item()}
+        if self.eval_steps and state.step % self.eval_steps == 0 or state.step == state.total_steps:
+            entry["eval"] = evaluate_and_keep_best(state, self.evaluate, output)
+        if distributed.is_main():
+            checkpoints.append_log(output / LOG, entry)
+        self.progress.update(1, f"loss {entry['loss']:.4f}")
+        self.stop.requested = distributed.any_rank(self.stop.requested)
+        if (state.step % state.settings.checkpoint_steps == 0 or state.step == state.total_steps
+                or self.stop.requested):
+            write_checkpoint(state, output / CHECKPOINT)
+        if self.stop.requested:
+            distributed.barrier()  # torchrun stops every rank once one exits: let rank 0 save first
+            raise Interrupted(state.step)
 
 
 def non_finite_loss(loss: torch.Tensor, step: int, checkpoint_path: Path) -> TrainingFailed:

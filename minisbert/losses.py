@@ -18,7 +18,9 @@ Objectives and where they come from:
   Suggestion for Smart Reply", as used by sentence-transformers): cross-entropy over scaled cosine
   similarities where the other positives in the batch serve as negatives.
 
-`select_loss(arch, metric, loss)` maps the trainer's three choices to one of these functions.
+`select_loss(arch, metric, loss)` maps the trainer's three choices to one of these functions. The
+cosine similarities and euclidean distances they use are similarity.py's, computed there for every
+part of minisbert.
 
 The numbers were cross-checked once against sentence-transformers 6.2 (CosineSimilarityLoss,
 TripletLoss, SoftmaxLoss, MultipleNegativesRankingLoss) on random embeddings; the tests check
@@ -32,23 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# Keeps a zero vector's cosine similarity at 0 instead of 0/0.
-NORM_EPS = 1e-12
-
-
-def cosine_similarity(a: Tensor, b: Tensor) -> Tensor:
-    """Row-wise cos(a_i, b_i) = a_i . b_i / (||a_i|| ||b_i||) for two (B, d) batches; returns (B,)."""
-    return (_unit_rows(a) * _unit_rows(b)).sum(dim=-1)  # (B,)
-
-
-def euclidean_distance(a: Tensor, b: Tensor) -> Tensor:
-    """Row-wise ||a_i - b_i||_2 for two (B, d) batches; returns (B,)."""
-    return torch.linalg.vector_norm(a - b, dim=-1)  # (B,)
-
-
-def _unit_rows(x: Tensor) -> Tensor:
-    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(NORM_EPS)  # (B, d)
-
+from .similarity import cosine_matrix, pairwise_cosine, pairwise_distance
 
 # ---------------------------------------------------------------------------------------------
 # Siamese regression (Rygaard et al., section 2.3.1)
@@ -67,7 +53,7 @@ def siamese_cosine_mse_loss(u: Tensor, v: Tensor, labels: Tensor) -> Tensor:
     """
     _check_same_shape(u=u, v=v)
     _check_scores(labels, batch_size=u.shape[0])
-    similarity = torch.relu(cosine_similarity(u, v))  # (B,)
+    similarity = torch.relu(pairwise_cosine(u, v))  # (B,)
     return ((labels - similarity) ** 2).mean()
 
 
@@ -82,7 +68,7 @@ def siamese_euclidean_mse_loss(u: Tensor, v: Tensor, labels: Tensor) -> Tensor:
     """
     _check_same_shape(u=u, v=v)
     _check_scores(labels, batch_size=u.shape[0])
-    distance = euclidean_distance(u, v)  # (B,)
+    distance = pairwise_distance(u, v)  # (B,)
     return ((1 - labels - distance) ** 2).mean()
 
 
@@ -102,8 +88,8 @@ def triplet_euclidean_loss(anchors: Tensor, positives: Tensor, negatives: Tensor
     """
     _check_same_shape(anchors=anchors, positives=positives, negatives=negatives)
     _check_margin(margin)
-    distance_positive = euclidean_distance(anchors, positives)  # (B,)
-    distance_negative = euclidean_distance(anchors, negatives)  # (B,)
+    distance_positive = pairwise_distance(anchors, positives)  # (B,)
+    distance_negative = pairwise_distance(anchors, negatives)  # (B,)
     return torch.relu(distance_positive - distance_negative + margin).mean()
 
 
@@ -121,8 +107,8 @@ def triplet_cosine_loss(anchors: Tensor, positives: Tensor, negatives: Tensor, *
     """
     _check_same_shape(anchors=anchors, positives=positives, negatives=negatives)
     _check_margin(margin)
-    distance_positive = 1 - torch.relu(cosine_similarity(anchors, positives))  # (B,)
-    distance_negative = 1 - torch.relu(cosine_similarity(anchors, negatives))  # (B,)
+    distance_positive = 1 - torch.relu(pairwise_cosine(anchors, positives))  # (B,)
+    distance_negative = 1 - torch.relu(pairwise_cosine(anchors, negatives))  # (B,)
     return torch.relu(distance_positive - distance_negative + margin).mean()
 
 
@@ -198,7 +184,7 @@ def multiple_negatives_ranking_loss(
                 f"with M >= 1, or pass None"
             )
         candidates = torch.cat([positives, hard_negatives], dim=0)  # (B + M, d)
-    scores = scale * _unit_rows(anchors) @ _unit_rows(candidates).T  # (B, B + M)
+    scores = cosine_matrix(anchors, candidates, scale)  # (B, B + M)
     own_positive = torch.arange(anchors.shape[0], device=anchors.device)  # (B,)
     return F.cross_entropy(scores, own_positive)
 
@@ -214,6 +200,20 @@ class LossSpec:
     n_texts: int  # embedding batches per example, passed first and in order: 2 (pair) or 3 (triplet)
     label_kind: str | None  # "score" (float in [0, 1]), "class" (int label), or None (no labels)
     takes_margin: bool = False  # the function needs margin=... (the triplet losses)
+    whole_batch: bool = False  # each anchor is ranked against every example of the batch (MNRL), not its own alone
+
+    def __call__(self, embeddings: list, examples: list, *, margin: float, classifier=None) -> Tensor:
+        """The loss of `examples` from their embeddings, one (B, d) tensor per text column: the
+        function called with the labels the examples carry (label_kind), the margin where it takes
+        one and SBERT's classifier for the softmax objective."""
+        options = {"margin": margin} if self.takes_margin else {}
+        if classifier is not None:
+            options["classifier"] = classifier
+        if self.label_kind is None:
+            return self.function(*embeddings, **options)
+        dtype = torch.float32 if self.label_kind == "score" else torch.long
+        labels = torch.tensor([e.label for e in examples], dtype=dtype, device=embeddings[0].device)  # (B,)
+        return self.function(*embeddings, labels, **options)
 
 
 ARCHS = ("siamese", "triplet")
@@ -228,8 +228,9 @@ _LOSS_TABLE = {
     ("triplet", "cosine", None): LossSpec("triplet-cosine", triplet_cosine_loss, 3, None, takes_margin=True),
     ("triplet", "euclidean", None): LossSpec("triplet-euclidean", triplet_euclidean_loss, 3, None, takes_margin=True),
     ("siamese", "cosine", "softmax"): LossSpec("softmax", softmax_loss, 2, "class"),
-    ("siamese", "cosine", "mnrl"): LossSpec("mnrl", multiple_negatives_ranking_loss, 2, None),
-    ("triplet", "cosine", "mnrl"): LossSpec("mnrl-hard-negatives", multiple_negatives_ranking_loss, 3, None),
+    ("siamese", "cosine", "mnrl"): LossSpec("mnrl", multiple_negatives_ranking_loss, 2, None, whole_batch=True),
+    ("triplet", "cosine", "mnrl"): LossSpec("mnrl-hard-negatives", multiple_negatives_ranking_loss, 3, None,
+                                            whole_batch=True),
 }
 
 
@@ -238,9 +239,10 @@ def select_loss(arch: str, metric: str, loss: str | None = None) -> LossSpec:
     negative); metric: "cosine" or "euclidean"; loss: None (the arch's own MSE/triplet loss),
     "softmax" or "mnrl".
 
-    Call it as spec.function(*embeddings, labels) when spec.label_kind is set, else
-    spec.function(*embeddings); spec.takes_margin says it needs margin=...; softmax needs classifier=...,
-    and MNRL takes an optional scale=....
+    Call it as spec(embeddings, examples, margin=..., classifier=...) (LossSpec.__call__), or its
+    function directly: spec.function(*embeddings, labels) when spec.label_kind is set, else
+    spec.function(*embeddings); spec.takes_margin says it needs margin=...; softmax needs
+    classifier=..., and MNRL takes an optional scale=....
     """
     for value, valid, what in ((arch, ARCHS, "arch"), (metric, METRICS, "metric"), (loss, LOSS_NAMES, "loss")):
         if value not in valid:

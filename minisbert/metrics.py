@@ -1,4 +1,4 @@
-"""Retrieval metrics (Precision, Accuracy, Recall, MRR, NDCG, MAP at k) and STS correlations.
+"""Retrieval metrics: Precision, Accuracy, Recall, MRR, NDCG and MAP at k, query by query.
 
 A retrieval metric is only meaningful together with its definition, and the two definitions in use
 disagree (the table in tests/fixtures/README.md sets them side by side). Both are implemented and selected with `definitions=`:
@@ -23,19 +23,15 @@ averages them. Both definition sets are checked against their reference on a ran
 (pytrec_eval and sentence-transformers 6.2 numbers in tests/fixtures/metric_reference.json) and
 against hand-computed examples in tests/test_metrics.py.
 
-Also here: Pearson and Spearman correlation (STS benchmarks) and the TREC run file reader and
-writer (qrels files are read by datasets/beir.py and datasets/msmarco.py).
+The STS benchmarks' correlations are in correlation.py; run and qrels files are read and written
+by datasets/trec.py.
 """
 
-import math
 import numbers
 import warnings
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
-
-from .fileio import atomic_write
 
 DEFINITIONS = ("st", "trec")
 TIES = ("trec", "st", "stable")
@@ -225,29 +221,6 @@ def rank_by_score(scores: Mapping[Hashable, float], ties: str = "trec") -> list[
     raise ValueError(f"unknown ties rule {ties!r}; choose one of {', '.join(TIES)}")
 
 
-def run_from_search(
-    scores: np.ndarray,
-    indices: np.ndarray,
-    query_ids: Sequence[Hashable],
-    corpus_ids: Sequence[Hashable],
-) -> dict[Hashable, dict[Hashable, float]]:
-    """Turn `retrieval.search` output (Q, k) into {query id: {doc id: score}}, best first.
-
-    Padding (index -1) is dropped. Scores must be larger-is-better: pass negated distances for
-    euclidean search.
-    """
-    scores, indices = np.asarray(scores), np.asarray(indices)
-    if scores.shape != indices.shape or scores.shape[0] != len(query_ids):
-        raise ValueError(
-            f"scores {scores.shape} and indices {indices.shape} must both be (Q, k) with "
-            f"Q = {len(query_ids)} query ids"
-        )
-    return {
-        query_id: {corpus_ids[i]: float(s) for s, i in zip(row_scores, row_indices) if i >= 0}
-        for query_id, row_scores, row_indices in zip(query_ids, scores.tolist(), indices.tolist())
-    }
-
-
 def _ranking(query_id: Hashable, results, ties: str) -> list[Hashable]:
     if isinstance(results, Mapping):
         return rank_by_score(results, ties)
@@ -330,127 +303,3 @@ def _check_definitions(definitions: str) -> None:
         raise ValueError(
             f"unknown definitions {definitions!r}; choose one of {', '.join(DEFINITIONS)}"
         )
-
-
-# ---- STS correlations -----------------------------------------------------------------------
-
-
-def pearson(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
-    """Pearson correlation:
-        sum((x - mean x)(y - mean y)) / sqrt(sum((x - mean x)²) · sum((y - mean y)²)).
-
-    Computed in float64; matches scipy.stats.pearsonr.
-    """
-    x, y = _paired_samples(x, y)
-    x, y = x - x.mean(), y - y.mean()
-    denominator = math.sqrt((x @ x) * (y @ y))
-    if denominator == 0:
-        raise ValueError("correlation is undefined: one of the inputs is constant")
-    return float((x @ y) / denominator)
-
-
-def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
-    """Spearman rank correlation: the Pearson correlation of the ranks of x and of y, tied values
-    sharing the average of the ranks they span (scipy.stats.spearmanr, as the STS evaluations of
-    sentence-transformers and MTEB use)."""
-    x, y = _paired_samples(x, y)
-    return pearson(average_ranks(x), average_ranks(y))
-
-
-def average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks; tied values get the mean of the ranks they span:
-    [10, 20, 20, 30] -> [1, 2.5, 2.5, 4]."""
-    values = np.asarray(values)
-    order = np.argsort(values, kind="stable")
-    sorted_values = values[order]
-    starts_group = np.concatenate([[True], sorted_values[1:] != sorted_values[:-1]])
-    group = np.cumsum(starts_group) - 1  # group number of each sorted position
-    first = np.flatnonzero(starts_group)  # 0-based start of each group
-    last = np.append(first[1:], len(values)) - 1  # 0-based end of each group
-    ranks = np.empty(len(values))
-    ranks[order] = (first + last)[group] / 2 + 1
-    return ranks
-
-
-def _paired_samples(x, y) -> tuple[np.ndarray, np.ndarray]:
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if x.ndim != 1 or x.shape != y.shape:
-        raise ValueError(
-            f"need two 1-D sequences of equal length, got shapes {x.shape} and {y.shape}"
-        )
-    if len(x) < 2:
-        raise ValueError(f"need at least 2 pairs to correlate, got {len(x)}")
-    if not (np.isfinite(x).all() and np.isfinite(y).all()):
-        raise ValueError("inputs contain NaN or inf")
-    return x, y
-
-
-# ---- TREC files -----------------------------------------------------------------------------
-
-
-def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
-    """Read a TREC run file, lines `qid Q0 docid rank score tag`, into {qid: {docid: score}}.
-
-    The rank column is checked to be an integer but otherwise ignored, as trec_eval ignores it:
-    rank with `rank_by_score(..., ties="trec")` to get trec_eval's order.
-    """
-    run: dict[str, dict[str, float]] = {}
-    for line_number, fields in _fields(path, 6, "qid Q0 docid rank score tag"):
-        query_id, _, doc_id, rank, score, _ = fields
-        _parse(int, rank, "rank", path, line_number)
-        results = run.setdefault(query_id, {})
-        if doc_id in results:
-            raise ValueError(
-                f"{path}:{line_number}: document {doc_id!r} appears twice for query {query_id!r}"
-            )
-        results[doc_id] = _parse(float, score, "score", path, line_number)
-    return run
-
-
-def write_trec_run(
-    path: str | Path, run: Mapping[Hashable, Mapping[Hashable, float]], tag: str = "minisbert"
-) -> None:
-    """Write {qid: {docid: score}} as a TREC run file, ranked as trec_eval will rank it (score
-    descending, ties by doc id descending), with ranks starting at 1."""
-    if not tag or any(c.isspace() for c in tag):
-        raise ValueError(f"run tag must be a non-empty word without spaces, got {tag!r}")
-
-    def write(tmp: Path):
-        with open(tmp, "w", encoding="utf-8") as file:
-            for query_id, scores in run.items():
-                for rank, doc_id in enumerate(rank_by_score(scores, ties="trec"), start=1):
-                    for name, value in (("query id", query_id), ("doc id", doc_id)):
-                        if not str(value) or any(c.isspace() for c in str(value)):
-                            raise ValueError(
-                                f"{name} {value!r} cannot be written to a TREC file: it is empty "
-                                f"or has spaces"
-                            )
-                    file.write(f"{query_id} Q0 {doc_id} {rank} {float(scores[doc_id])!r} {tag}\n")
-
-    atomic_write(Path(path), write)  # whole or not at all: a failure leaves no partial run file
-
-
-def _fields(path: str | Path, count: int, layout: str) -> Iterable[tuple[int, list[str]]]:
-    with open(path, encoding="utf-8") as file:
-        for line_number, line in enumerate(file, start=1):
-            fields = line.split()
-            if not fields:
-                continue
-            if len(fields) != count:
-                raise ValueError(
-                    f"{path}:{line_number}: expected {count} fields '{layout}', got "
-                    f"{len(fields)}: {line.strip()!r}"
-                )
-            yield line_number, fields
-
-
-def _parse(kind: type, text: str, name: str, path: str | Path, line_number: int):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise ValueError(
-            f"{path}:{line_number}: {name} {text!r} is not a valid {kind.__name__}"
-        ) from None
-    if kind is float and not math.isfinite(value):
-        raise ValueError(f"{path}:{line_number}: {name} {text!r} is not finite")
-    return value

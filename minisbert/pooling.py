@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 POOLING_MODES = ("mean", "max", "cls")
-ACTIVATIONS = {"tanh": nn.Tanh, "identity": nn.Identity, "relu": nn.ReLU}
+DENSE_ACTIVATIONS = {"tanh": nn.Tanh, "identity": nn.Identity, "relu": nn.ReLU}
 
 
 def mean_pool(token_embeddings, attention_mask):
@@ -60,11 +60,11 @@ class Dense(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  activation: str = "tanh"):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown dense activation {activation!r}; choose one of {list(ACTIVATIONS)}")
+        if activation not in DENSE_ACTIVATIONS:
+            raise ValueError(f"unknown dense activation {activation!r}; choose one of {list(DENSE_ACTIVATIONS)}")
         self.linear = nn.Linear(in_features, out_features, bias=bias)
         self.activation_name = activation
-        self.activation = ACTIVATIONS[activation]()
+        self.activation = DENSE_ACTIVATIONS[activation]()
 
     def forward(self, x):
         return self.activation(self.linear(x))  # (B, D)

@@ -6,7 +6,7 @@ implement. Setting such an attribute on a minisbert model, or passing such an ar
 error that names it and says what to do instead; otherwise a line of ported code would run and
 change nothing. The attributes and arguments minisbert does implement (max_seq_length,
 truncate_dim, prompts, default_prompt_name, similarity_fn_name; prompt, prompt_name, precision,
-output_value, truncate_dim, ...) are in model.py.
+output_value, truncate_dim, ...) are in sentence_transformer.py.
 
 Checked in tests/test_st_calls.py.
 """
@@ -72,14 +72,3 @@ def checked_truncate_dim(truncate_dim):
         raise ValueError(f"truncate_dim must be a positive int or None, got {truncate_dim!r}")
     return truncate_dim
 
-
-def convert_output(embeddings, one_text: bool, convert_to_numpy: bool, convert_to_tensor: bool):
-    """encode()'s (n, D) tensor in the form asked for: the tensor itself (convert_to_tensor), a numpy
-    array (convert_to_numpy), or a list of (D,) tensors; for one text (one_text) its row alone."""
-    if convert_to_tensor:
-        result = embeddings
-    elif convert_to_numpy:
-        result = embeddings.cpu().numpy()
-    else:
-        result = list(embeddings)
-    return result[0] if one_text else result

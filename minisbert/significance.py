@@ -11,6 +11,8 @@ Holm, Bonferroni    adjusted p-values when several comparisons are tested at onc
 
 `compare` runs them all on one metric's {query id: value} maps; `spearman_difference` does the
 same for the Spearman correlation of an STS benchmark, which is not a mean of per-query values.
+`with_holm` adjusts a list of tests by Holm's method, for evaluate.py (`compare_with_first`, every
+model against the first) and the studies alike.
 
 Checked against scipy.stats.permutation_test, ttest_rel and bootstrap (tests/test_significance.py;
 reference numbers written by tests/fixtures/make_significance.py).
@@ -21,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .metrics import average_ranks, spearman
+from .correlation import average_ranks, spearman
 
 BLOCK = 256  # random sign vectors or resamples drawn at a time: memory is BLOCK x n floats
 TOLERANCE = 1e-12  # relative; keeps float error in a re-summed statistic from dropping a tie
@@ -146,6 +148,12 @@ def bonferroni(p_values: Sequence[float]) -> list[float]:
     return np.minimum(1.0, len(p) * p).tolist()
 
 
+def with_holm(tests: list) -> list:
+    """The tests (dicts with "p_randomization"), each with "p_holm": its randomization p adjusted by
+    Holm's method over the list, the comparisons of one question."""
+    return [{**t, "p_holm": p} for t, p in zip(tests, holm([t["p_randomization"] for t in tests]))]
+
+
 def compare(a: Mapping, b: Mapping, trials: int = 10_000, resamples: int = 10_000, seed: int = 0) -> dict:
     """Compare two models on one metric, given as {query id: value} for each model.
 
@@ -194,6 +202,28 @@ def spearman_difference(x_a, x_b, gold, trials: int = 10_000, resamples: int = 2
         "p_randomization": _rank_swap_test(x_a, x_b, gold, trials, seed),
         "p_t_test": None,
     }
+
+
+def compare_with_first(results: dict) -> None:
+    """Add results[name]["significance"] for every model after the first: {metric: its difference from
+    the first model, tested (`compare` on the models' "per_query" values; for STS, where a model's
+    result holds "similarities", `spearman_difference`), each with "p_holm" over the compared models}."""
+    first, *others = results
+    tests = {}  # metric -> [the test of each other model]
+    for name in others:
+        if "similarities" in results[first]:  # STS: each model's similarity of every pair, and the gold scores
+            (ours, gold), (theirs, _) = results[name]["similarities"], results[first]["similarities"]
+            tests.setdefault("spearman", []).append(spearman_difference(ours, theirs, gold))
+            continue
+        for metric, values in results[first]["per_query"].items():
+            try:
+                test = compare(results[name]["per_query"][metric], values)
+            except ValueError as error:
+                raise ValueError(f"{name} and {first} were evaluated on different queries: {error}") from None
+            tests.setdefault(metric, []).append(test)
+    tests = {metric: with_holm(compared) for metric, compared in tests.items()}
+    for position, name in enumerate(others):
+        results[name]["significance"] = {metric: compared[position] for metric, compared in tests.items()}
 
 
 def _rank_swap_test(x_a: np.ndarray, x_b: np.ndarray, gold: np.ndarray, trials: int, seed: int) -> float:

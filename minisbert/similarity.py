@@ -13,6 +13,10 @@ an (n, m) matrix in which larger means more similar:
 
 `similarity_pairwise` compares a_i with b_i only, an (n,) vector of the same functions.
 
+The cosine and the distances are computed here and nowhere else: the training objectives
+(losses.py), the STS evaluation (evaluation.py) and the search's checks call `cosine_matrix`,
+`pairwise_cosine` and `pairwise_distance` on tensors, differentiably.
+
 These are sentence-transformers' `SentenceTransformer.similarity` and `similarity_pairwise`
 functions; tests/test_similarity.py checks each against its definition computed entry by entry in
 float64, tests/test_st_calls.py against sentence-transformers' own results.
@@ -26,6 +30,22 @@ from .pooling import normalize
 SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
 
 
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """(n, m) scale · cos(a_i, b_j) of a (n, D) and b (m, D): unit rows multiplied (a zero row scores
+    0), a's scaled before the product (the multiple-negatives ranking loss's inverse temperature)."""
+    return (scale * normalize(a)) @ normalize(b).T  # (n, m)
+
+
+def pairwise_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(n,) cos(a_i, b_i) of a and b (n, D)."""
+    return (normalize(a) * normalize(b)).sum(dim=-1)  # (n,)
+
+
+def pairwise_distance(a: torch.Tensor, b: torch.Tensor, ord: float = 2.0) -> torch.Tensor:
+    """(n,) ||a_i - b_i|| of a and b (n, D): euclidean (ord 2) or manhattan (ord 1)."""
+    return torch.linalg.vector_norm(a - b, ord=ord, dim=-1)  # (n,)
+
+
 def similarity(a, b, function: str = "cosine") -> torch.Tensor:
     """(n, m) similarities of the rows of `a` (n, D) to those of `b` (m, D), by `function`.
 
@@ -33,7 +53,7 @@ def similarity(a, b, function: str = "cosine") -> torch.Tensor:
     returns; lists of lists of floats too); a single embedding (D,) counts as one row."""
     a, b = checked_pair(a, b, function)
     if function == "cosine":
-        return normalize(a) @ normalize(b).T  # (n, m)
+        return cosine_matrix(a, b)  # (n, m)
     if function == "dot":
         return a @ b.T  # (n, m)
     return -torch.cdist(a, b, p=2.0 if function == "euclidean" else 1.0)  # (n, m)
@@ -45,16 +65,21 @@ def similarity_pairwise(a, b, function: str = "cosine") -> torch.Tensor:
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"pairwise similarity needs as many rows in a as in b, got {a.shape[0]} and {b.shape[0]}")
     if function == "cosine":
-        return (normalize(a) * normalize(b)).sum(dim=-1)  # (n,)
+        return pairwise_cosine(a, b)  # (n,)
     if function == "dot":
         return (a * b).sum(dim=-1)  # (n,)
-    return -torch.linalg.vector_norm(a - b, ord=2.0 if function == "euclidean" else 1.0, dim=-1)  # (n,)
+    return -pairwise_distance(a, b, ord=2.0 if function == "euclidean" else 1.0)  # (n,)
+
+
+def check_similarity_function(name: str, what: str = "similarity function") -> None:
+    """A ValueError unless `name` is one of SIMILARITY_FUNCTIONS; `what` names it in the message."""
+    if name not in SIMILARITY_FUNCTIONS:
+        raise ValueError(f"unknown {what} {name!r}; choose one of {SIMILARITY_FUNCTIONS}")
 
 
 def checked_pair(a, b, function: str) -> tuple:
     """a and b as 2-D tensors of embeddings of the same size, for a known similarity function."""
-    if function not in SIMILARITY_FUNCTIONS:
-        raise ValueError(f"unknown similarity function {function!r}; choose one of {SIMILARITY_FUNCTIONS}")
+    check_similarity_function(function)
     a, b = as_rows(a, "a"), as_rows(b, "b")
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"embeddings of different sizes: a has {a.shape[1]} dimensions, b has {b.shape[1]}")

@@ -3,7 +3,8 @@ here so that models move freely between the two libraries.
 
     modules.json               the pipeline: Transformer, Pooling, [Dense], [Normalize]
     config_sentence_transformers.json   similarity_fn_name: how embeddings are compared (similarity.py);
-                               prompts, default_prompt_name (prompts.py)
+                               prompts, default_prompt_name (prompts.py); read and written for
+                               sentence_transformer.py (the network in model.py has no use for it)
     config.json, model.safetensors, tokenizer files, sentence_bert_config.json (max_seq_length)
     1_Pooling/config.json      pooling_mode_{mean_tokens, max_tokens, cls_token}
     2_Dense/config.json, 2_Dense/model.safetensors   optional projection
@@ -48,9 +49,6 @@ class Layout:
     dense: Dense | None  # the optional projection
     normalize_embeddings: bool
     max_seq_length: int  # as the directory states it, before the encoder's position limit
-    similarity_fn_name: str  # one of SIMILARITY_FUNCTIONS
-    prompts: dict  # prompt name -> text, as saved ({} if none)
-    default_prompt_name: str | None  # the prompt encode() uses when told none
 
 
 def read_layout(model_dir) -> Layout:
@@ -58,7 +56,7 @@ def read_layout(model_dir) -> Layout:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
-    layout = Layout(model_dir, "mean", None, False, 0, *read_st_config(model_dir))
+    layout = Layout(model_dir, "mean", None, False, 0)
     if (model_dir / "modules.json").is_file():
         read_modules(model_dir, read_json(model_dir / "modules.json"), layout)
     max_len = read_json(layout.transformer_dir / "sentence_bert_config.json", {}).get("max_seq_length")
@@ -155,17 +153,17 @@ def read_dense(folder: Path) -> Dense:
     return dense
 
 
-def write_layout(folder: Path, model) -> None:
-    """Write `model` (a SentenceModel) into the empty `folder` in the classic layout."""
+def write_layout(folder: Path, model, st_config: dict | None = None) -> None:
+    """Write `model` (a SentenceModel) into the empty `folder` in the classic layout; st_config, when
+    given, as config_sentence_transformers.json (similarity_fn_name, prompts, default_prompt_name)."""
     save_encoder(model.encoder, folder)
     model.tokenizer.save(folder)
     if model.tokenizer_dir is not None:
         for name in TOKENIZER_FILES:
             if (model.tokenizer_dir / name).is_file():
                 shutil.copyfile(model.tokenizer_dir / name, folder / name)
-    write_json(folder / "config_sentence_transformers.json", {
-        "similarity_fn_name": model.similarity_fn_name, "prompts": model.prompts,
-        "default_prompt_name": model.default_prompt_name})
+    if st_config is not None:
+        write_json(folder / "config_sentence_transformers.json", st_config)
     write_json(folder / "sentence_bert_config.json",
                {"max_seq_length": model.max_seq_length, "do_lower_case": False})
     write_json(folder / "1_Pooling" / "config.json", {

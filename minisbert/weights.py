@@ -13,6 +13,10 @@ is the only place those names appear. Loading follows three rules:
    discipline): a model with one non-finite weight would embed every text as NaN.
 3. Nothing is unpickled: `.bin`/`.pt` checkpoints are refused (a pickle can run arbitrary code).
 
+`config.json` names the model's shape differently in each family too: `config_from_hf` reads any of
+the three into EncoderConfig (config.py), so the model code never asks which family it is running,
+and `config_to_hf` writes the family's own spelling back for saving.
+
 Linear weights are stored (out_features, in_features) by both Hugging Face and torch, so they copy
 as they are. Square matrices would load silently transposed if that were wrong, which is why the
 parity tests compare outputs and not only shapes.
@@ -29,7 +33,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .config import EncoderConfig
+from .config import FAMILIES, EncoderConfig
 from .encoder import Encoder
 from .fileio import atomic_write, read_json, write_json
 
@@ -56,6 +60,93 @@ FAMILY_PREFIXES = ("bert.", "distilbert.", "roberta.")
 IGNORED_PREFIXES = ("pooler.", "cls.", "lm_head.", "vocab_", "qa_outputs.", "classifier.", "pre_classifier.")
 IGNORED_BUFFERS = (".position_ids", ".token_type_ids")  # index buffers some versions saved
 LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def config_from_hf(hf: dict) -> EncoderConfig:
+    """Read a Hugging Face `config.json` dict of model_type bert, distilbert or roberta. DistilBERT
+    says `dim`, `n_layers`, `n_heads`, `hidden_dim` and `activation` where BERT and RoBERTa say
+    `hidden_size`, `num_hidden_layers`, `num_attention_heads`, `intermediate_size` and `hidden_act`;
+    BERT and RoBERTa read `layer_norm_eps`, DistilBERT's is fixed at 1e-12 and absent from its config."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"config.json must hold a JSON object of fields, got {type(hf).__name__}")
+    family = hf.get("model_type")
+    if family not in FAMILIES:
+        raise ValueError(
+            f"unknown model_type {family!r} in config.json; minisbert supports {FAMILIES}"
+        )
+    try:
+        if family == "distilbert":
+            return EncoderConfig(
+                family=family,
+                vocab_size=hf["vocab_size"],
+                hidden_size=hf["dim"],
+                num_layers=hf["n_layers"],
+                num_heads=hf["n_heads"],
+                intermediate_size=hf["hidden_dim"],
+                max_position_embeddings=hf["max_position_embeddings"],
+                type_vocab_size=0,
+                layer_norm_eps=1e-12,
+                activation=hf.get("activation", "gelu"),
+                pad_token_id=hf.get("pad_token_id", 0),
+                hidden_dropout=hf.get("dropout", 0.1),
+                attention_dropout=hf.get("attention_dropout", 0.1),
+                positions_after_pad=False,
+            )
+        return EncoderConfig(
+            family=family,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=hf["num_attention_heads"],
+            intermediate_size=hf["intermediate_size"],
+            max_position_embeddings=hf["max_position_embeddings"],
+            type_vocab_size=hf.get("type_vocab_size", 2),
+            layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+            activation=hf.get("hidden_act", "gelu"),
+            pad_token_id=hf.get("pad_token_id", 1 if family == "roberta" else 0),
+            hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
+            attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+            positions_after_pad=family == "roberta",  # fairseq's numbering, kept by RobertaModel
+        )
+    except KeyError as missing:
+        raise ValueError(f"config.json of a {family} model lacks the field {missing}") from None
+
+def config_to_hf(config: EncoderConfig) -> dict:
+    """The family's own `config.json` fields, so Hugging Face tools can load a saved model."""
+    if config.family == "distilbert":
+        return {
+            "model_type": "distilbert",
+            "architectures": ["DistilBertModel"],
+            "vocab_size": config.vocab_size,
+            "dim": config.hidden_size,
+            "n_layers": config.num_layers,
+            "n_heads": config.num_heads,
+            "hidden_dim": config.intermediate_size,
+            "max_position_embeddings": config.max_position_embeddings,
+            "activation": config.activation,
+            "pad_token_id": config.pad_token_id,
+            "dropout": config.hidden_dropout,
+            "attention_dropout": config.attention_dropout,
+            "sinusoidal_pos_embds": False,
+        }
+    architecture = "BertModel" if config.family == "bert" else "RobertaModel"
+    return {
+        "model_type": config.family,
+        "architectures": [architecture],
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.intermediate_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "type_vocab_size": config.type_vocab_size,
+        "layer_norm_eps": config.layer_norm_eps,
+        "hidden_act": config.activation,
+        "pad_token_id": config.pad_token_id,
+        "hidden_dropout_prob": config.hidden_dropout,
+        "attention_probs_dropout_prob": config.attention_dropout,
+        "position_embedding_type": "absolute",
+    }
 
 
 def name_table(config: EncoderConfig) -> dict:
@@ -185,7 +276,7 @@ def load_encoder(model_dir) -> Encoder:
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in {model_dir}")
     try:
-        config = EncoderConfig.from_hf(read_json(config_path))
+        config = config_from_hf(read_json(config_path))
     except ValueError as error:
         raise ValueError(f"{config_path}: {error}; repair the file or use the model's original") from None
     encoder = Encoder(config)
@@ -196,7 +287,7 @@ def load_encoder(model_dir) -> Encoder:
 def save_encoder(encoder: Encoder, model_dir) -> None:
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
-    write_json(model_dir / "config.json", encoder.config.to_hf())
+    write_json(model_dir / "config.json", config_to_hf(encoder.config))
     save_encoder_weights(encoder, model_dir / "model.safetensors")
 
 

@@ -20,7 +20,8 @@ import evaluate
 from minisbert import cpu
 from minisbert.fast import encoder as fast_encoder
 from minisbert.fast import linear as fast_linear
-from minisbert.model import SentenceModel, check_dtype
+from minisbert.model import SentenceModel
+from minisbert.precision import autocast_dtype
 
 from .conftest import REPO, reference
 from .test_encoder_fast import FIXTURE_MODELS
@@ -48,9 +49,9 @@ def test_a_cpu_without_native_bfloat16_is_told_so(monkeypatch, tmp_path):
         evaluate.main(["--model", str(reference("tiny_bert")[0]), "--device", "cpu", "--dtype", "bfloat16",
                        "--no-cache", "--output", str(tmp_path / "results.json")])
     assert not (tmp_path / "results.json").exists()
-    assert check_dtype("bfloat16", "cuda") == torch.bfloat16  # a GPU is not asked about its flags
+    assert autocast_dtype("bfloat16", "cuda") == torch.bfloat16  # a GPU is not asked about its flags
     with pytest.raises(ValueError, match="dtype float16 is for GPUs"):
-        check_dtype("float16", "cpu")
+        autocast_dtype("float16", "cpu")
 
 
 @BOTH_PATHS

@@ -179,7 +179,7 @@ def test_dot_and_euclidean_rank_unit_vectors_as_cosine_does(tmp_path, monkeypatc
         results[score] = evaluate_to_json(tmp_path / f"{score}.json", "--model", TINY, "--data", str(hand_folder),
                                           "--k", "1", "3", "--score", score, "--run-file", str(run_file),
                                           "--no-cache")[TINY]  # the fake embeddings are not the model's width
-        runs[score] = metrics.read_trec_run(run_file)
+        runs[score] = datasets.read_trec_run(run_file)
     assert results["cosine"] == pytest.approx(HAND_ST, abs=1e-12)
     assert results["dot"] == results["cosine"]
     assert results["euclidean"] == results["cosine"]
@@ -339,7 +339,7 @@ def test_a_saved_model_loads_and_only_a_different_one_misses_the_cache(tmp_path,
     assert any(a_document in texts for texts in encoded), "changed weights miss the cache"
     first_run, = tmp_path.glob("first-*.trec")
     changed_run, = tmp_path.glob("changed-*.trec")
-    assert metrics.read_trec_run(changed_run) != metrics.read_trec_run(first_run)
+    assert datasets.read_trec_run(changed_run) != datasets.read_trec_run(first_run)
     assert len(list(cache_dir.glob("*.npy"))) == 2
 
 
@@ -379,7 +379,7 @@ def test_exclude_self_drops_the_document_with_the_query_id(tmp_path, self_match_
         run_file = tmp_path / f"{name}.trec"
         evaluate.main(["--model", model, "--data", str(self_match_folder), "--output", str(tmp_path / f"{name}.json"),
                        "--run-file", str(run_file), *flags])
-        return metrics.read_trec_run(run_file)
+        return datasets.read_trec_run(run_file)
 
     assert list(run_of("kept", "--k", "1")["q1"]) == ["q1"]  # identical text scores best
     top_1 = run_of("dropped", "--k", "1", "--exclude-self")["q1"]

@@ -465,7 +465,7 @@ def test_model_selection_tests_every_candidate_against_the_best(svt_run, tmp_pat
     others = [name for name in models if name != best]
     for key, tests in written["tests"].items():
         assert list(tests) == others
-        expected = runner.with_holm([runner.paired_test(results[name], results[best], key) for name in others])
+        expected = significance.with_holm([runner.paired_test(results[name], results[best], key) for name in others])
         assert list(tests.values()) == expected
     assert runner.verdict(written["tests"]["ndcg@10"][others[0]], "NDCG@10", others[0], best, "p_holm") in \
         (output / "results.md").read_text()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import minisbert
-from minisbert import checkpoints, metrics
+from minisbert import checkpoints, datasets
 from minisbert.fileio import (atomic_write, check_writable_folder, make_staging_dir, read_json, replace_dir, write_dir,
                               write_json, write_text)
 from minisbert.progress import Progress
@@ -103,7 +103,7 @@ def test_what_minisbert_writes_gets_the_users_permissions(mask, file_mode, folde
     checkpoints.append_log(tmp_path / "run" / "log.jsonl", {"step": 1})
     checkpoints.append_log(tmp_path / "run" / "log.jsonl", {"step": 2})
     checkpoints.truncate_log(tmp_path / "run" / "log.jsonl", 1)  # rewritten through a temporary file
-    metrics.write_trec_run(tmp_path / "run" / "run.trec", {"q1": {"d1": 1.0}})
+    datasets.write_trec_run(tmp_path / "run" / "run.trec", {"q1": {"d1": 1.0}})
     written = sorted(tmp_path.rglob("*"))
     assert {p.name for p in written} >= {"model.safetensors", "modules.json", "1_Pooling", "2_Dense",
                                          "checkpoint.pt", "log.jsonl", "run.trec"}

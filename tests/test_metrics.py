@@ -13,21 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minisbert.correlation import average_ranks, pearson, spearman
+from minisbert.datasets.trec import read_trec_run, write_trec_run
+from minisbert.evaluation import run_from_search
 from minisbert.metrics import (
     accuracy_at_k,
-    average_ranks,
     evaluate_run,
     map_at_k,
     mrr_at_k,
     ndcg_at_k,
-    pearson,
     precision_at_k,
     rank_by_score,
-    read_trec_run,
     recall_at_k,
-    run_from_search,
-    spearman,
-    write_trec_run,
 )
 
 L3, L5 = 1 / math.log2(3), 1 / math.log2(5)

@@ -26,6 +26,7 @@ import torch
 
 import minisbert
 from minisbert.model import SentenceModel
+from minisbert.sentence_transformer import SentenceTransformer
 
 from .conftest import FIXTURES, assert_one_clear_line, reference, run_script
 
@@ -97,21 +98,21 @@ def test_encode_returns_what_sentence_transformers_returns():
 
 def test_similarity_uses_the_function_the_directory_names(tmp_path):
     folder, _, info = reference("tiny_st_legacy")
-    model = SentenceModel.from_dir(folder, device="cpu")
+    model = SentenceTransformer.from_dir(folder, device="cpu")
     assert model.similarity_fn_name == "cosine"  # no config_sentence_transformers.json: the default
     a, b = model.encode(info["sentences"][:2]), model.encode(info["sentences"][2:])
     assert torch.allclose(model.similarity(a, b), torch.from_numpy(a @ b.T), atol=1e-6)  # unit rows
     model.similarity_fn_name = "euclidean"
     model.save(tmp_path / "m")
-    again = SentenceModel.from_dir(tmp_path / "m", device="cpu")
+    again = SentenceTransformer.from_dir(tmp_path / "m", device="cpu")
     assert again.similarity_fn_name == "euclidean"
     assert torch.allclose(again.similarity(a, b), -torch.cdist(torch.from_numpy(a), torch.from_numpy(b)), atol=1e-6)
     (tmp_path / "m" / "config_sentence_transformers.json").write_text('{"similarity_fn_name": "cosine_sim"}')
     with pytest.raises(ValueError, match="similarity_fn_name 'cosine_sim' is not one of"):
-        SentenceModel.from_dir(tmp_path / "m", device="cpu")
+        SentenceTransformer.from_dir(tmp_path / "m", device="cpu")
     (tmp_path / "m" / "config_sentence_transformers.json").write_text('["cosine"]')
     with pytest.raises(ValueError, match="config_sentence_transformers.json must hold a JSON object, got list"):
-        SentenceModel.from_dir(tmp_path / "m", device="cpu")
+        SentenceTransformer.from_dir(tmp_path / "m", device="cpu")
 
 
 @pytest.mark.parametrize("make_texts", [

@@ -40,7 +40,7 @@ def minilm_fresh(one_thread):
 
 
 def tiny():
-    return SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu")
+    return SentenceTransformer(FIXTURES / "tiny_st_dense", device="cpu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def test_prompts_are_saved_and_read_back(tmp_path):
     model.prompts["query"] = "query: "
     model.default_prompt_name = "query"
     model.save(tmp_path / "m")
-    again = SentenceModel.from_dir(tmp_path / "m", device="cpu")
+    again = SentenceTransformer(tmp_path / "m", device="cpu")
     assert again.prompts == {"query": "query: ", "document": ""} and again.default_prompt_name == "query"
     assert np.allclose(again.encode("hello"), again.encode("query: hello", prompt=""), atol=ATOL)  # the default
     assert not np.allclose(again.encode("hello"), again.encode("hello", prompt=""), atol=ATOL)

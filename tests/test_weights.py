@@ -13,10 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
 from minisbert.model import SentenceModel
-from minisbert.weights import load_encoder, load_encoder_weights, name_table, save_encoder
+from minisbert.weights import config_from_hf, config_to_hf, load_encoder, load_encoder_weights, name_table, save_encoder
 
 from .conftest import FIXTURES
 
@@ -28,7 +27,7 @@ BERT = {"model_type": "bert", "vocab_size": 30, "hidden_size": 8, "num_hidden_la
 def saved(tmp_path):
     """A tiny random BERT saved with Hugging Face names; returns (folder, encoder, tensors)."""
     torch.manual_seed(0)
-    encoder = Encoder(EncoderConfig.from_hf(BERT))
+    encoder = Encoder(config_from_hf(BERT))
     save_encoder(encoder, tmp_path)
     return tmp_path, encoder, load_file(tmp_path / "model.safetensors")
 
@@ -152,7 +151,7 @@ def test_name_tables_cover_every_parameter_once():
                   "hidden_dim": 16, "max_position_embeddings": 12}
         else:
             hf = {**BERT, "model_type": model_type, **extra}
-        config = EncoderConfig.from_hf(hf)
+        config = config_from_hf(hf)
         table = name_table(config)
         ours = dict(Encoder(config).named_parameters())
         assert sorted(table.values()) == sorted(ours), model_type
@@ -174,9 +173,9 @@ def test_config_errors(tmp_path, change, message):
 
 
 def test_distilbert_config_is_normalised():
-    config = EncoderConfig.from_hf({"model_type": "distilbert", "vocab_size": 30, "dim": 8, "n_layers": 3,
+    config = config_from_hf({"model_type": "distilbert", "vocab_size": 30, "dim": 8, "n_layers": 3,
                                     "n_heads": 2, "hidden_dim": 16, "max_position_embeddings": 12,
                                     "activation": "gelu"})
     assert (config.hidden_size, config.num_layers, config.num_heads, config.intermediate_size) == (8, 3, 2, 16)
     assert config.type_vocab_size == 0 and config.layer_norm_eps == 1e-12
-    assert EncoderConfig.from_hf(config.to_hf()) == config
+    assert config_from_hf(config_to_hf(config)) == config

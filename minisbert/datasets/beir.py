@@ -18,7 +18,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rows import json_rows, malformed, number, tab_rows, write_lines
+from .rows import json_rows, malformed, write_lines
+from .trec import read_beir_qrels
 
 
 @dataclass
@@ -67,25 +68,6 @@ def _required_id(path: Path, line_number: int, row: dict) -> str:
     if not isinstance(row.get("_id"), (str, int)):
         raise malformed(path, line_number, "missing '_id'")
     return str(row["_id"])
-
-
-def read_beir_qrels(path: str | Path) -> dict[str, dict[str, int]]:
-    """qrels/<split>.tsv -> {query id: {doc id: int score}}. The header line
-    `query-id corpus-id score` is skipped when present; a repeated (query, doc) pair is an error."""
-    path = Path(path)
-    qrels: dict[str, dict[str, int]] = {}
-    for line_number, fields in tab_rows(path):
-        if line_number == 1 and fields[:2] == ["query-id", "corpus-id"]:
-            continue
-        if len(fields) != 3:
-            raise malformed(path, line_number, "expected 3 tab-separated fields (query-id, corpus-id, score), "
-                                               f"found {len(fields)}")
-        query_id, doc_id, score = fields
-        judged = qrels.setdefault(query_id, {})
-        if doc_id in judged:
-            raise malformed(path, line_number, f"query {query_id!r} judges document {doc_id!r} twice")
-        judged[doc_id] = number(path, line_number, score, int, "score")
-    return qrels
 
 
 def load_beir(folder: str | Path, split: str = "test") -> RetrievalData:

@@ -2,7 +2,7 @@
 
 MS MARCO (Nguyen et al. 2016, "MS MARCO: A Human Generated MAchine Reading COmprehension Dataset")
 ships `collection.tsv` (pid, passage), `queries.*.tsv` (qid, text) and TREC qrels
-(`qid 0 pid relevance`). sentence-transformers adds two files ("msmarco-hard-negatives", Reimers
+(`qid 0 pid relevance`, read by trec.py). sentence-transformers adds two files ("msmarco-hard-negatives", Reimers
 2021, on the Hugging Face hub): for each training query, the negatives that several retrieval
 systems ranked high (`msmarco-hard-negatives.jsonl.gz`), and a cross-encoder's score for each
 (query, passage) among them (`cross-encoder-ms-marco-MiniLM-L-6-v2-scores.pkl.gz`).
@@ -22,7 +22,7 @@ import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .rows import json_rows, lines, malformed, number, open_binary, tab_rows
+from .rows import json_rows, malformed, number, open_binary, tab_rows
 
 
 @dataclass
@@ -45,26 +45,6 @@ def read_id_text_tsv(path: str | Path) -> dict[str, str]:
             raise malformed(path, line_number, f"duplicate id {fields[0]!r}")
         texts[fields[0]] = fields[1]
     return texts
-
-
-def read_trec_qrels(path: str | Path) -> dict[str, dict[str, int]]:
-    """TREC qrels `qid iteration docid relevance` (MS MARCO's qrels.*.tsv, tab- or space-separated)
-    -> {qid: {docid: relevance}}; the iteration column is ignored."""
-    path = Path(path)
-    qrels: dict[str, dict[str, int]] = {}
-    for line_number, line in lines(path):
-        fields = line.split()
-        if not fields:
-            continue
-        if len(fields) != 4:
-            raise malformed(path, line_number,
-                            f"expected 4 fields (qid, iteration, docid, relevance), found {len(fields)}")
-        query_id, _, doc_id, relevance = fields
-        judged = qrels.setdefault(query_id, {})
-        if doc_id in judged:
-            raise malformed(path, line_number, f"query {query_id!r} judges document {doc_id!r} twice")
-        judged[doc_id] = number(path, line_number, relevance, int, "relevance")
-    return qrels
 
 
 def read_hard_negatives(path: str | Path) -> list[HardNegatives]:

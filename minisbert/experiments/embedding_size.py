@@ -44,6 +44,7 @@ from ..fit import TrainingSettings
 from ..losses import select_loss
 from ..pooling import Dense
 from ..search import search
+from ..significance import with_holm
 from . import figures, runner
 from .pca import fit_pca
 
@@ -182,7 +183,7 @@ def train_and_evaluate(folder, s, args, dim, seed: int, starts: dict, triplets: 
     settings = TrainingSettings(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, dense_lr=s.projection_lr,
                                 margin=s.margin, seed=seed, checkpoint_steps=runner.CHECKPOINT_STEPS)
     training = runner.train(model, triplets, select_loss("triplet", "euclidean"), folder, settings,
-                            identity={"model": s.model, "dim": dim, "data": s.data})
+                            run_inputs={"model": s.model, "dim": dim, "data": s.data})
     result = runner.retrieval_scores(model, test, "euclidean", exclude_self=quora)
     np.save(folder / "corpus.npy", runner.corpus_embeddings(model, test)[0])  # for the speed rounds
     np.save(folder / "queries.npy", model.encode(list(test.queries.values())))
@@ -196,16 +197,16 @@ def claims(s, results: dict) -> dict:
     projection against that start model ("projection_cost": what the size alone costs), and the base
     model against that start model ("base_moved")."""
     return {
-        "projection_cost": dict(zip(map(str, s.dims), runner.with_holm(
+        "projection_cost": dict(zip(map(str, s.dims), with_holm(
             [runner.paired_test(results[f"pca{dim}"], results["untrained-euclidean"], MAIN_METRIC) for dim in s.dims]))),
-        "against_start": dict(zip(map(str, s.dims), runner.with_holm(
+        "against_start": dict(zip(map(str, s.dims), with_holm(
             [runner.paired_test(results[f"d{dim}"], results["untrained-euclidean"], MAIN_METRIC) for dim in s.dims]))),
-        "against_base": dict(zip(map(str, s.dims), runner.with_holm(
+        "against_base": dict(zip(map(str, s.dims), with_holm(
             [runner.paired_test(results[f"d{dim}"], results["base"], MAIN_METRIC) for dim in s.dims]))),
-        "against_projection": dict(zip(map(str, s.dims), runner.with_holm(
+        "against_projection": dict(zip(map(str, s.dims), with_holm(
             [runner.paired_test(results[f"d{dim}"], results[f"pca{dim}"], MAIN_METRIC) for dim in s.dims]))),
-        "base_moved": runner.with_holm([runner.paired_test(results["base"], results["untrained-euclidean"],
-                                                           MAIN_METRIC)])[0],
+        "base_moved": with_holm([runner.paired_test(results["base"], results["untrained-euclidean"],
+                                                    MAIN_METRIC)])[0],
     }
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from .. import datasets
 from ..evaluation import CACHE_DIR, LEXICAL
 from ..hub import resolve
+from ..significance import with_holm
 from . import runner
 
 NAME = "model-selection"
@@ -80,8 +81,8 @@ def main(argv=None):
     keys = [f"{key}@{k}" for _, key in COLUMNS for k in s.k]
     best_model = max(results, key=lambda name: results[name]["scores"][BEST_BY])
     others = [name for name in results if name != best_model]
-    tests = {key: dict(zip(others, runner.with_holm([runner.paired_test(results[name], results[best_model], key)
-                                                     for name in others]))) for key in keys} if others else {}
+    tests = {key: dict(zip(others, with_holm([runner.paired_test(results[name], results[best_model], key)
+                                              for name in others]))) for key in keys} if others else {}
     study.write_results({"settings": vars(s), "models": results, "best": best_model, "tests": tests},
                         report(s, args, results, tests, best_model, keys, test))
 

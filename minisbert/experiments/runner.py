@@ -33,7 +33,7 @@ import minisbert
 from .. import datasets
 from .. import metrics
 from .. import significance
-from ..evaluation import CACHE_DIR, encode_cached, rank, rank_embeddings
+from ..evaluation import CACHE_DIR, encode_cached, rank, rank_embeddings, score_run
 from ..fileio import read_json, write_json
 from ..fit import TrainingSettings, fit
 from ..datasets import QUORA_FILE
@@ -234,12 +234,12 @@ def as_scored_pairs(triplets: list) -> list:
     return [Example((t.texts[0], text), label) for t in triplets for text, label in ((t.texts[1], 1.0), (t.texts[2], 0.0))]
 
 
-def train(model, examples: list, spec, folder: Path, settings: TrainingSettings, identity: dict,
+def train(model, examples: list, spec, folder: Path, settings: TrainingSettings, run_inputs: dict,
           classifier=None) -> dict:
     """fit() into `folder` (from its checkpoint when a killed run left one), save folder/final, and
     return what the report needs: training seconds, examples, steps and the loss of every step."""
     torch.manual_seed(settings.seed)  # dropout draws the same numbers whichever models ran before
-    result = fit(model, examples, spec, folder, settings, identity=identity, classifier=classifier,
+    result = fit(model, examples, spec, folder, settings, run_inputs=run_inputs, classifier=classifier,
                  resume=(folder / "checkpoint.pt").is_file())
     model.save(folder / "final")
     log = [json.loads(line) for line in (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -253,8 +253,7 @@ def retrieval_scores(model, retrieval: datasets.RetrievalData, score: str = "cos
     SentenceModel, or "bm25" / "jaccard") ranking the split's corpus with `score` (cosine, dot or
     euclidean); exclude_self drops the document whose id is the query's."""
     run = rank(model, retrieval, max(ks), score=score, cache_dir=EMBEDDING_CACHE, exclude_self=exclude_self)
-    per_query = metrics.per_query_scores(run, retrieval.qrels, ks, definitions)
-    return {"scores": metrics.average_scores(per_query), "per_query": per_query}
+    return score_run(run, retrieval.qrels, ks, definitions)
 
 
 def embedding_scores(queries, corpus, retrieval: datasets.RetrievalData, score: str = "cosine",
@@ -262,8 +261,7 @@ def embedding_scores(queries, corpus, retrieval: datasets.RetrievalData, score: 
     """retrieval_scores for embeddings already computed: queries (Q, D) and corpus (N, D), in the
     order of retrieval.queries and retrieval.corpus."""
     run = rank_embeddings(queries, corpus, retrieval, max(KS), score, exclude_self)
-    per_query = metrics.per_query_scores(run, retrieval.qrels, KS)
-    return {"scores": metrics.average_scores(per_query), "per_query": per_query}
+    return score_run(run, retrieval.qrels, KS)
 
 
 def check_per_query(result: dict, path: Path) -> None:
@@ -303,11 +301,6 @@ def over_seeds(results: list) -> dict:
 def paired_test(a: dict, b: dict, metric: str) -> dict:
     """significance.compare of model a's and model b's per-query values of `metric` (a - b)."""
     return significance.compare(a["per_query"][metric], b["per_query"][metric])
-
-
-def with_holm(tests: list) -> list:
-    """The tests, each with "p_holm": its randomization p adjusted by Holm's method over the list."""
-    return [{**t, "p_holm": p} for t, p in zip(tests, significance.holm([t["p_randomization"] for t in tests]))]
 
 
 def p_text(p: float) -> str:

@@ -40,7 +40,8 @@ from .. import significance
 from ..evaluation import sts_similarities
 from ..fit import TrainingSettings
 from ..losses import SoftmaxClassifier, select_loss
-from ..metrics import spearman
+from ..correlation import spearman
+from ..significance import with_holm
 from ..training_data import Example
 from . import runner
 
@@ -107,7 +108,7 @@ def main(argv=None):
             settings = TrainingSettings(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, seed=seed, margin=1.0,
                                         checkpoint_steps=runner.CHECKPOINT_STEPS)
             training = runner.train(model, examples[name], select_loss(*loss), folder, settings,
-                                    identity={"model": s.model, "data": s.data}, classifier=classifier)
+                                    run_inputs={"model": s.model, "data": s.data}, classifier=classifier)
             return {**scores(model), "training": training}
         runs = [study.entry(f"{name}-seed{seed}", lambda folder, train_and_evaluate=train_and_evaluate, seed=seed:
                             train_and_evaluate(folder, seed=seed)) for seed in runner.seed_list(s)]
@@ -135,9 +136,9 @@ def claims(results: dict, gold: np.ndarray) -> dict:
     """Each objective against the start model: Spearman on STS-B test and NDCG@10 on the retrieval
     test split, each family Holm-adjusted over the objectives."""
     start = results["untrained"]
-    spearmans = runner.with_holm([significance.spearman_difference(results[name]["sts_cosine"], start["sts_cosine"], gold)
-                                  for name in OBJECTIVES])
-    ndcgs = runner.with_holm([runner.paired_test(results[name], start, "ndcg@10") for name in OBJECTIVES])
+    spearmans = with_holm([significance.spearman_difference(results[name]["sts_cosine"], start["sts_cosine"], gold)
+                           for name in OBJECTIVES])
+    ndcgs = with_holm([runner.paired_test(results[name], start, "ndcg@10") for name in OBJECTIVES])
     return {name: {"spearman": sp, "ndcg@10": nd} for name, sp, nd in zip(OBJECTIVES, spearmans, ndcgs)}
 
 

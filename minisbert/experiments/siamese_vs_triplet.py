@@ -59,6 +59,7 @@ import numpy as np
 from ..datasets import what_data
 from ..fit import TrainingSettings
 from ..losses import select_loss
+from ..significance import with_holm
 from ..training_data import SCORED, TRIPLETS, training_examples
 from . import figures, runner
 from .pca import fit_pca
@@ -137,7 +138,7 @@ def main(argv=None):
                                             margin=1.0 if margin is None else margin,
                                             checkpoint_steps=runner.CHECKPOINT_STEPS)
                 training = runner.train(model, pairs if arch == "siamese" else triplets, select_loss(arch, measure),
-                                        folder, settings, identity={"model": s.model, "data": s.data})
+                                        folder, settings, run_inputs={"model": s.model, "data": s.data})
                 return {"measure": measure, **runner.retrieval_scores(model, test, measure), "training": training,
                         "pca": embedding_pca(model, test, test_triplets, drawn)}
             runs.append(study.entry(f"{name}-seed{seed}", train_and_evaluate))
@@ -192,12 +193,12 @@ def claims(s, results: dict) -> dict:
     "measures" (per architecture and margin: the cosine network against the euclidean one)."""
     trained = networks(s.margins)
     start = {"cosine": results["untrained"], "euclidean": results["untrained-euclidean"]}
-    against_start = runner.with_holm([runner.paired_test(results[name], start[measure], MAIN_METRIC)
-                                      for name, _, _, measure, _ in trained])
+    against_start = with_holm([runner.paired_test(results[name], start[measure], MAIN_METRIC)
+                               for name, _, _, measure, _ in trained])
     pairs = [("Siamese network", "siamese-cosine", "siamese-euclidean")] + [
         (f"Triplet network, margin {margin:g}", f"triplet-cosine-margin{margin:g}", f"triplet-euclidean-margin{margin:g}")
         for margin in s.margins]
-    measures = runner.with_holm([runner.paired_test(results[cos], results[euc], MAIN_METRIC) for _, cos, euc in pairs])
+    measures = with_holm([runner.paired_test(results[cos], results[euc], MAIN_METRIC) for _, cos, euc in pairs])
     return {"against_start": {name: test for (name, *_), test in zip(trained, against_start)},
             "measures": {network: {"cosine": cos, "euclidean": euc, **test}
                          for (network, cos, euc), test in zip(pairs, measures)}}
