@@ -25,67 +25,53 @@ top-k comes from a stable sort (equal scores stay in column order) and `merge_to
 scores by index. Scores computed in two different ways (on two devices, say) may differ in the
 last float32 bits, so two rows whose exact scores are that close may come out in either order.
 
-This module is the plain search, and it reads alone: it checks shape, dtype and finiteness, and
-expects embeddings of the size models produce. minisbert/search.py is the search the library
-calls: it runs the loop below (`top_k_by_blocks`) or the fast paths in minisbert/fast/, and
-adds what a search over any embeddings needs (rows near float32's limits, scores that could
-overflow, query ids to leave out). Checked against brute force (every score in float64, a stable
-sort) with chunk sizes that do not divide N in tests/test_retrieval.py.
+This module is the plain search, the reference every faster path is tested against. What it
+needs besides the loop, and shares with the fast paths, is in minisbert/search_inputs.py: the checks
+of the inputs (shapes, rows that are not finite, scores that could overflow float32, ids to leave
+out) and the rows as each score function scores them. minisbert/search.py is the search the library
+calls: this loop with fast=False, else minisbert/fast/. Checked against brute force (every score in
+float64, a stable sort) with chunk sizes that do not divide N in tests/test_retrieval.py.
 """
+
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 import torch
 
-SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
+from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, SearchInputs, check_inputs, drop_excluded
 
 
-def search(queries, corpus, k: int, score: str = "cosine", query_chunk_size: int = 1024,
-           corpus_chunk_size: int = 8192) -> tuple:
-    """Exact top-k corpus rows for each query row: (scores, indices), each (Q, min(k, N)), best
-    first, ties to the lower index. queries (Q, d) and corpus (N, d): floating-point torch tensors
-    or numpy arrays (numpy results for numpy inputs). Scores are float32, distances for euclidean.
-    The chunk sizes change only speed and memory (minisbert/search_inputs.py says why these)."""
-    return_numpy = isinstance(queries, np.ndarray) and isinstance(corpus, np.ndarray)
-    queries, corpus = embedding_matrix(queries, "queries"), embedding_matrix(corpus, "corpus")
-    if score not in SCORE_FUNCTIONS:
-        raise ValueError(f"unknown score {score!r}; choose one of {', '.join(SCORE_FUNCTIONS)}")
-    if queries.shape[1] != corpus.shape[1] or corpus.shape[0] == 0 or not isinstance(k, int) or k < 1:
-        raise ValueError(f"need k >= 1 (got {k}) and a non-empty corpus of the queries' dimension: got queries "
-                         f"{tuple(queries.shape)} and corpus {tuple(corpus.shape)}")
-    queries, query_sizes = scoring_rows(queries.float(), score, "queries", 0)  # (Q, d), (Q,)
-    chunks = (scoring_rows(corpus[start:start + corpus_chunk_size].float(), score, "corpus", start)
-              for start in range(0, corpus.shape[0], corpus_chunk_size))
-    top_scores, top_indices = top_k_by_blocks(queries, chunks, min(k, corpus.shape[0]), score, query_chunk_size)
-    if score == "euclidean":  # from the ranking key 2 q·c - |c|² back to the distance
-        top_scores = (query_sizes[:, None] - top_scores).clamp_min(0).sqrt()  # (Q, k)
-    if return_numpy:
-        return top_scores.numpy(), top_indices.numpy()
-    return top_scores, top_indices
+def search(
+    queries: torch.Tensor | np.ndarray,
+    corpus: torch.Tensor | np.ndarray | PreparedCorpus,
+    k: int,
+    score: str | None = None,
+    query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
+    corpus_chunk_size: int | None = None,
+    query_ids: Sequence[Hashable] | None = None,
+    corpus_ids: Sequence[Hashable] | None = None,
+    device: str | torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[np.ndarray, np.ndarray]:
+    """Exact top-k corpus rows for each query row, the plain way. The arguments and what comes
+    back are those of `minisbert.search.search` (see there); score defaults to cosine, or to the
+    score a prepared corpus was made for."""
+    inputs = check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids,
+                          corpus_ids, device)
+    return inputs.results(*chunked_search(inputs))
 
 
-def embedding_matrix(embeddings, name: str) -> torch.Tensor:
-    """`embeddings` as a 2-D floating-point tensor, or a ValueError naming what it is instead."""
-    if isinstance(embeddings, np.ndarray):
-        embeddings = torch.from_numpy(embeddings)
-    if not isinstance(embeddings, torch.Tensor) or embeddings.ndim != 2 or not embeddings.is_floating_point():
-        raise ValueError(f"{name} must be a 2-D floating-point torch tensor or numpy array (rows, dim), got "
-                         f"{getattr(embeddings, 'dtype', type(embeddings).__name__)} of shape "
-                         f"{tuple(getattr(embeddings, 'shape', ()))}")
-    return embeddings
+def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loop below on checked inputs: corpus chunks checked and made ready by
+    `SearchInputs.corpus_chunk`, excluded pairs dropped block by block. Returns the (Q, k) scores
+    (ranking keys for euclidean) and corpus indices, best first."""
+    starts = range(0, inputs.corpus.shape[0], inputs.corpus_chunk_size)
+    chunks = (inputs.corpus_chunk(start) for start in starts)  # (Nc, d) rows as scored, (Nc,) sizes
 
+    def drop(block, query_start, doc_start):  # the pairs whose ids are equal
+        drop_excluded(block, inputs.excluded, query_start, doc_start)
 
-def scoring_rows(rows: torch.Tensor, score: str, name: str, start: int) -> tuple:
-    """The (n, d) float32 rows as they are scored (unit rows for cosine) and their (n,) sizes:
-    squared norms for euclidean (its ranking key needs them), else norms. Refuses, by row number,
-    a row holding NaN or inf or too large for float32."""
-    sizes = torch.linalg.vecdot(rows, rows) if score == "euclidean" else torch.linalg.vector_norm(rows, dim=1)
-    if not torch.isfinite(sizes).all():
-        row = start + int(torch.isfinite(sizes).logical_not().nonzero()[0])
-        raise ValueError(f"{name} row {row} contains NaN or inf, or values too large for float32; embed it "
-                         "again or drop it")
-    if score == "cosine":  # a zero row scores 0 instead of NaN
-        rows = rows / sizes.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
-    return rows, sizes
+    return top_k_by_blocks(inputs.queries, chunks, inputs.k, inputs.score, inputs.query_chunk_size,
+                           drop if inputs.excluded is not None else None)
 
 
 def top_k_by_blocks(queries: torch.Tensor, chunks, k: int, score: str, query_chunk_size: int,

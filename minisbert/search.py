@@ -4,11 +4,13 @@
 rows near float32's limits, scores that could overflow, ids to leave out) and return the same
 top-k, ties included:
 
-- fast=False runs the plain loop of minisbert/retrieval.py, `top_k_by_blocks`: score a block, take
-  its top-k, merge; the reference the fast paths are tested against.
-- fast=True (the default) runs minisbert/fast/retrieval.py, which returns the same top-k faster:
-  it skips most of the plain path's step 2 and, where the CPU multiplies bfloat16 natively, most of
-  step 1; its docstring says how. On a CUDA device the fast path is minisbert/fast/device_search.py:
+- fast=False runs the plain search of minisbert/retrieval.py: score a block, take its top-k,
+  merge; the reference the fast paths are tested against.
+- fast=True (the default) runs minisbert/fast/retrieval.py, which returns the same top-k faster at
+  every number of queries: for a few, it reads the corpus once, in pieces that stay in the cache
+  while they are checked and scored; for many, it skips most of the plain path's step 2 and, where
+  the CPU multiplies bfloat16 natively, most of step 1; its docstring says how. On a CUDA device
+  the fast path is minisbert/fast/device_search.py:
   the same three steps, queued for the GPU without waiting on it, block after block (the plain
   loop reads results back to the host at every chunk, to check it and to drop excluded pairs),
   with a corpus in CPU memory copied over while the previous chunk is scored.
@@ -19,6 +21,17 @@ or in CPU memory, streamed to the GPU chunk by chunk while the previous chunk is
 from pinned memory: `corpus = corpus.pin_memory()` once, then `search(..., device="cuda")`. A corpus
 in ordinary CPU memory is staged through pinned buffers, one more copy per chunk.
 
+A corpus searched again and again is best prepared once, `prepare_corpus`: its rows are checked
+and normalised (cosine) once, and where the CPU multiplies bfloat16 natively a bfloat16 copy is
+kept beside them, which the fast path screens with when few queries come at a time (half the bytes
+to read; the float32 rows still decide every score). `search` takes it in place of the
+embeddings; `.save(path)` writes it and `load_corpus(path)` reads it back, so a corpus encoded
+once is searched again without encoding it again:
+
+    corpus = prepare_corpus(model.encode(documents))      # score="cosine"
+    corpus.save("corpus.safetensors")
+    scores, rows = search(model.encode(["a question"]), load_corpus("corpus.safetensors"), k=10)
+
 Score functions, the tie rule and the loop are described in minisbert/retrieval.py. For euclidean
 the tie rule applies to the ranking key 2 q·c - |c|² as computed in float32. Checked against brute
 force in tests/test_retrieval.py and tests/test_device_search.py, and for speed against
@@ -26,20 +39,21 @@ sentence-transformers `util.semantic_search` and FAISS `IndexFlatIP` in bench/re
 """
 
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from .fast.retrieval import fast_search
-from .retrieval import top_k_by_blocks
-from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, SearchInputs, check_inputs, drop_excluded
+from . import cpu, retrieval
+from .fast.retrieval import fast_search, screen_rows
+from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, check_inputs, prepare, read_prepared
 
 
 def search(
     queries: torch.Tensor | np.ndarray,
-    corpus: torch.Tensor | np.ndarray,
+    corpus: torch.Tensor | np.ndarray | PreparedCorpus,
     k: int,
-    score: str = "cosine",
+    score: str | None = None,
     query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
     corpus_chunk_size: int | None = None,
     query_ids: Sequence[Hashable] | None = None,
@@ -52,10 +66,12 @@ def search(
 
     Args:
         queries: (Q, d) float embeddings (torch tensor or numpy array).
-        corpus: (N, d) float embeddings. May be float16/bfloat16 (e.g. to halve memory); each
-            chunk is upcast to float32 before scoring, so scores are float32 whatever the input.
+        corpus: (N, d) float embeddings, or a PreparedCorpus (`prepare_corpus`). May be
+            float16/bfloat16 (e.g. to halve memory); each chunk is upcast to float32 before
+            scoring, so scores are float32 whatever the input.
         k: number of results per query. If k > N the whole corpus is returned, ranked.
-        score: "cosine", "dot" or "euclidean" (see minisbert/retrieval.py).
+        score: "cosine" (the default), "dot" or "euclidean" (see minisbert/retrieval.py). For a
+            prepared corpus, the score it was prepared for (another is refused).
         query_chunk_size, corpus_chunk_size: block shape. Only speed and memory depend on them,
             never the results. corpus_chunk_size defaults to 8192 on CPU, 32768 on CUDA.
         query_ids, corpus_ids: optional ids (any hashable values), one per query and one per
@@ -69,12 +85,13 @@ def search(
             speed differs. None (the default) screens on a CPU with native bfloat16 dot
             products. The search on a CUDA device never screens.
         fast: True (the default) runs minisbert/fast/retrieval.py, False the plain loop of
-            minisbert/retrieval.py (`chunked_search` below). Both return the same top-k.
+            minisbert/retrieval.py. Both return the same top-k.
 
     Returns:
         (scores, indices), each (Q, min(k, N)), best first: float32 scores (distances for
         euclidean, smallest first) and int64 corpus row indices. Ties go to the lower corpus
-        index. numpy arrays if both inputs are numpy arrays, else torch tensors on `device`.
+        index. numpy arrays if both inputs are numpy arrays (or numpy queries and a prepared
+        corpus), else torch tensors on `device`.
         Where fewer than min(k, N) rows remain for a query (only possible with ids), the row is
         padded with index -1 and score -inf (+inf distance for euclidean).
 
@@ -84,27 +101,36 @@ def search(
             inf or too large for float32 (see minisbert/search_inputs.py), ids whose count does
             not match the embeddings, or bf16_screen=True with fast=False.
     """
-    inputs = check_inputs(
-        queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids, corpus_ids, device
-    )
-    if fast:
-        top_scores, top_indices = fast_search(inputs, bf16_screen)
-    elif bf16_screen:
-        raise ValueError("bf16_screen=True needs the fast path; pass fast=True or drop bf16_screen")
-    else:
-        top_scores, top_indices = chunked_search(inputs)
-    return inputs.results(top_scores, top_indices)
+    if not fast:
+        if bf16_screen:
+            raise ValueError("bf16_screen=True needs the fast path; pass fast=True or drop bf16_screen")
+        return retrieval.search(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids,
+                                corpus_ids, device)
+    inputs = check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids, corpus_ids,
+                          device)
+    return inputs.results(*fast_search(inputs, bf16_screen))
 
 
-def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain loop (retrieval.top_k_by_blocks) on checked inputs: corpus chunks checked and
-    prepared by `SearchInputs.corpus_chunk`, excluded pairs dropped block by block. Returns the
-    (Q, k) scores (ranking keys for euclidean) and corpus indices, best first."""
-    starts = range(0, inputs.corpus.shape[0], inputs.corpus_chunk_size)
-    chunks = (inputs.corpus_chunk(start) for start in starts)  # (Nc, d) rows as scored, (Nc,) sizes
+def prepare_corpus(embeddings: torch.Tensor | np.ndarray, score: str = "cosine",
+                   screen: bool | None = None) -> PreparedCorpus:
+    """(N, d) embeddings checked once and kept as `score` scores them, for many searches.
 
-    def drop(block, query_start, doc_start):  # the pairs whose ids are equal
-        drop_excluded(block, inputs.excluded, query_start, doc_start)
+    Refuses what `search` refuses (rows holding NaN or inf), with the same messages. screen: keep
+    a bfloat16 copy of the rows for the fast path's screen (N·d·2 bytes more); None (the default)
+    keeps one on a CPU that multiplies bfloat16 natively. Results never depend on it."""
+    prepared = prepare(embeddings, score)
+    if screen is None:
+        screen = prepared.rows.device.type == "cpu" and cpu.native_bfloat16()
+    if screen:
+        prepared.screen = screen_rows(prepared.rows, prepared.sizes, score)
+    return prepared
 
-    return top_k_by_blocks(inputs.queries, chunks, inputs.k, inputs.score, inputs.query_chunk_size,
-                           drop if inputs.excluded is not None else None)
+
+def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
+    """The prepared corpus `PreparedCorpus.save` wrote to `path`; screen as in `prepare_corpus`."""
+    prepared = read_prepared(path)
+    if screen is None:
+        screen = cpu.native_bfloat16()
+    if screen:
+        prepared.screen = screen_rows(prepared.rows, prepared.sizes, prepared.score)
+    return prepared

@@ -1,9 +1,10 @@
 """The inputs of an exact top-k search, checked and made ready to score.
 
-Both paths of `minisbert.search.search`, the plain loop (minisbert/retrieval.py) and the fast one
-(minisbert/fast/retrieval.py), start from a `SearchInputs` and end with its `results`, so they
-accept, refuse and return exactly the same things. The plain `minisbert.retrieval.search`, written
-to be read alone, checks only what embeddings of ordinary size need.
+The plain search (minisbert/retrieval.py) and the fast one (minisbert/fast/retrieval.py) both start
+from a `SearchInputs` and end with its `results`, so they accept, refuse and return exactly the
+same things. A corpus searched many times can be checked and made ready once: a `PreparedCorpus`
+holds its rows as they are scored (unit rows for cosine) and their sizes, and is saved and loaded
+whole (minisbert/search.py: `prepare_corpus`, `load_corpus`).
 
 What is checked here, for the queries and the corpus alike:
 
@@ -19,15 +20,22 @@ An input that fails gets a ValueError naming the input and the row. The corpus i
 chunk as it is scored: here by `SearchInputs.corpus_chunk`, which reads each chunk's outcome back
 to the host, and on a GPU by minisbert/fast/device_search.py, which keeps it on the device and
 reads it once at the end; both raise through `not_finite_error` and `check_scores_fit`, so the
-messages are the same. Tested through every search in tests/test_retrieval.py and
+messages are the same. A prepared corpus was checked when it was prepared; a search over it checks
+only the queries, and the score bound against its largest row. Tested through every search in tests/test_retrieval.py and
 tests/test_device_search.py.
 """
 
+import json
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+from .fileio import atomic_write
 
 SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
 
@@ -51,6 +59,72 @@ LARGEST_SCORE = torch.finfo(torch.float32).max / 2
 
 
 @dataclass
+class PreparedCorpus:
+    """A corpus checked once and kept as the search scores it (see `prepare`)."""
+
+    rows: torch.Tensor  # (N, d) float32 rows as scored: unit rows for cosine
+    sizes: torch.Tensor  # (N,) float32: squared norms for euclidean, else the rows' norms as given
+    score: str  # the score function the rows were prepared for
+    screen: torch.Tensor | None = None  # (N, d') bfloat16 copy for the fast path's screen, if kept
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.rows.shape
+
+    def save(self, path: str | Path) -> None:
+        """Write the rows, sizes and score function to one safetensors file, atomically. The
+        screen is not saved: `load_corpus` makes it again, one pass over the rows."""
+        metadata = {"format": CORPUS_FORMAT, "score": self.score}
+        tensors = {"rows": self.rows.contiguous().cpu(), "sizes": self.sizes.contiguous().cpu()}
+        atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+CORPUS_FORMAT = "minisbert prepared corpus 1"
+
+
+def prepare(embeddings: torch.Tensor | np.ndarray, score: str) -> PreparedCorpus:
+    """Check every row of (N, d) `embeddings` once and keep them as `score` scores them; refuses
+    what a search would refuse, with the same messages. Without a screen (see minisbert/search.py)."""
+    corpus = _as_embedding_matrix(embeddings, "corpus")
+    _check_arguments(corpus[:0], corpus, 1, score, 1, None)
+    rows = torch.empty(corpus.shape, dtype=torch.float32, device=corpus.device)  # (N, d)
+    sizes = torch.empty(corpus.shape[0], dtype=torch.float32, device=corpus.device)  # (N,)
+    for start in range(0, corpus.shape[0], DEFAULT_CORPUS_CHUNK_SIZE):
+        end = start + DEFAULT_CORPUS_CHUNK_SIZE
+        chunk = corpus[start:end].to(torch.float32)
+        sizes[start:end] = checked_sizes(chunk, score, "corpus", start)
+        if score == "cosine":
+            torch.div(chunk, sizes[start:end].clamp_min(TINY)[:, None], out=rows[start:end])
+        else:
+            rows[start:end] = chunk
+    return PreparedCorpus(rows, sizes, score)
+
+
+def read_prepared(path: str | Path) -> PreparedCorpus:
+    """The PreparedCorpus `PreparedCorpus.save` wrote to `path` (without its screen)."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as opened:
+            metadata = opened.metadata() or {}
+        tensors = load_file(str(path))
+    except FileNotFoundError as error:
+        raise ValueError(f"{path}: no such file") from error
+    except (OSError, SafetensorError) as error:
+        raise ValueError(f"{path}: not a prepared corpus file ({error})") from error
+    if metadata.get("format") != CORPUS_FORMAT or metadata.get("score") not in SCORE_FUNCTIONS:
+        raise ValueError(f"{path}: not a prepared corpus file (metadata {json.dumps(metadata)}); write one "
+                         "with minisbert.search.prepare_corpus(...).save(path)")
+    rows, sizes = tensors.get("rows"), tensors.get("sizes")
+    if rows is None or sizes is None or rows.ndim != 2 or sizes.shape != rows.shape[:1]:
+        raise ValueError(f"{path}: a prepared corpus needs 'rows' (N, d) and 'sizes' (N,), got "
+                         f"{ {name: tuple(t.shape) for name, t in tensors.items()} }")
+    return PreparedCorpus(rows, sizes, metadata["score"])
+
+
+@dataclass
 class SearchInputs:
     """One search, checked: what `check_inputs` returns."""
 
@@ -64,29 +138,35 @@ class SearchInputs:
     excluded: torch.Tensor | None  # (P, 2) [query row, corpus row] pairs never to return
     device: torch.device
     return_numpy: bool  # both inputs were numpy arrays
+    prepared: PreparedCorpus | None = None  # the corpus as prepared, when it was (corpus = its rows)
 
     def corpus_chunk(
-        self, doc_start: int, out: torch.Tensor | None = None
+        self, doc_start: int, out: torch.Tensor | None = None, size: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The corpus chunk starting at row `doc_start`, checked: (Nc, d) float32 rows on the
-        device, as they are scored (unit rows for cosine, written into `out` if given), and their
-        (Nc,) sizes: squared norms for euclidean (the ranking key needs them), else norms."""
-        chunk = self.corpus[doc_start : doc_start + self.corpus_chunk_size]
-        chunk = chunk.to(device=self.device, dtype=torch.float32)  # (Nc, d)
-        sizes = row_sizes(chunk, self.score)  # (Nc,)
-        check_finite_rows(sizes, "corpus", doc_start)
+        """The corpus chunk of `size` rows (default corpus_chunk_size) starting at row
+        `doc_start`, checked: (Nc, d) float32 rows on the device, as they are scored (unit rows
+        for cosine, written into `out` if given), and their (Nc,) sizes: squared norms for
+        euclidean (the ranking key needs them), else norms. A prepared corpus's are read as kept."""
+        end = doc_start + (size or self.corpus_chunk_size)
+        if self.prepared is not None:
+            return self.prepared.rows[doc_start:end].to(self.device), self.prepared.sizes[doc_start:end].to(self.device)
+        chunk = self.corpus[doc_start:end].to(device=self.device, dtype=torch.float32)  # (Nc, d)
+        sizes = checked_sizes(chunk, self.score, "corpus", doc_start, self.largest_query_size)  # (Nc,)
         if self.score == "cosine":
             out = None if out is None else out[: chunk.shape[0]]
             chunk = torch.div(chunk, sizes.clamp_min(TINY)[:, None], out=out)
-        elif self.queries.shape[0] > 0:
-            self._check_scores_fit(sizes, doc_start)
         return chunk, sizes
 
-    def _check_scores_fit(self, chunk_sizes: torch.Tensor, doc_start: int) -> None:
-        """Raise if the largest query and the largest row of a chunk could score beyond float32."""
-        query_row, doc_row = int(self.query_sizes.argmax()), int(chunk_sizes.argmax())
-        query_size, doc_size = float(self.query_sizes[query_row]), float(chunk_sizes[doc_row])
-        check_scores_fit(self.score, query_row, query_size, doc_start + doc_row, doc_size)
+    @property
+    def largest_query_size(self) -> tuple[int, float] | None:
+        """(row, size) of the query with the largest size, for the score bound of dot and
+        euclidean; None where no bound applies (cosine, or no queries)."""
+        if self.score == "cosine" or self.queries.shape[0] == 0:
+            return None
+        if not hasattr(self, "_largest_query"):
+            row = int(self.query_sizes.argmax())
+            self._largest_query = (row, float(self.query_sizes[row]))
+        return self._largest_query
 
     def results(
         self, top_scores: torch.Tensor, top_indices: torch.Tensor
@@ -114,7 +194,15 @@ def check_inputs(
 ) -> SearchInputs:
     """Check the arguments of `minisbert.search.search` (see there) and the queries, and
     prepare them. Corpus rows are checked chunk by chunk, by `SearchInputs.corpus_chunk`."""
-    return_numpy = isinstance(queries, np.ndarray) and isinstance(corpus, np.ndarray)
+    prepared = corpus if isinstance(corpus, PreparedCorpus) else None
+    if prepared is not None:
+        if score is not None and score != prepared.score:
+            raise ValueError(f"the corpus was prepared for score={prepared.score!r}, not {score!r}; prepare it "
+                             f"again for {score!r}, or leave score out")
+        score, corpus = prepared.score, prepared.rows
+    elif score is None:
+        score = "cosine"
+    return_numpy = isinstance(queries, np.ndarray) and (prepared is not None or isinstance(corpus, np.ndarray))
     queries = _as_embedding_matrix(queries, "queries")
     corpus = _as_embedding_matrix(corpus, "corpus")
     _check_arguments(queries, corpus, k, score, query_chunk_size, corpus_chunk_size)
@@ -128,6 +216,9 @@ def check_inputs(
     check_finite_rows(query_sizes, "queries", 0)
     if score == "cosine":
         queries = queries / query_sizes.clamp_min(TINY)[:, None]
+    elif prepared is not None and queries.shape[0] > 0 and corpus.shape[0] > 0:
+        query_row, doc_row = int(query_sizes.argmax()), int(prepared.sizes.argmax())
+        check_scores_fit(score, query_row, float(query_sizes[query_row]), doc_row, float(prepared.sizes[doc_row]))
     return SearchInputs(
         queries=queries,
         query_sizes=query_sizes,
@@ -139,6 +230,7 @@ def check_inputs(
         excluded=_excluded_pairs(query_ids, corpus_ids, queries.shape[0], corpus.shape[0], device),
         device=device,
         return_numpy=return_numpy,
+        prepared=prepared,
     )
 
 
@@ -146,6 +238,27 @@ def row_sizes(matrix: torch.Tensor, score: str) -> torch.Tensor:
     """(n,) what each score function needs of a row: its squared norm for euclidean, else its
     norm. NaN or inf exactly when the row holds a NaN or an inf, or is too large for float32."""
     return squared_row_norms(matrix) if score == "euclidean" else row_norms(matrix)
+
+
+def checked_sizes(
+    chunk: torch.Tensor, score: str, name: str, start: int, largest_query: tuple[int, float] | None = None
+) -> torch.Tensor:
+    """(n,) sizes of the (n, d) float32 rows of `chunk` (see `row_sizes`), numbered from `start`,
+    after checking them: every size finite and, given the (row, size) of the largest query, no
+    score beyond float32's range. One reduction and one read in the usual case; the rare rows
+    that need care (a norm that overflowed or underflowed, a bad row to name) are found after."""
+    sizes = squared_row_norms(chunk) if score == "euclidean" else torch.linalg.vector_norm(chunk, dim=1)
+    if sizes.numel() == 0:
+        return sizes
+    smallest, largest = (float(value) for value in torch.aminmax(sizes))
+    # Written so that a NaN fails the test too.
+    if not largest < float("inf") or (score != "euclidean" and not smallest >= 2.0**-60):
+        sizes = row_sizes(chunk, score)
+        check_finite_rows(sizes, name, start)
+        largest = float(sizes.max())
+    if largest_query is not None and score_bound(score, largest_query[1], largest) > LARGEST_SCORE:
+        check_scores_fit(score, largest_query[0], largest_query[1], start + int(sizes.argmax()), largest)
+    return sizes
 
 
 def row_norms(matrix: torch.Tensor) -> torch.Tensor:
@@ -191,18 +304,20 @@ def check_scores_fit(
     for euclidean; see `row_sizes`) could score beyond float32. Plain numbers, read from the
     device by the caller: `SearchInputs.corpus_chunk` reads them chunk by chunk, the device
     search (minisbert/fast/device_search.py) all at once at the end."""
-    if score == "euclidean":
-        query_norm, doc_norm = query_size**0.5, doc_size**0.5
-        bound = (query_norm + doc_norm) ** 2
-    else:
-        query_norm, doc_norm = query_size, doc_size
-        bound = query_norm * doc_norm
-    if bound > LARGEST_SCORE:
+    if score_bound(score, query_size, doc_size) > LARGEST_SCORE:
+        query_norm, doc_norm = (query_size**0.5, doc_size**0.5) if score == "euclidean" else (query_size, doc_size)
         raise ValueError(
             f"queries row {query_row} (norm {query_norm:.3g}) and corpus row {doc_row} "
             f"(norm {doc_norm:.3g}) may score beyond float32 with score={score!r}; scale the "
             f"embeddings down or use score='cosine'"
         )
+
+
+def score_bound(score: str, query_size: float, doc_size: float) -> float:
+    """The largest |score| a query and a row of these sizes (see `row_sizes`) can have."""
+    if score == "euclidean":
+        return (query_size**0.5 + doc_size**0.5) ** 2
+    return query_size * doc_size
 
 
 def drop_excluded(

@@ -4,8 +4,8 @@ own code (`from minisbert import util` in place of `from sentence_transformers i
     cos_sim(a, b)               (n, m) cosine similarities          similarity.py
     dot_score(a, b)             (n, m) dot products                 similarity.py
     normalize_embeddings(x)     each row scaled to unit length      pooling.py
-    semantic_search(q, c, ...)  per query, a list of {"corpus_id", "score"}, best first: retrieval.search,
-                                its (Q, k) results written out in sentence-transformers' form
+    semantic_search(q, c, ...)  per query, a list of {"corpus_id", "score"}, best first: search.search
+                                (the fast path), its (Q, k) results in sentence-transformers' form
 
 a and b take what similarity() takes: arrays, tensors, lists of embeddings. Checked against
 sentence-transformers' util on all-MiniLM-L6-v2's embeddings in tests/test_st_calls.py.
@@ -14,7 +14,7 @@ sentence-transformers' util on all-MiniLM-L6-v2's embeddings in tests/test_st_ca
 import torch
 
 from .pooling import normalize
-from .retrieval import search
+from .search import search
 from .similarity import as_rows, similarity
 
 
@@ -41,12 +41,13 @@ def semantic_search(query_embeddings, corpus_embeddings, query_chunk_size: int =
     """For each query, its top_k corpus rows, best first, as [{"corpus_id": row, "score": score}, ...]
     (fewer when the corpus has fewer rows). Equal scores: the lower corpus row first.
 
-    score_function: cos_sim or dot_score (minisbert's search takes no other function)."""
+    score_function: cos_sim or dot_score (minisbert's search takes no other function). The chunk
+    sizes are accepted for sentence-transformers' signature; minisbert's search picks its own,
+    which change only speed, never the results."""
     if score_function not in SCORE_NAMES:
         raise ValueError(f"score_function must be minisbert.util.cos_sim or minisbert.util.dot_score, got "
-                         f"{score_function!r}; for another score call minisbert.retrieval.search(score=...)")
+                         f"{score_function!r}; for another score call minisbert.search.search(score=...)")
     queries, corpus = as_rows(query_embeddings, "query_embeddings"), as_rows(corpus_embeddings, "corpus_embeddings")
-    scores, indices = search(queries, corpus, min(top_k, len(corpus)), score=SCORE_NAMES[score_function],
-                             query_chunk_size=query_chunk_size, corpus_chunk_size=corpus_chunk_size)
+    scores, indices = search(queries, corpus, min(top_k, len(corpus)), score=SCORE_NAMES[score_function])
     return [[{"corpus_id": int(row), "score": float(score)} for row, score in zip(query_rows, query_scores)]
             for query_rows, query_scores in zip(indices.tolist(), scores.tolist())]

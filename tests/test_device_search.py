@@ -20,7 +20,7 @@ import torch
 from minisbert.fast import device_search as device_module
 from minisbert.fast import retrieval as fast_retrieval
 from minisbert.fast.device_search import device_search
-from minisbert.search import chunked_search
+from minisbert.retrieval import chunked_search
 from minisbert.search_inputs import check_inputs
 
 from .host_reads import HostReads

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from minisbert import retrieval
 from minisbert.fast import retrieval as fast_retrieval
 from minisbert.retrieval import merge_top_k
-from minisbert.search import search
+from minisbert.search import load_corpus, prepare_corpus, search
 
 SCORES = ("cosine", "dot", "euclidean")
 PATHS = {
@@ -296,10 +296,10 @@ def test_the_plain_search_returns_numpy_for_numpy():
 @pytest.mark.parametrize(
     "queries, corpus, message",
     [
-        (torch.randn(4), torch.randn(10, 4), "queries must be a 2-D floating-point"),
-        (torch.randn(3, 4), torch.ones(10, 4, dtype=torch.long), "corpus must be a 2-D floating-point"),
-        (torch.randn(3, 4), torch.randn(10, 5), "corpus of the queries' dimension"),
-        (torch.randn(3, 4), torch.zeros(0, 4), "a non-empty corpus"),
+        (torch.randn(4), torch.randn(10, 4), "queries must be 2-D"),
+        (torch.randn(3, 4), torch.ones(10, 4, dtype=torch.long), "corpus must be floating point"),
+        (torch.randn(3, 4), torch.randn(10, 5), "queries have dimension 4 but corpus has dimension 5"),
+        (torch.randn(3, 4), torch.zeros(0, 4), "corpus is empty"),
         (torch.tensor([[1.0, float("nan"), 0.0, 0.0]]), torch.randn(10, 4), "queries row 0 contains NaN or inf"),
         (torch.randn(3, 4), torch.randn(10, 4).index_fill_(0, torch.tensor([7]), float("inf")),
          "corpus row 7 contains NaN or inf"),
@@ -435,8 +435,11 @@ def test_crowded_scores_fall_back_to_float32_blocks_and_back_off(monkeypatch):
     # Every score is equal, so nothing can be ruled out.
     screens = count_calls(monkeypatch, fast_retrieval._Screen, "_candidates")
     float32_blocks = count_calls(monkeypatch, fast_retrieval, "_merge_block")
-    scores, indices = search(torch.ones(3, 4), torch.ones(800, 4), 5, corpus_chunk_size=100, bf16_screen=True)
-    assert indices.tolist() == [[0, 1, 2, 3, 4]] * 3
+    # More queries than FEW_QUERIES: the search by blocks of queries, where the screen is tried.
+    num_queries = fast_retrieval.FEW_QUERIES + 1
+    scores, indices = search(torch.ones(num_queries, 4), torch.ones(800, 4), 5, corpus_chunk_size=100,
+                             bf16_screen=True)
+    assert indices.tolist() == [[0, 1, 2, 3, 4]] * num_queries
     # Chunk 0 fills the top-k. Screens are tried on chunks 1, 3 and 7, each failure doubling
     # the wait before the next; every chunk is merged in float32.
     assert screens == [None, None, None]
@@ -706,3 +709,94 @@ def test_cuda_matches_cpu(score, path):
     assert torch.equal(gpu_indices.cpu(), expected_indices)
     torch.testing.assert_close(gpu_scores.cpu().double(), expected_scores, rtol=1e-4, atol=1e-4)
     assert torch.equal(cpu_indices, brute_force(queries, corpus, 10, score)[1])
+
+
+# ---- every number of queries, and a corpus prepared once ------------------------------------
+
+
+def prepared(corpus, score):
+    return prepare_corpus(corpus, score=score, screen=True)
+
+
+def prepared_saved_and_loaded(corpus, score, folder):
+    path = folder / "corpus.safetensors"
+    prepare_corpus(corpus, score=score).save(path)
+    return load_corpus(path, screen=True)
+
+
+@pytest.fixture
+def small_spans(monkeypatch):
+    """Spans and pieces of a few rows, so that the few-query search crosses many of both on a
+    test's small corpus (at the real sizes one span holds 65,536 rows)."""
+    monkeypatch.setattr(fast_retrieval, "SPAN_ROWS", 3 * 64)
+    monkeypatch.setattr(fast_retrieval, "PIECE_BYTES", 64 * 4 * 24)
+
+
+@pytest.mark.parametrize("score", SCORES)
+@pytest.mark.parametrize("num_queries", [1, 2, 16, 1000])
+@pytest.mark.parametrize("corpus_form", ["embeddings", "prepared", "saved and loaded"])
+def test_every_path_at_every_number_of_queries_matches_brute_force(score, num_queries, corpus_form, path,
+                                                                   small_spans, tmp_path):
+    # ids_problem: repeated rows (ties within and across spans and pieces), self-matches left
+    # out, entries whose every score is exact in float32, so every path must agree exactly.
+    # k = 250 is above the 203 rows, 12 below them.
+    queries, corpus, ids = ids_problem(score, torch.Generator().manual_seed(13))
+    rows = torch.arange(num_queries) % queries.shape[0]
+    queries, ids["query_ids"] = queries[rows], [ids["query_ids"][i] for i in rows.tolist()]
+    self_rows = [SELF_ROWS[i - 40] if i >= 40 else None for i in rows.tolist()]
+    search_corpus = {"embeddings": lambda: corpus, "prepared": lambda: prepared(corpus, score),
+                     "saved and loaded": lambda: prepared_saved_and_loaded(corpus, score, tmp_path)}[corpus_form]()
+    expected_scores, expected = brute_force(queries, corpus, corpus.shape[0], score)
+    for k in (12, 250):
+        scores, indices = search(queries, search_corpus, k, score=score, **ids, **path)
+        plain_scores, plain_indices = search(queries, corpus, k, score=score, **ids, fast=False)
+        assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
+        for query, own in enumerate(self_rows):
+            kept = [column for column, row in enumerate(expected[query].tolist()) if row != own][:k]
+            assert indices[query, : len(kept)].tolist() == expected[query, kept].tolist()
+            assert (indices[query, len(kept):] == -1).all()  # a self-match left out leaves padding
+            # Distances go through a square root; the other scores are exact (see ids_problem).
+            torch.testing.assert_close(scores[query, : len(kept)].double(), expected_scores[query, kept],
+                                       rtol=1e-6 if score == "euclidean" else 0, atol=0)
+
+
+@pytest.mark.parametrize("score", SCORES)
+@pytest.mark.parametrize("num_queries", [1, 2, 16, 1000])
+def test_random_embeddings_at_every_number_of_queries(score, num_queries, small_spans):
+    # Ordinary embeddings: the fast path and a prepared corpus rank as brute force does, with
+    # scores equal to float32 rounding (see assert_matches_brute_force).
+    generator = torch.Generator().manual_seed(num_queries)
+    queries, corpus = torch.randn(num_queries, 24, generator=generator), torch.randn(1000, 24, generator=generator)
+    assert_matches_brute_force(queries, corpus, 10, score)
+    scores, indices = search(queries, prepared(corpus, score), 10, score=score)
+    expected_scores, expected_indices = brute_force(queries, corpus, 10, score)
+    assert torch.equal(indices, expected_indices)
+    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_a_prepared_corpus_keeps_its_score_and_refuses_another():
+    corpus = prepare_corpus(torch.randn(50, 8), score="dot", screen=False)
+    scores, _ = search(torch.randn(2, 8), corpus, 3)  # dot, as prepared
+    assert scores.shape == (2, 3)
+    with pytest.raises(ValueError, match="prepared for score='dot', not 'cosine'"):
+        search(torch.randn(2, 8), corpus, 3, score="cosine")
+
+
+def test_preparing_refuses_what_search_refuses():
+    corpus = torch.randn(300, 8)
+    corpus[250, 3] = float("inf")
+    with pytest.raises(ValueError, match="corpus row 250 contains NaN or inf"):
+        prepare_corpus(corpus)
+
+
+def test_a_prepared_corpus_checks_the_score_bound_against_each_query():
+    corpus = prepare_corpus(torch.full((10, 4), 1e18), score="dot", screen=False)
+    with pytest.raises(ValueError, match="may score beyond float32"):
+        search(torch.full((1, 4), 1e20), corpus, 3)
+
+
+def test_a_file_that_is_not_a_prepared_corpus_is_named(tmp_path):
+    path = tmp_path / "corpus.safetensors"
+    path.write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="corpus.safetensors: not a prepared corpus file"):
+        load_corpus(path)

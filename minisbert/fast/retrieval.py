@@ -8,7 +8,17 @@ CUDA device `fast_search` hands the search to minisbert/fast/device_search.py: w
 built for a CPU, where reading a result to decide what to do next costs nothing, and on a GPU
 every such read stalls the device.
 
-Why it is fast on a CPU. The matrix product costs 2·Q·N·d FLOP and is compute-bound when the
+A few queries. With few queries (at most FEW_QUERIES) the product does little arithmetic per
+corpus row, and the search is as fast as the corpus can be read from memory: reading it once is
+the least any exact search must do. `_search_few` reads each row once: the corpus is taken in pieces
+of about PIECE_BYTES, small enough to stay in the core's cache while each is checked, normalised
+and multiplied, so only the first of those passes reads memory; the scores of a span of pieces
+then go through one filter and merge (below). Each piece costs a handful of torch calls, so
+pieces are as large as the cache allows. Over a prepared corpus (minisbert/search.py) nothing is
+left to check or normalise, a span is one product, and with a bfloat16 copy kept the screen
+(below) reads half the bytes.
+
+Many queries. The matrix product costs 2·Q·N·d FLOP and is compute-bound when the
 query chunk is large (BLAS-3), so the time to beat is the product itself; choosing the k best must
 add little. Sorting every block, as the plain path does, or calling `torch.topk` on it, would cost
 about a quarter as much as the product that made the block. Instead each query's column of the
@@ -53,6 +63,16 @@ from .device_search import device_search
 
 # Columns per group in the first, coarse filter of each block (see _merge_block).
 GROUP_SIZE = 64
+# Up to this many queries a call is memory-bound on a CPU (see the module docstring): a row of
+# 384 float32 takes 1.5 kB to read and 2·384·Q FLOP to score, and 2 cores compute about 100
+# FLOP in the time memory delivers 1.5 kB... (TODO measured)
+FEW_QUERIES = 32
+# The corpus piece a few-query search checks, normalises and scores while it stays in cache:
+# small enough for a core's L2 (1 MB on AMD Zen 4, 2 MB on Intel Sapphire Rapids) when the two
+# threads split it, large enough that the handful of torch calls per piece cost little.
+PIECE_BYTES = 2 * 2**20
+# Rows of corpus whose scores a few-query search filters and merges at once.
+SPAN_ROWS = 65536
 # Candidates scored at once after screening (see _Screen): 1024 x 384 float32 rows take 1.5 MB.
 RESCORE_PIECE = 1024
 # Unit roundoffs: rounding to bfloat16 (8 significant bits) or float32 (24) moves a value by at
@@ -61,14 +81,88 @@ BF16_UNIT = 2.0**-8
 F32_UNIT = 2.0**-24
 
 
+def screen_rows(rows: torch.Tensor, sizes: torch.Tensor, score: str) -> torch.Tensor:
+    """The (N, d') bfloat16 copy of (N, d) rows as scored that the screen multiplies (see _Screen):
+    the rows themselves, and for euclidean their (N,) squared norms as one more column."""
+    if score != "euclidean":
+        return rows.to(torch.bfloat16)
+    return torch.cat([rows, sizes[:, None]], dim=1).to(torch.bfloat16)
+
+
 def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (Q, k) scores (ranking keys 2 q·c - |c|² for euclidean) and corpus indices, best
-    first, as `minisbert.search.chunked_search` returns them. bf16_screen: see `search`."""
+    first, as the plain search's loop (minisbert/retrieval.py) returns them. bf16_screen: see
+    `minisbert.search.search`."""
     if inputs.device.type == "cuda":
         return device_search(inputs)  # screening is for CPUs: bf16_screen does not apply
+    kept = inputs.prepared.screen if inputs.prepared is not None else None
+    if bf16_screen is None:
+        bf16_screen = inputs.device.type == "cpu" and cpu.native_bfloat16()
+    if inputs.queries.shape[0] <= FEW_QUERIES:
+        # Few queries read the corpus once; a screen pays only where its copy is already made.
+        return _search_few(inputs, kept if bf16_screen is not False else None)
+    return _search_many(inputs, bf16_screen)
+
+
+def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fast_search for at most FEW_QUERIES queries: the corpus read once, a span at a time."""
+    queries, score, device = inputs.queries, inputs.score, inputs.device
+    num_queries, num_docs, dim, k = queries.shape[0], inputs.corpus.shape[0], queries.shape[1], inputs.k
+    top_scores = torch.full((num_queries, k), -torch.inf, device=device)  # (Q, k)
+    top_indices = torch.full_like(top_scores, -1, dtype=torch.long)  # (Q, k)
+    piece = min(max(GROUP_SIZE, PIECE_BYTES // (4 * dim) // GROUP_SIZE * GROUP_SIZE), inputs.corpus_chunk_size)
+    span = max(piece, SPAN_ROWS // piece * piece)
+    height = -(-min(span, num_docs) // GROUP_SIZE) * GROUP_SIZE
+    block_buffer = torch.empty(height, num_queries, device=device)  # (H, Q) corpus rows, queries
+    unit_buffer = None
+    if score == "cosine" and inputs.prepared is None:
+        unit_buffer = torch.empty(min(piece, num_docs), dim, device=device)
+    screen = None
+    if kept_screen is not None and num_queries > 0:
+        screen = _Screen(queries, score, num_queries, height, kept=True)
+
+    for span_start in range(0, num_docs, span):
+        span_rows = min(span, num_docs - span_start)
+        if screen is not None and torch.isfinite(top_scores[:, -1]).all():
+            rows, sizes = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
+            screen.load_chunk(rows, _largest_norm(sizes, score, dim), sizes,
+                              kept_screen[span_start : span_start + span_rows])
+            if screen.merge(slice(0, num_queries), inputs.excluded, span_start, top_scores, top_indices):
+                continue
+        block = block_buffer[: -(-span_rows // GROUP_SIZE) * GROUP_SIZE]  # (H', Q)
+        if inputs.prepared is not None:  # nothing to check or normalise: one product per span
+            _score_rows(*inputs.corpus_chunk(span_start, size=span_rows), queries, score, block[:span_rows])
+        else:
+            for start in range(span_start, span_start + span_rows, piece):
+                size = min(piece, span_start + span_rows - start)
+                rows, sizes = inputs.corpus_chunk(start, out=unit_buffer, size=size)  # (n, d), (n,)
+                _score_rows(rows, sizes, queries, score, block[start - span_start : start - span_start + size])
+        if num_queries == 0:  # the corpus is still checked, as the plain search checks it
+            continue
+        with _one_thread(device):
+            if span_rows < block.shape[0]:
+                block[span_rows:] = -torch.inf
+            if inputs.excluded is not None:
+                drop_excluded(block[:span_rows].T, inputs.excluded, 0, span_start)
+            _merge_block(block, span_start, top_scores, top_indices)
+    return top_scores, top_indices
+
+
+def _score_rows(rows: torch.Tensor, sizes: torch.Tensor, queries: torch.Tensor, score: str, out: torch.Tensor) -> None:
+    """Write the (n, Q) scores (ranking keys 2 q·c - |c|² for euclidean) of (n, d) rows as scored,
+    with their (n,) sizes, against (Q, d) queries into `out`."""
+    if score == "euclidean":
+        torch.addmm(-sizes[:, None], rows, queries.T, alpha=2, out=out)
+    else:
+        torch.mm(rows, queries.T, out=out)
+
+
+def _search_many(inputs: SearchInputs, bf16_screen: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """fast_search for more than FEW_QUERIES queries: blocks of queries against chunks of corpus."""
     queries, score, device = inputs.queries, inputs.score, inputs.device
     num_queries, num_docs, k = queries.shape[0], inputs.corpus.shape[0], inputs.k
     query_chunk_size, corpus_chunk_size = inputs.query_chunk_size, inputs.corpus_chunk_size
+    kept_screen = inputs.prepared.screen if inputs.prepared is not None else None
 
     # Running best per query, kept sorted by (score desc, index asc).
     top_scores = torch.full((num_queries, k), -torch.inf, device=device)  # (Q, k)
@@ -79,17 +173,16 @@ def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.T
     block_buffer = torch.empty(height * min(query_chunk_size, num_queries), device=device)
     # Cosine scores unit rows, written into one reusable buffer.
     unit_buffer = None
-    if score == "cosine":
+    if score == "cosine" and inputs.prepared is None:
         unit_buffer = torch.empty(min(corpus_chunk_size, num_docs), queries.shape[1], device=device)
-    if bf16_screen is None:
-        bf16_screen = device.type == "cpu" and cpu.native_bfloat16()
-    screen = _Screen(queries, score, query_chunk_size, height) if bf16_screen else None
+    screen = _Screen(queries, score, query_chunk_size, height, kept_screen is not None) if bf16_screen else None
 
     for doc_start in range(0, num_docs, corpus_chunk_size):
         with _one_thread(device):
             chunk, sizes = inputs.corpus_chunk(doc_start, out=unit_buffer)  # (Nc, d), (Nc,)
         if screen is not None:
-            screen.load_chunk(chunk, _largest_norm(sizes, score, chunk.shape[1]), sizes)
+            kept = None if kept_screen is None else kept_screen[doc_start : doc_start + chunk.shape[0]]
+            screen.load_chunk(chunk, _largest_norm(sizes, score, chunk.shape[1]), sizes, kept)
         for query_start in range(0, num_queries, query_chunk_size):
             query_chunk = queries[query_start : query_start + query_chunk_size]  # (Qc, d)
             rows = slice(query_start, query_start + query_chunk.shape[0])
@@ -100,10 +193,7 @@ def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.T
             block = block_buffer[: height * query_chunk.shape[0]].view(height, -1)  # (H, Qc)
             scores = block[: chunk.shape[0]]  # (Nc, Qc), a view into the block
             # (Nc, d) @ (d, Qc) rather than (Qc, d) @ (d, Nc): see the module docstring.
-            if score == "euclidean":
-                torch.addmm(-sizes[:, None], chunk, query_chunk.T, alpha=2, out=scores)
-            else:
-                torch.mm(chunk, query_chunk.T, out=scores)
+            _score_rows(chunk, sizes, query_chunk, score, scores)
             with _one_thread(device):
                 if chunk.shape[0] < height:
                     block[chunk.shape[0] :] = -torch.inf
@@ -228,7 +318,7 @@ class _Screen:
     [2q, -1]·[c, |c|²], so it is screened the same way.
     """
 
-    def __init__(self, queries: torch.Tensor, score: str, query_chunk_size: int, width: int):
+    def __init__(self, queries: torch.Tensor, score: str, query_chunk_size: int, width: int, kept: bool = False):
         self.queries = queries  # (Q, d), float32, unit rows for cosine
         self.euclidean = score == "euclidean"
         self.query_norms = row_norms(queries)  # (Q,)
@@ -238,7 +328,8 @@ class _Screen:
         rows = min(query_chunk_size, queries.shape[0])
         bf16 = {"dtype": torch.bfloat16, "device": queries.device}
         self.block_buffer = torch.empty(rows * width, **bf16)
-        self.chunk_buffer = torch.empty(width, queries.shape[1], **bf16)
+        # A prepared corpus keeps its own bfloat16 copy (`kept`); otherwise each chunk is copied here.
+        self.chunk_buffer = None if kept else torch.empty(width, queries.shape[1], **bf16)
         self.width = width
         # Per query chunk (keyed by its first row): screens failed in a row, and blocks left to
         # compute in float32 before trying again. Each failure doubles the wait, so scores too
@@ -247,14 +338,22 @@ class _Screen:
         self.wait: dict[int, int] = {}
 
     def load_chunk(
-        self, chunk: torch.Tensor, largest_norm: torch.Tensor, squared_norms: torch.Tensor | None
+        self,
+        chunk: torch.Tensor,
+        largest_norm: torch.Tensor,
+        squared_norms: torch.Tensor | None,
+        kept: torch.Tensor | None = None,
     ) -> None:
         """Take the next (Nc, d) float32 corpus chunk, as scored (unit rows for cosine), an upper
-        bound on its row norms, and (for euclidean) its (Nc,) float32 squared row norms."""
+        bound on its row norms, (for euclidean) its (Nc,) float32 squared row norms, and its
+        (Nc, d') bfloat16 copy if one is kept (`screen_rows`); else the copy is made here."""
         self.chunk = chunk
+        self.largest_norm = largest_norm
+        if kept is not None:
+            self.chunk_bf16 = kept
+            return
         self.chunk_bf16 = self.chunk_buffer[: chunk.shape[0]]  # (Nc, d')
         self.chunk_bf16[:, : chunk.shape[1]] = chunk
-        self.largest_norm = largest_norm
         if self.euclidean:
             self.chunk_bf16[:, -1] = squared_norms
 
