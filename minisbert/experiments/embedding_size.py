@@ -145,7 +145,8 @@ def main(argv=None):
         figures.dims_figure(study.output / "dims.png", s.dims, results, tests, speeds, MAIN_METRIC, MAIN_LABEL)
     else:
         markdown += f"\n{figures.MISSING}.\n"
-    study.write_results({"settings": vars(s), "models": results, "tests": tests, "search_speed": speed}, markdown)
+    study.write_results({"settings": vars(s), "models": results, "tests": tests, "search_speed": speed,
+                         "paper": {"accuracy@1": {str(key): value for key, value in PAPER_ACCURACY.items()}}}, markdown)
 
 
 def unnormalised(model):

@@ -118,7 +118,31 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
         runner.markdown_table(["model"] + [f"{title}@10 difference from {best_model}" for title, _ in COLUMNS],
                               [[name] + [runner.difference_cell(tests[key][name]) for key in tested_keys]
                                for name in results if name != best_model]) if tests else "",
+        f"**Equivalence margin** (NDCG@10): {runner.MARGIN_REASON}.",
+        "",
+        "## Where this run departs from the walk-through",
+        "",
+        deviations(s),
     ])
+
+
+def deviations(s) -> str:
+    """The table of what this run does differently from Silveri's walk-through, and why."""
+    rows = [
+        ["data", "NVIDIA documentation question-answer pairs (a Kaggle CSV), each answer the relevant document of "
+         "its question", str(s.data), "a public BEIR dataset that the other studies use too; --data questions.csv "
+         "reads such a CSV"],
+        ["negatives", "random answers added as negative samples, kept below a similarity threshold",
+         "none added: every query ranks the whole corpus", "the corpus already holds every unjudged document"],
+        ["models", "thenlper/gte-large, BAAI/bge-large-en-v1.5, intfloat/e5-large-v2", ", ".join(s.model),
+         "models of the size the other studies train, on 2 CPU cores"],
+        ["score", "cos_sim", str(s.score), "the walk-through's"],
+        ["metrics", "BEIR's EvaluateRetrieval (trec_eval): NDCG, MAP, Recall, Precision at 1, 3, 5, 10, 100",
+         f"the same with {s.definitions} definitions at {', '.join(map(str, s.k))}", "the walk-through's"],
+        ["tests", "none: the columns are read side by side", "each candidate against the best, query by query",
+         "a lead on a few hundred queries can be luck"],
+    ]
+    return runner.markdown_table(["setting", "walk-through", "this run", "why"], rows)
 
 
 def model_directory(name: str) -> Path:

@@ -404,7 +404,8 @@ def verdict(test: dict, label: str, first: str, second: str, p_key: str = "p_ran
         p = test["p_equivalence_holm" if p_key == "p_holm" else "p_equivalence"]
         return f"equivalent within ±{test['margin']:g} ({said}; equivalence test {p_text(p)})"
     low, high = test["ci95"]
-    return f"not detectable; the 95% interval runs from {low:+.4f} to {high:+.4f} ({said})"
+    return (f"not detectable; the 95% interval runs from {low:+.4f} to {high:+.4f} ({label}, {first} - {second}: "
+            f"{test['difference']:+.4f}, {p_text(test[p_key])}{seeds_text(test)})")
 
 
 def difference_cell(test: dict, p_key: str = "p_holm") -> str:

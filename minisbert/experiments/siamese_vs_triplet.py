@@ -294,7 +294,7 @@ def report(s, about: str, results: dict, tests: dict, num_queries: int, num_docu
               runner.minutes(np.mean([r["training"]["seconds"] for r in results[name]["runs"]])),
               f"{results[name]['runs'][0]['training']['examples']:,}", f"{results[name]['runs'][0]['training']['steps']:,}"]
              for name, label, *_ in trained]),
-        finding(tests),
+        finding(s, tests),
         "",
         "**Equivalence margin**: " + runner.MARGIN_REASON + ". A network whose equivalence test (two one-sided "
         f"t-tests, Holm-adjusted) puts its difference within ±{runner.NDCG_MARGIN:g} is called equivalent; one whose "
@@ -314,7 +314,7 @@ def report(s, about: str, results: dict, tests: dict, num_queries: int, num_docu
     return "\n".join(lines)
 
 
-def finding(tests: dict) -> str:
+def finding(s, tests: dict) -> str:
     """The paper's finding (Siamese prefers cosine, Triplet prefers euclidean) against this run's
     tests, and what each network's test against the start model says."""
     lines = [f"**Against the paper's finding** (Siamese prefers cosine, Triplet prefers euclidean), {MAIN_LABEL} "
@@ -327,7 +327,8 @@ def finding(tests: dict) -> str:
                   "the opposite of the paper")
         lines.append(f"- {network}: {said}: {agrees}.")
     lines += ["", "**Each network against the start model** (Holm-adjusted over the networks):", ""]
-    lines += [f"- {name}: {runner.verdict(test, MAIN_LABEL, 'trained', 'start', p_key='p_holm')}."
+    labels = {name: label for name, label, *_ in networks(s.margins)}
+    lines += [f"- {labels[name]}: {runner.verdict(test, MAIN_LABEL, 'trained', 'start model', p_key='p_holm')}."
               for name, test in tests["against_start"].items()]
     return "\n".join(lines)
 
