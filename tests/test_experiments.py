@@ -264,7 +264,8 @@ def test_compare_runs_tests_each_pair_of_models_across_two_runs(svt_run, tmp_pat
     reference, results = svt_run
     output = tmp_path / "compared"
     command.main(["compare-runs", str(reference), str(reference), "--pairs",
-                  "triplet-euclidean-margin1:triplet-cosine-margin1", "untrained:untrained", "--output", str(output)])
+                  "triplet-euclidean-margin1:triplet-cosine-margin1", "untrained:untrained", "--output", str(output),
+                  "--names", "this", "that"])
     tests = json.loads((output / "results.json").read_text())["tests"]
     models = results["models"]
     expected = runner.family([runner.claim(models["triplet-euclidean-margin1"], models["triplet-cosine-margin1"],
@@ -274,7 +275,9 @@ def test_compare_runs_tests_each_pair_of_models_across_two_runs(svt_run, tmp_pat
     same = tests["untrained:untrained"]
     assert same["difference"] == 0 and same["ci95"] == [0, 0] and same["p_equivalence"] == 0.0
     report = (output / "results.md").read_text()
-    assert "- untrained: equivalent within ±0.02 (" in report  # one model against itself: every difference 0
+    assert "- untrained: equivalent within ±0.02 (NDCG@10, this - that: +0.0000" in report  # every difference 0
+    command.main(["compare-runs", str(reference), str(reference), "--output", str(output)])
+    assert list(json.loads((output / "results.json").read_text())["tests"]) == [f"{n}:{n}" for n in SVT_NETWORKS]
     with pytest.raises(SystemExit, match="holds no per-query ndcg@10 for a model named 'nothing'"):
         command.main(["compare-runs", str(reference), str(reference), "--pairs", "nothing:untrained",
                       "--output", str(output)])

@@ -235,7 +235,7 @@ def deviations(s) -> str:
          "1 for the judged document, 0 for the mined negative",
          "SciFact has no cross-encoder scores; the paper's note that continuous labels help the Siamese networks "
          "(section 5.2.1) cannot be checked here"],
-        ["test data", "200 MS MARCO queries over 8.8 million passages", f"{s.data} test split",
+        ["test data", "200 MS MARCO queries over about 8,800,000 passages", f"{s.data} test split",
          "the same reason as the training data"],
         ["start model", "DistilBERT, not yet a sentence encoder", f"{s.model}, already trained for sentence "
          "similarity", "2 CPU cores; --model distilbert-base-uncased asks the paper's question on a GPU budget"],
