@@ -16,7 +16,16 @@ from that model's last checkpoint (fit.py).
 A model trained with several seeds (--seeds N: seed, seed + 1, ...) is one entry per seed
 (<name>-seed<seed>); its row in the tables is the mean over seeds with their spread, and its tests
 use each query's score averaged over the seeds. Every difference a study reports is tested, query by
-query (minisbert/significance.py), and a verdict sentence says what the test says (`verdict`).
+query (minisbert/significance.py), and a verdict sentence says what the test says (`verdict`): a p
+above ALPHA says the data cannot tell, and the sentence gives the interval; only an equivalence test
+at the margin fixed before the runs (NDCG_MARGIN) may call a difference negligible.
+
+--report-only rebuilds results.json, results.md and the figures from OUTPUT/settings.json and
+OUTPUT/models/*/result.json alone: it loads no model, encodes nothing, trains nothing, and stops
+when a model's result is missing (it reads the test data's files for their sizes, and STS-B's for
+its gold scores). The settings are the ones settings.json records, whatever the command line says,
+and the machine named in the report is the one in OUTPUT/run.json, so a folder trained on a GPU
+can be reported on a CPU.
 
 Checked in tests/test_experiments.py.
 """
