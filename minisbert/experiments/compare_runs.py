@@ -56,9 +56,11 @@ def main(argv=None):
             raise ValueError(f"{folder / 'results.json'} holds no per-query {args.metric} for a model named {name!r}; "
                              f"its models: {', '.join(run['models'])}")
     if not pairs:
-        raise ValueError(f"{args.first} and {args.second} hold no trained model of the same name; name them with --pairs")
+        raise ValueError(f"{args.first} and {args.second} hold no trained model of the same name; "
+                         "name them with --pairs")
     margin = runner.NDCG_MARGIN if args.metric == "ndcg@10" else None
-    tests = runner.family([runner.claim(first["models"][a], second["models"][b], args.metric, margin) for a, b in pairs])
+    tests = runner.family([runner.claim(first["models"][a], second["models"][b], args.metric, margin)
+                           for a, b in pairs])
     results = {"first": str(args.first), "second": str(args.second), "names": args.names, "metric": args.metric,
                "settings": {"first": first["settings"], "second": second["settings"]},
                "scores": {f"{a}:{b}": {"first": first["models"][a]["scores"][args.metric],

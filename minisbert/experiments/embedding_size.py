@@ -103,7 +103,8 @@ def main(argv=None):
             triplets = runner.mined_triplets(s.data, "train", start, s.seed)[1]
             test = runner.mined_triplets(s.data, "test", start, s.seed)[0]
         triplets = runner.subsample(triplets, s.examples, s.seed)
-        print(f"{len(triplets):,} training triplets, {len(test.queries):,} test queries, {len(test.corpus):,} documents")
+        print(f"{len(triplets):,} training triplets, {len(test.queries):,} test queries, "
+              f"{len(test.corpus):,} documents")
         raw = unnormalised(runner.load_model(s.model, args.device, s.max_seq_length))
         return start, raw, triplets, test, starting_projections(raw, triplets, s.dims)
 
@@ -128,8 +129,8 @@ def main(argv=None):
     # The base model (no projection), then one model per D, each with every seed.
     for dim in [None] + s.dims:
         runs = [study.entry(f"d{dim}-seed{seed}" if dim else f"base-seed{seed}",
-                            lambda folder, dim=dim, seed=seed: train_and_evaluate(folder, s, args, dim, seed, *data()[2:],
-                                                                                  quora))
+                            lambda folder, dim=dim, seed=seed: train_and_evaluate(folder, s, args, dim, seed,
+                                                                                  *data()[2:], quora))
                 for seed in runner.seed_list(s)]
         results[f"d{dim}" if dim else "base"] = {"dim": dim or results["untrained"]["dim"], **runner.over_seeds(runs),
                                                  "runs": runs}
@@ -235,8 +236,9 @@ def deviations(s, width: int) -> str:
     """The table of what this run does differently from Bagge et al., and why."""
     rows = [
         ["data", "Quora duplicate-question triplets (about 100,000), split 80/15/5 %; each of about 10,000 test "
-         "questions retrieves its duplicate", f"{s.data}" + ("" if runner.holds_quora(s.data) else
-                                                             ": triplets mined from the train split, the test split's queries over its corpus"),
+         "questions retrieves its duplicate",
+         f"{s.data}" + ("" if runner.holds_quora(s.data) else
+                        ": triplets mined from the train split, the test split's queries over its corpus"),
          "Quora's 100,000 triplets do not train within 90 minutes on 2 CPU cores; --data FOLDER with "
          "quora_duplicate_questions.tsv runs the paper's split"],
         ["start model", "RoBERTa-base, not yet a sentence encoder (H = 768)", f"{s.model} (H = {width}), already "
@@ -313,7 +315,8 @@ def report(s, about: str, results: dict, tests: dict, speed: dict, num_documents
         "**What the size alone costs**: the untrained PCA projection to each D against the start model "
         "(euclidean), Holm-adjusted over the sizes:",
         "",
-        *[f"- D = {dim}: {runner.verdict(tests['projection_cost'][str(dim)], MAIN_LABEL, 'projected', 'start', 'p_holm')}."
+        *[f"- D = {dim}: "
+          f"{runner.verdict(tests['projection_cost'][str(dim)], MAIN_LABEL, 'projected', 'start', 'p_holm')}."
           for dim in s.dims],
         "",
         training_summary(tests, s.dims),
@@ -341,7 +344,8 @@ def training_summary(tests: dict, dims: list) -> str:
     for family, other in (("against_start", "start"), ("against_projection", "untrained projection"),
                           ("against_base", "base")):
         said += [f"- D = {dim} against the {other}: "
-                 f"{runner.verdict(tests[family][str(dim)], MAIN_LABEL, f'D = {dim}', other, 'p_holm')}." for dim in dims]
+                 f"{runner.verdict(tests[family][str(dim)], MAIN_LABEL, f'D = {dim}', other, 'p_holm')}."
+                 for dim in dims]
     return "\n".join(said)
 
 
@@ -354,14 +358,15 @@ def against_the_paper(s, results: dict, tests: dict) -> str:
              f"(base model {results['base']['scores']['accuracy@1']:.4f}), Holm-adjusted over the sizes:", ""]
     for dim in s.dims:
         paper = f" (paper: {PAPER_ACCURACY[dim]:.3f})" if dim in PAPER_ACCURACY else ""
+        test = tests["accuracy_against_base"][str(dim)]
         lines.append(f"- D = {dim}{paper}: {results[f'd{dim}']['scores']['accuracy@1']:.4f}, "
-                     f"{runner.verdict(tests['accuracy_against_base'][str(dim)], 'Accuracy@1', f'D = {dim}', 'base', 'p_holm')}.")
+                     f"{runner.verdict(test, 'Accuracy@1', f'D = {dim}', 'base', 'p_holm')}.")
     better = [dim for dim in s.dims if tests["against_base"][str(dim)]["p_holm"] < runner.ALPHA
               and tests["against_base"][str(dim)]["difference"] > 0]
     if better:
-        lines += ["", f"On {MAIN_LABEL}, D = {', '.join(map(str, better))} beat the base model detectably, where the "
-                  "paper's base model beats every projection. What may explain it (a reading, not tested here): the base "
-                  "model here starts as a sentence encoder already, where the paper's is raw RoBERTa, so training can "
+        lines += ["", f"On {MAIN_LABEL}, D = {', '.join(map(str, better))} beat the base model detectably, where "
+                  "the paper's base model beats every projection. What may explain it (a reading, not tested here): "
+                  "the base model here starts as a sentence encoder already, where the paper's is raw RoBERTa, so training can "
                   "cost it ground (see Training above); a projection that starts from the PCA and learns at a higher "
                   "rate than the encoder can meet the loss with less change to the encoder, while the paper's starts "
                   "at random and must be learnt from nothing."]

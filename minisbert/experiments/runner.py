@@ -56,10 +56,10 @@ ALPHA = 0.05  # a difference whose (randomization test) p is below this is calle
 # test places within ±NDCG_MARGIN may be called equivalent; nothing else may be called unchanged.
 NDCG_MARGIN = 0.02
 MARGIN_REASON = (
-    "0.02 NDCG@10 is the smallest change taken here as one a user would act on: it is what six of 300 queries "
-    "add by moving from no relevant document in the top 10 to one at rank 1, and a choice between two models "
-    "on a few hundred queries rests on hundredths of NDCG@10, not on thousandths. It was fixed before the "
-    "runs it is applied to")
+    "0.02 NDCG@10 is the smallest change taken here as one a user would act on: it is what six of SciFact's "
+    "300 test queries add by moving from no relevant document in the top 10 to one at rank 1, and a choice "
+    "between two models on a few hundred queries rests on hundredths of NDCG@10, not on thousandths. It was "
+    "fixed before the runs it is applied to")
 EMBEDDING_CACHE = CACHE_DIR / "embeddings"  # shared with evaluate.py: a corpus is encoded once per model
 CHECKPOINT_STEPS = 20  # a model killed while it trains loses at most this many steps
 METRIC_COLUMNS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("MRR", "mrr"), ("NDCG", "ndcg")]
