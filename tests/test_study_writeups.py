@@ -10,7 +10,7 @@ What "correct" means for a write-up:
   curves left out, since among thousands of them any number would be found), plus the mean over a
   model's seeds of its first and last loss, which the tables print. Timings ("9.0 min", "8.8
   minutes") are measured, not derived from results.json, and are not searched, nor are section
-  numbers ("section 2.4").
+  numbers ("section 2.4") and the bound in "p < 0.001".
 """
 
 import json
@@ -69,8 +69,8 @@ def unsourced(text: str, numbers: list) -> list:
     """The numbers printed in text (with a decimal point) that no stored number rounds to."""
     missing = []
     for match in NUMBER.finditer(text):
-        if re.search(r"sections? (?:[\d.]+, )*$", text[max(0, match.start() - 30):match.start()]):
-            continue
+        if re.search(r"(?:sections? (?:[\d.]+, )*|p <=? )$", text[max(0, match.start() - 30):match.start()]):
+            continue  # a section number, or the bound of a p too small to print
         printed = match.group(1)
         value, places = float(printed), len(printed.split(".")[1])
         if not any(abs(abs(number) - value) <= 0.5 * 10**-places + 1e-12 for number in numbers):
@@ -106,6 +106,6 @@ def test_every_number_of_the_readmes_study_paragraphs_is_in_a_results_json():
 
 def test_the_checks_catch_a_number_typed_by_hand_and_a_claim_of_no_change():
     numbers = [0.06349, -0.02751, 0.5]
-    assert unsourced("+0.063 and -0.028 and 0.50, 9.0 min, torch 2.13.0, section 2.4", numbers) == []
+    assert unsourced("+0.063 and -0.028 and 0.50, 9.0 min, torch 2.13.0, section 2.4, p < 0.001", numbers) == []
     assert len(unsourced("[+0.009, +0.064]", numbers)) == 2  # 0.064 is not 0.06349 rounded
     assert any(re.search(p, "Siamese cosine does not move", re.IGNORECASE) for p in UNSUPPORTED)
