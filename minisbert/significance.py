@@ -7,12 +7,18 @@ randomization test  Fisher's sign-flip test (Fisher 1935; recommended for IR by 
                     Carterette, CIKM 2007). Under H0 each d_i is as likely to be +|d_i| as -|d_i|.
 paired t-test       t = mean(d) / (sd(d) / sqrt(n)) against Student's t with n - 1 degrees of freedom.
 bootstrap interval  percentile bootstrap (Efron & Tibshirani 1993, ch. 13) of mean(d).
+equivalence test    two one-sided t-tests (Schuirmann 1987) of H0: |mean(d)| >= margin. A small p
+                    says the difference lies within ±margin; a large p of the tests above says only
+                    that the data cannot tell, never that nothing changed.
 Holm, Bonferroni    adjusted p-values when several comparisons are tested at once (Holm 1979).
 
 `compare` runs them all on one metric's {query id: value} maps; `spearman_difference` does the
 same for the Spearman correlation of an STS benchmark, which is not a mean of per-query values.
 `with_holm` adjusts a list of tests by Holm's method, for evaluate.py (`compare_with_first`, every
 model against the first) and the studies alike.
+Their intervals are 95% intervals of one comparison: unadjusted. When a caller adjusts the p's of
+a family (holm), an interval that leaves out 0 can still belong to an adjusted p above 0.05.
+A randomization p drawn from random sign vectors comes with its Monte Carlo standard error.
 
 Checked against scipy.stats.permutation_test, ttest_rel and bootstrap (tests/test_significance.py;
 reference numbers written by tests/fixtures/make_significance.py).
@@ -110,6 +116,43 @@ def _beta_continued_fraction(x: float, a: float, b: float) -> float:
     raise RuntimeError(f"incomplete beta continued fraction did not converge for x={x}, a={a}, b={b}")
 
 
+def randomization_error(p: float, n: int, trials: int = 10_000) -> float:
+    """The Monte Carlo standard error of randomization_test's p for n paired values: 0 when all
+    2**n sign vectors were enumerated (the p is exact), else sqrt(p (1 - p) / trials), the standard
+    error of a proportion estimated from `trials` independent draws."""
+    _check_count("trials", trials)
+    return 0.0 if 2**n <= trials else math.sqrt(p * (1 - p) / trials)
+
+
+def equivalence_test(a, b, margin: float) -> float:
+    """p of the two one-sided paired t-tests (TOST, Schuirmann 1987) of H0: |mean(d)| >= margin.
+
+    With d = a - b, se = sd(d) / sqrt(n) (ddof=1) and df = n - 1:
+        lower test  H0: mean <= -margin,  t_low = (mean + margin) / se,  p_low = P(T >= t_low)
+        upper test  H0: mean >= +margin,  t_high = (mean - margin) / se, p_high = P(T <= t_high)
+    and p = max(p_low, p_high): both nulls must be rejected to say the difference lies within
+    ±margin. p < alpha exactly when the (1 - 2 alpha) t-interval of mean(d) lies inside (-margin,
+    margin). One tail of Student's t: P(T >= t) = I_x(df/2, 1/2) / 2 with x = df / (df + t²) for
+    t >= 0, and 1 minus that for t < 0. Equal differences (sd 0) give p = 0 inside the margin and
+    p = 1 on or outside it.
+    """
+    a, b = _paired(a, b)
+    if not margin > 0:
+        raise ValueError(f"the equivalence margin must be positive, got {margin}")
+    d = a - b
+    mean, sd, df = float(d.mean()), float(d.std(ddof=1)), len(d) - 1
+    if sd == 0:
+        return 0.0 if abs(mean) < margin else 1.0
+    se = sd / math.sqrt(len(d))
+    return max(_upper_tail((mean + margin) / se, df), _upper_tail((margin - mean) / se, df))
+
+
+def _upper_tail(t: float, df: int) -> float:
+    """P(T >= t) for Student's t with df degrees of freedom (P(T <= t_high) = P(T >= -t_high))."""
+    half = _regularized_incomplete_beta(df / (df + t * t), df / 2, 0.5) / 2
+    return half if t >= 0 else 1 - half
+
+
 def bootstrap_ci(a, b, level: float = 0.95, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of mean(a - b): draw n queries with replacement `resamples`
     times (numpy default_rng(seed)), take mean(d) of each draw, and return the (1 - level) / 2 and
@@ -154,23 +197,31 @@ def with_holm(tests: list) -> list:
     return [{**t, "p_holm": p} for t, p in zip(tests, holm([t["p_randomization"] for t in tests]))]
 
 
-def compare(a: Mapping, b: Mapping, trials: int = 10_000, resamples: int = 10_000, seed: int = 0) -> dict:
+def compare(a: Mapping, b: Mapping, trials: int = 10_000, resamples: int = 10_000, seed: int = 0,
+            margin: float | None = None) -> dict:
     """Compare two models on one metric, given as {query id: value} for each model.
 
-    Returns the mean difference a - b, its 95% bootstrap interval ("ci95") and the two-sided p of
-    the randomization test and of the paired t-test, all plain floats.
+    Returns the mean difference a - b, its 95% bootstrap interval ("ci95", unadjusted), the
+    two-sided p of the randomization test with its Monte Carlo standard error
+    ("p_randomization_error") and the p of the paired t-test, all plain floats; given a margin,
+    also the margin and the equivalence test's p ("p_equivalence").
     """
     only_a, only_b = [q for q in a if q not in b], [q for q in b if q not in a]
     if only_a or only_b:
         raise ValueError(f"a and b must score the same queries: {len(only_a)} ids only in a "
                          f"{only_a[:5]}, {len(only_b)} only in b {only_b[:5]}")
     values_a, values_b = _paired([a[q] for q in a], [b[q] for q in a])
-    return {
+    p = randomization_test(values_a, values_b, trials, seed)
+    result = {
         "difference": float(np.mean(values_a - values_b)),
         "ci95": list(bootstrap_ci(values_a, values_b, 0.95, resamples, seed)),
-        "p_randomization": randomization_test(values_a, values_b, trials, seed),
+        "p_randomization": p,
+        "p_randomization_error": randomization_error(p, len(values_a), trials),
         "p_t_test": paired_t_test(values_a, values_b),
     }
+    if margin is not None:
+        result |= {"margin": margin, "p_equivalence": equivalence_test(values_a, values_b, margin)}
+    return result
 
 
 def spearman_difference(x_a, x_b, gold, trials: int = 10_000, resamples: int = 2_000, seed: int = 0) -> dict:

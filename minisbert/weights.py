@@ -25,8 +25,6 @@ Command line: `python -m minisbert.weights fetch NAME [--dir weights/]` (see hub
 Checked in tests/test_weights.py.
 """
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch

@@ -136,9 +136,12 @@ def test_each_difference_in_the_report_is_the_test_of_the_per_query_scores(svt_r
     # Each network against the start model scored with its own measure, recomputed from per_query.
     for name in SVT_NETWORKS:
         start = models["untrained-euclidean" if "euclidean" in name else "untrained"]
-        expected = significance.compare(models[name]["per_query"]["ndcg@10"], start["per_query"]["ndcg@10"])
-        assert {k: v for k, v in tests["against_start"][name].items() if k != "p_holm"} == expected
+        expected = significance.compare(models[name]["per_query"]["ndcg@10"], start["per_query"]["ndcg@10"],
+                                        margin=runner.NDCG_MARGIN)
+        adjusted = ("p_holm", "p_equivalence_holm")
+        assert {k: v for k, v in tests["against_start"][name].items() if k not in adjusted} == expected
         assert tests["against_start"][name]["p_holm"] >= expected["p_randomization"]
+        assert tests["against_start"][name]["p_equivalence_holm"] >= expected["p_equivalence"]
     # The verdict sentences quote the tests.
     report = (output / "results.md").read_text()
     siamese = tests["measures"]["Siamese network"]
@@ -203,6 +206,81 @@ def test_a_rerun_trains_and_evaluates_nothing(svt_run, tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "fit", must_not_run)
     monkeypatch.setattr(runner, "retrieval_scores", must_not_run)
     assert run(siamese_vs_triplet, output) == results
+
+
+def stored_results_only(reference, output):
+    """A copy of a finished run with what a GPU machine sends back: settings.json, run.json and each
+    model's result.json and log.jsonl (no weights, checkpoints, embeddings, tables or figures)."""
+    for path in reference.rglob("*"):
+        if path.is_file() and path.name in ("settings.json", "run.json", "result.json", "log.jsonl"):
+            (output / path.relative_to(reference)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, output / path.relative_to(reference))
+
+
+@pytest.mark.parametrize("name", ["siamese-vs-triplet", "embedding-size", "sbert-objectives"])
+def test_report_only_rebuilds_every_file_from_the_stored_results_alone(name, tmp_path, monkeypatch):
+    module = {"siamese-vs-triplet": siamese_vs_triplet, "embedding-size": embedding_size,
+              "sbert-objectives": sbert_objectives}[name]
+    options = {"embedding-size": ["--dims", "8", "--synthetic", "300"]}.get(name, [])
+    if name == "siamese-vs-triplet":
+        options = ["--margins", "1"]
+    reference = tmp_path / "reference"
+    results = run(module, reference, *options)
+    output = tmp_path / "stored"
+    stored_results_only(reference, output)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("--report-only loaded a model or the training data")
+
+    monkeypatch.setattr(runner, "load_model", must_not_run)
+    monkeypatch.setattr(runner, "mined_triplets", must_not_run)
+    # The settings come from the folder: the command line needs only the experiment and --output.
+    module.main(["--report-only", "--output", str(output)])
+    assert json.loads((output / "results.json").read_text()) == results
+    assert (output / "results.md").read_text() == (reference / "results.md").read_text()
+    for figure in reference.glob("*.png"):
+        assert_png(output / figure.name)
+    # A missing result is named, not made.
+    (output / "models" / "untrained" / "result.json").unlink()
+    with pytest.raises(ValueError, match=r"--report-only: .*untrained/result.json is missing"):
+        module.main(["--report-only", "--output", str(output)])
+    with pytest.raises(ValueError, match=r"--report-only: .*settings.json does not exist"):
+        module.main(["--report-only", "--output", str(tmp_path / "empty")])
+
+
+def test_the_report_names_the_machine_that_made_the_models_not_the_one_that_reads_them(svt_run, tmp_path,
+                                                                                      monkeypatch):
+    reference, _ = svt_run
+    assert json.loads((reference / "run.json").read_text())["about"] in (reference / "results.md").read_text()
+    output = tmp_path / "run"
+    shutil.copytree(reference, output)
+    (output / "run.json").write_text(json.dumps({"date": "2026-01-01", "about": "Trained on a machine elsewhere."}))
+    siamese_vs_triplet.main(["--report-only", "--output", str(output)])
+    assert "Trained on a machine elsewhere." in (output / "results.md").read_text()
+    assert json.loads((output / "run.json").read_text())["date"] == "2026-01-01"  # reading back records nothing
+
+
+def test_compare_runs_tests_each_pair_of_models_across_two_runs(svt_run, tmp_path):
+    reference, results = svt_run
+    output = tmp_path / "compared"
+    command.main(["compare-runs", str(reference), str(reference), "--pairs",
+                  "triplet-euclidean-margin1:triplet-cosine-margin1", "untrained:untrained", "--output", str(output),
+                  "--names", "this", "that"])
+    tests = json.loads((output / "results.json").read_text())["tests"]
+    models = results["models"]
+    expected = runner.family([runner.claim(models["triplet-euclidean-margin1"], models["triplet-cosine-margin1"],
+                                           "ndcg@10", runner.NDCG_MARGIN),
+                              runner.claim(models["untrained"], models["untrained"], "ndcg@10", runner.NDCG_MARGIN)])
+    assert list(tests.values()) == expected
+    same = tests["untrained:untrained"]
+    assert same["difference"] == 0 and same["ci95"] == [0, 0] and same["p_equivalence"] == 0.0
+    report = (output / "results.md").read_text()
+    assert "- untrained: equivalent within ±0.02 (NDCG@10, this - that: +0.0000" in report  # every difference 0
+    command.main(["compare-runs", str(reference), str(reference), "--output", str(output)])
+    assert list(json.loads((output / "results.json").read_text())["tests"]) == [f"{n}:{n}" for n in SVT_NETWORKS]
+    with pytest.raises(SystemExit, match="holds no per-query ndcg@10 for a model named 'nothing'"):
+        command.main(["compare-runs", str(reference), str(reference), "--pairs", "nothing:untrained",
+                      "--output", str(output)])
 
 
 def test_a_run_killed_between_models_goes_on_with_the_remaining_ones(svt_run, tmp_path, monkeypatch):
@@ -355,18 +433,28 @@ def test_quora_duplicates_split_80_15_5_with_the_files_own_negatives(tmp_path):
     assert not {t.texts[0] for t in triplets} & set(test.queries.values())  # no test question is trained on
 
 
-def test_embedding_size_summary_names_the_sizes_better_worse_and_level_with_the_base_model():
-    def outcome(difference, p):
-        return {"difference": difference, "ci95": [difference - 0.01, difference + 0.01], "p_randomization": p,
+def test_verdicts_say_what_the_tests_can_tell():
+    def outcome(difference, p, p_equivalence=None):
+        test = {"difference": difference, "ci95": [difference - 0.01, difference + 0.01], "p_randomization": p,
                 "p_holm": p}
+        if p_equivalence is not None:
+            test |= {"margin": 0.02, "p_equivalence": p_equivalence, "p_equivalence_holm": p_equivalence}
+        return test
+    assert runner.verdict(outcome(-0.4, 0.001), "NDCG@10", "D = 8", "base", "p_holm").startswith("prefers base (")
+    # p above 0.05 and no equivalence test: the interval, never "no difference"
+    said = runner.verdict(outcome(0.001, 0.8), "NDCG@10", "D = 32", "base", "p_holm")
+    assert said.startswith("not detectable; the 95% interval runs from -0.0090 to +0.0110 (")
+    # p above 0.05 and the equivalence test passes: equivalent within the margin
+    said = runner.verdict(outcome(0.001, 0.8, 0.01), "NDCG@10", "D = 32", "base", "p_holm")
+    assert said.startswith("equivalent within ±0.02 (") and said.endswith("equivalence test p = 0.010)")
+    assert runner.verdict(outcome(0.001, 0.8, 0.2), "NDCG@10", "a", "b", "p_holm").startswith("not detectable")
     tests = {"base_moved": outcome(-0.04, 0.02),
-             "against_base": {"8": outcome(-0.4, 0.001), "32": outcome(0.001, 0.8), "128": outcome(0.03, 0.01)}}
-    said = embedding_size.training_summary(tests, [8, 32, 128])
-    assert "Not detectably different from the base model: D = 32." in said
-    assert "Detectably worse than the base model: D = 8." in said
-    assert "Detectably better than the base model: D = 128." in said
-    tests["against_base"]["128"] = outcome(0.03, 0.2)
-    assert "Detectably better" not in embedding_size.training_summary(tests, [8, 32, 128])
+             "against_start": {"8": outcome(-0.4, 0.001), "32": outcome(0.001, 0.8)},
+             "against_projection": {"8": outcome(0.0, 0.9), "32": outcome(0.0, 0.9)},
+             "against_base": {"8": outcome(-0.4, 0.001), "32": outcome(0.001, 0.8)}}
+    summary = embedding_size.training_summary(tests, [8, 32])
+    assert "- D = 32 against the base: not detectable; the 95% interval runs from -0.0090 to +0.0110" in summary
+    assert "- D = 8 against the base: prefers base (" in summary
 
 
 def test_embedding_size_reads_quoras_layout_and_no_question_finds_itself(tmp_path):
@@ -465,7 +553,8 @@ def test_model_selection_tests_every_candidate_against_the_best(svt_run, tmp_pat
     others = [name for name in models if name != best]
     for key, tests in written["tests"].items():
         assert list(tests) == others
-        expected = significance.with_holm([runner.paired_test(results[name], results[best], key) for name in others])
+        margin = runner.NDCG_MARGIN if key == "ndcg@10" else None  # equivalence is tested on NDCG@10 alone
+        expected = runner.family([runner.paired_test(results[name], results[best], key, margin) for name in others])
         assert list(tests.values()) == expected
     assert runner.verdict(written["tests"]["ndcg@10"][others[0]], "NDCG@10", others[0], best, "p_holm") in \
         (output / "results.md").read_text()

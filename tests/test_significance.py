@@ -3,7 +3,8 @@
 What "correct" means here: the exact sign-flip p equals scipy's exact permutation_test p; the
 random versions land within Monte Carlo error of scipy's (100,000 resamples); the paired t-test p
 equals scipy's ttest_rel to 1e-9 relative, down to p ~ 1e-46; bootstrap intervals agree with
-scipy's percentile bootstrap. Reference numbers: tests/fixtures/make_significance.py. Holm,
+scipy's percentile bootstrap; the equivalence test's p equals the larger of scipy's two one-sided
+ttest_rel p's; a sampled p's stated Monte Carlo error is the spread its seeds show. Reference numbers: tests/fixtures/make_significance.py. Holm,
 Bonferroni, the t-test with 1 and 2 degrees of freedom and the edge cases are worked by hand.
 """
 
@@ -18,8 +19,10 @@ from minisbert.significance import (
     bonferroni,
     bootstrap_ci,
     compare,
+    equivalence_test,
     holm,
     paired_t_test,
+    randomization_error,
     randomization_test,
     spearman_difference,
 )
@@ -78,6 +81,12 @@ def test_bootstrap_interval_agrees_with_scipy(case):
     assert low <= np.mean(np.subtract(case["a"], case["b"])) <= high
 
 
+@pytest.mark.parametrize("case", CASES, ids=names(CASES))
+def test_equivalence_p_equals_scipys_two_one_sided_tests(case):
+    p = equivalence_test(case["a"], case["b"], case["equivalence_margin"])
+    assert p == pytest.approx(case["p_equivalence"], rel=1e-9)  # the t-test's accuracy, as above
+
+
 # ---- by hand --------------------------------------------------------------------------------
 
 
@@ -130,6 +139,36 @@ def test_t_test_edge_cases():
         paired_t_test([1.0], [0.0])
 
 
+def test_equivalence_p_is_alpha_where_the_90_percent_interval_touches_the_margin():
+    # d = [1, 2, 3]: mean 2, se = 1 / sqrt(3), 2 df. With 2 df, P(T >= t) = (1 - t / sqrt(2 + t²)) / 2,
+    # which is 0.05 at t = sqrt(1.62 / 0.19). At margin 2 + t se the upper test has p = 0.05 and the
+    # lower one (t = (2 + margin) / se) far less, so the TOST p is 0.05: the 90% interval's top end
+    # lies exactly on the margin.
+    margin = 2 + math.sqrt(1.62 / 0.19) / math.sqrt(3)
+    assert equivalence_test([1, 2, 3], [0, 0, 0], margin) == pytest.approx(0.05, rel=1e-12)
+    assert equivalence_test([0, 0, 0], [1, 2, 3], margin) == pytest.approx(0.05, rel=1e-12)  # symmetric
+    assert equivalence_test([1, 2, 3], [0, 0, 0], 2 * margin) < 0.05 < equivalence_test([1, 2, 3], [0, 0, 0], 3)
+
+
+def test_equivalence_edge_cases():
+    assert equivalence_test([1.5, 2.5], [1.0, 2.0], 0.6) == 0.0  # every difference 0.5, inside ±0.6
+    assert equivalence_test([1.5, 2.5], [1.0, 2.0], 0.5) == 1.0  # on the margin is not inside it
+    with pytest.raises(ValueError, match="margin must be positive, got 0"):
+        equivalence_test([1, 2], [0, 0], 0)
+
+
+def test_randomization_error_is_zero_when_exact_and_the_seeds_spread_when_sampled():
+    assert randomization_error(0.3125, n=8) == 0.0  # 2**8 sign vectors enumerated: p is exact
+    assert randomization_error(0.25, n=300, trials=10_000) == pytest.approx(math.sqrt(0.25 * 0.75 / 10_000))
+    rng = np.random.default_rng(8)
+    b = rng.uniform(size=300)
+    a = b + rng.normal(0.01, 0.1, size=300)  # a p near 0.1
+    ps = [randomization_test(a, b, trials=2_000, seed=seed) for seed in range(40)]
+    stated = randomization_error(float(np.mean(ps)), n=300, trials=2_000)
+    # 40 seeds estimate the spread to about 11% (1 / sqrt(2 * 39)): 0.6 and 1.5 lie 4 such errors out
+    assert 0.6 * stated < np.std(ps, ddof=1) < 1.5 * stated
+
+
 def test_identical_models_give_p_1():
     a = np.random.default_rng(5).uniform(size=30)
     assert randomization_test(a, a) == 1.0
@@ -160,15 +199,21 @@ def test_compare_pairs_queries_by_id_and_returns_plain_floats():
     values_a, values_b = rng.uniform(size=40), rng.uniform(size=40)
     a = dict(zip(query_ids, values_a.tolist()))
     b = dict(reversed(list(zip(query_ids, values_b.tolist()))))  # same ids, another order
-    result = compare(a, b, seed=9)
+    result = compare(a, b, seed=9, margin=0.1)
+    p = randomization_test(values_a, values_b, seed=9)
     assert result == {
         "difference": pytest.approx(np.mean(values_a - values_b)),
         "ci95": list(bootstrap_ci(values_a, values_b, seed=9)),
-        "p_randomization": randomization_test(values_a, values_b, seed=9),
+        "p_randomization": p,
+        "p_randomization_error": randomization_error(p, 40),
         "p_t_test": paired_t_test(values_a, values_b),
+        "margin": 0.1,
+        "p_equivalence": equivalence_test(values_a, values_b, 0.1),
     }
-    assert all(type(value) is float for value in [result["difference"], *result["ci95"],
-                                                  result["p_randomization"], result["p_t_test"]])
+    assert all(type(value) is float for value in [result["difference"], *result["ci95"], result["p_randomization"],
+                                                  result["p_randomization_error"], result["p_t_test"],
+                                                  result["p_equivalence"]])
+    assert "p_equivalence" not in compare(a, b, seed=9)  # no margin, no equivalence test
 
 
 def test_compare_refuses_different_query_sets():

@@ -9,9 +9,11 @@ its table and figures:
     python -m minisbert.experiments model-selection      Silveri, "Choosing the Right SBERT Model for
                                                          Your Data with BEIR"
     python -m minisbert.experiments sbert-objectives     Reimers and Gurevych, "Sentence-BERT", section 3
+    python -m minisbert.experiments compare-runs A B     two finished runs' models tested against each other
 
 Each takes --quick (a small budget on data/example), --data, --model, --output DIR and --device, and
-resumes: run again with the same --output, it skips the models already trained and evaluated.
+resumes: run again with the same --output, it skips the models already trained and evaluated;
+--report-only rebuilds the tables and figures from a finished run's stored results alone.
 One file per experiment; runner.py holds what they share, pca.py the PCA, figures.py the figures.
 Checked in tests/test_experiments.py.
 """
@@ -22,4 +24,5 @@ EXPERIMENTS = {
     "embedding-size": "embedding_size",
     "model-selection": "model_selection",
     "sbert-objectives": "sbert_objectives",
+    "compare-runs": "compare_runs",
 }

@@ -49,10 +49,12 @@ def running_mean(values: list, window: int) -> np.ndarray:
     return (sums[ends] - sums[starts]) / (ends - starts)
 
 
-def loss_curves(path: Path, panels: dict) -> None:
+def loss_curves(path: Path, panels: dict, log_scale: set = frozenset()) -> None:
     """One panel per group ({"Siamese": {label: [loss per step]}, "Triplet": {...}}): each step's loss,
-    faint, and its running mean over a twentieth of the steps, as Rygaard et al.'s Fig. 3; a panel
-    whose curves differ in scale by more than 20 times gets a logarithmic loss axis."""
+    faint, and its running mean over a twentieth of the steps, as Rygaard et al.'s Fig. 3. The panels
+    named in log_scale get a logarithmic loss axis, chosen by the caller and not by the numbers, so
+    that every run of a study draws the same panel on the same scale (a loss of 0, which a log axis
+    cannot show, leaves the curve's line there open)."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 3.8), squeeze=False)
     for ax, (title, curves) in zip(axes[0], panels.items()):
@@ -60,10 +62,9 @@ def loss_curves(path: Path, panels: dict) -> None:
             steps = np.arange(1, len(losses) + 1)
             ax.plot(steps, losses, color=colour, alpha=0.25, linewidth=0.8)
             ax.plot(steps, running_mean(losses, max(1, len(losses) // 20)), color=colour, linewidth=2, label=label)
-        values = np.concatenate([np.asarray(losses, dtype=float) for losses in curves.values()])
-        if values.min() > 0 and values.max() > 20 * values.min():  # curves of different scales, e.g. MSE on
-            ax.set_yscale("log")                                      # cosines beside MSE on distances
-        ax.set_title(f"{title} networks")
+        if title in log_scale:
+            ax.set_yscale("log")
+        ax.set_title(f"{title} networks" + (" (log scale)" if title in log_scale else ""))
         ax.set_xlabel("step")
         ax.set_ylabel("training loss")
         ax.grid(alpha=0.3)
@@ -102,26 +103,32 @@ def pca_panels(path: Path, panels: dict) -> None:
 
 
 def dims_figure(path: Path, dims: list, results: dict, tests: dict, speed: dict, metric: str, label: str) -> None:
-    """Left: `metric` against the embedding size D: the trained model at each D (results["d<D>"]),
-    its error bar the 95% interval of its difference from the base model (tests["against_base"]),
-    set on the base model's score; the untrained PCA projection at each D (results["pca<D>"]); the
-    base model and the untrained start model as horizontal lines. Right: search speed against D
-    ({corpus label: [queries per second per D]})."""
+    """Left: each model's `metric` difference from the untrained start model (euclidean), each with
+    its 95% interval: the trained model at each D (tests["against_start"], its seeds' own differences
+    as small dots), the untrained PCA projection at each D (tests["projection_cost"]), and the base
+    model (tests["base_moved"]) as a line with its interval as a band; 0 is the start model. Right:
+    search speed against D ({corpus label: [queries per second per D]})."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    base = results["base"]["scores"][metric]
-    trained = [results[f"d{dim}"]["scores"][metric] for dim in dims]
-    low = [base + tests["against_base"][str(dim)]["ci95"][0] for dim in dims]
-    high = [base + tests["against_base"][str(dim)]["ci95"][1] for dim in dims]
-    left.errorbar(dims, trained, yerr=[np.subtract(trained, low), np.subtract(high, trained)], marker="o",
-                  color="tab:blue", capsize=3, label="trained, with projection to D")
-    left.plot(dims, [results[f"pca{dim}"]["scores"][metric] for dim in dims], marker="s", linestyle="--",
-              color="tab:orange", label="untrained: start model + PCA projection")
-    left.axhline(base, color="tab:green", linewidth=1.5, label="base model (trained, no projection)")
-    left.axhline(results["untrained-euclidean"]["scores"][metric], color="grey", linestyle=":", linewidth=1.5,
-                 label="start model, untrained")
-    left.set_title(f"{label}; error bars: 95% CI of the difference from the base model", fontsize="medium")
-    left.set_ylabel(label)
+    offset = {"against_start": 0.97, "projection_cost": 1.03}  # side by side at each D, not on top of each other
+    for family, colour, marker, name in (("against_start", "tab:blue", "o", "trained, with projection to D"),
+                                         ("projection_cost", "tab:orange", "s", "untrained: start model + PCA projection")):
+        xs = [dim * offset[family] for dim in dims]
+        found = [tests[family][str(dim)] for dim in dims]
+        means = [t["difference"] for t in found]
+        bars = [[m - t["ci95"][0] for m, t in zip(means, found)], [t["ci95"][1] - m for m, t in zip(means, found)]]
+        left.errorbar(xs, means, yerr=bars, marker=marker, color=colour, capsize=3, label=name)
+        for x, test in zip(xs, found):
+            seeds = test.get("seed_differences", [])
+            if len(seeds) > 1:
+                left.scatter([x] * len(seeds), seeds, color=colour, s=8, alpha=0.6, zorder=3)
+    base = tests["base_moved"]
+    left.axhline(base["difference"], color="tab:green", linewidth=1.5, label="base model (trained, no projection)")
+    left.axhspan(*base["ci95"], color="tab:green", alpha=0.15)
+    left.axhline(0, color="grey", linestyle=":", linewidth=1.5, label="start model, untrained")
+    left.set_title(f"{label} difference from the start model;\nbars and band: 95% intervals (unadjusted), "
+                   "dots: each seed", fontsize="medium")
+    left.set_ylabel(f"{label} difference")
     for colour, (corpus, values) in zip(TRIPLET_COLOURS, speed.items()):
         right.plot(dims, values, marker="o", color=colour, label=corpus)
     right.set_title("exact search speed")
@@ -144,8 +151,9 @@ def dims_figure(path: Path, dims: list, results: dict, tests: dict, speed: dict,
 
 def differences(path: Path, tests: dict, xlabel: str) -> None:
     """One row per model ({label: {"difference", "ci95": [low, high], "p_holm" or "p_randomization"}}):
-    its mean difference as a dot, its 95% interval as a bar, and the line at 0 (no difference). A dot
-    is filled where p < 0.05 and hollow where the test cannot tell."""
+    its mean difference as a dot, its 95% interval (unadjusted) as a bar, and the line at 0. A dot is
+    filled where p (Holm-adjusted where given) < 0.05 and hollow where the test cannot tell; the title
+    says which correction each follows, since a bar clear of 0 can carry a hollow dot."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(tests) + 1.4))
     for row, (label, test) in enumerate(reversed(list(tests.items()))):
@@ -157,6 +165,9 @@ def differences(path: Path, tests: dict, xlabel: str) -> None:
     ax.axvline(0, color="grey", linewidth=1, linestyle="--")
     ax.set_yticks(range(len(tests)), list(reversed(list(tests))))
     ax.set_xlabel(xlabel)
-    ax.set_title("filled: p < 0.05; hollow: no detectable difference", fontsize="small")
+    adjusted = all("p_holm" in test for test in tests.values())
+    ax.set_title(("dot filled: Holm-adjusted p < 0.05, hollow: not detectable after the adjustment;\n"
+                  if adjusted else "dot filled: p < 0.05, hollow: not detectable;\n")
+                 + "bar: the 95% interval, not adjusted", fontsize="small")
     ax.grid(alpha=0.3, axis="x")
     _save(fig, path)

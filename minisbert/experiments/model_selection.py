@@ -16,7 +16,9 @@ metrics, with trec_eval's definitions (metrics.py, definitions="trec") at --k (1
 default; --definitions st gives sentence-transformers' instead). The best model in each column is in
 bold, and every other candidate is tested against the best one (by NDCG@10) query by query on every
 metric: the difference, its bootstrap 95% interval and the randomization test's p, Holm-adjusted
-over the candidates; a candidate the test cannot tell from the best is as good a choice on this data.
+over the candidates. A candidate the test cannot tell from the best is not shown to be as good: the
+interval says how much worse it may be, and only an equivalence test at a margin (runner.NDCG_MARGIN,
+on NDCG@10) can say that it is within that margin of the best.
 
 A model is a known name (fetched on first use), a model directory, the output folder of train.py
 (its final/ model is used) or of an experiment's model (models/<name>/), or a lexical baseline: bm25,
@@ -32,7 +34,6 @@ from pathlib import Path
 from .. import datasets
 from ..evaluation import CACHE_DIR, LEXICAL
 from ..hub import resolve
-from ..significance import with_holm
 from . import runner
 
 NAME = "model-selection"
@@ -62,12 +63,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    s = runner.settings_from(args, PRESETS)
+    s = runner.settings_from(args, PRESETS, NAME)
     # Every model is found (and fetched) before the first is evaluated: a typo fails in seconds.
-    models = {name: name if name in LEXICAL else model_directory(name) for name in s.model}
+    models = {name: name if name in LEXICAL or args.report_only else model_directory(name) for name in s.model}
     folder = datasets.what_data(s.data).retrieval_folder(CACHE_DIR / "qa-csv")  # a CSV: converted once
     test = datasets.load_beir(folder, "test")
-    study = runner.Study(runner.output_folder(args, NAME), NAME, s)
+    study = runner.Study(runner.output_folder(args, NAME), NAME, s, args.report_only, args.device)
     print(f"{s.data} (test): {len(test.queries):,} queries, {len(test.corpus):,} documents")
 
     def evaluate(source):
@@ -81,13 +82,14 @@ def main(argv=None):
     keys = [f"{key}@{k}" for _, key in COLUMNS for k in s.k]
     best_model = max(results, key=lambda name: results[name]["scores"][BEST_BY])
     others = [name for name in results if name != best_model]
-    tests = {key: dict(zip(others, with_holm([runner.paired_test(results[name], results[best_model], key)
-                                              for name in others]))) for key in keys} if others else {}
+    tests = {key: dict(zip(others, runner.family([
+        runner.paired_test(results[name], results[best_model], key, runner.NDCG_MARGIN if key == BEST_BY else None)
+        for name in others]))) for key in keys} if others else {}
     study.write_results({"settings": vars(s), "models": results, "best": best_model, "tests": tests},
-                        report(s, args, results, tests, best_model, keys, test))
+                        report(s, study.about(), results, tests, best_model, keys, test))
 
 
-def report(s, args, results: dict, tests: dict, best_model: str, keys: list, test) -> str:
+def report(s, about: str, results: dict, tests: dict, best_model: str, keys: list, test) -> str:
     header = ["model"] + [f"{title}@{k}" for title, _ in COLUMNS for k in s.k]
     best = {key: max(result["scores"][key] for result in results.values()) for key in keys}
     rows = [[name] + [bold_if(result["scores"][key], best[key]) for key in keys] for name, result in results.items()]
@@ -104,19 +106,43 @@ def report(s, args, results: dict, tests: dict, best_model: str, keys: list, tes
         f"encoders compare embeddings by {s.score}"
         + (f", at most {s.max_seq_length} tokens per text" if s.max_seq_length else "")
         + f". Metrics: {'trec_eval' if s.definitions == 'trec' else 'sentence-transformers'} definitions "
-        f"(minisbert/metrics.py). " + runner.about_the_run(s, args.device or "default"),
+        f"(minisbert/metrics.py). " + about,
         "",
         runner.markdown_table(header, rows),
         f"Best by NDCG@10: **{best_model}**. Each other candidate against it, query by query (difference, "
-        "bootstrap 95% interval, randomization-test p Holm-adjusted over the candidates; every metric@k is in "
-        "results.json):",
+        "bootstrap 95% interval (unadjusted), randomization-test p Holm-adjusted over the candidates; every metric@k "
+        f"is in results.json; equivalence within ±{runner.NDCG_MARGIN:g} NDCG@10 by two one-sided tests):",
         "",
         *verdicts,
         "",
         runner.markdown_table(["model"] + [f"{title}@10 difference from {best_model}" for title, _ in COLUMNS],
                               [[name] + [runner.difference_cell(tests[key][name]) for key in tested_keys]
                                for name in results if name != best_model]) if tests else "",
+        f"**Equivalence margin** (NDCG@10): {runner.MARGIN_REASON}.",
+        "",
+        "## Where this run departs from the walk-through",
+        "",
+        deviations(s),
     ])
+
+
+def deviations(s) -> str:
+    """The table of what this run does differently from Silveri's walk-through, and why."""
+    rows = [
+        ["data", "NVIDIA documentation question-answer pairs (a Kaggle CSV), each answer the relevant document of "
+         "its question", str(s.data), "a public BEIR dataset that the other studies use too; --data questions.csv "
+         "reads such a CSV"],
+        ["negatives", "random answers added as negative samples, kept below a similarity threshold",
+         "none added: every query ranks the whole corpus", "the corpus already holds every unjudged document"],
+        ["models", "thenlper/gte-large, BAAI/bge-large-en-v1.5, intfloat/e5-large-v2", ", ".join(s.model),
+         "models of the size the other studies train, on 2 CPU cores"],
+        ["score", "cos_sim", str(s.score), "the walk-through's"],
+        ["metrics", "BEIR's EvaluateRetrieval (trec_eval): NDCG, MAP, Recall, Precision at 1, 3, 5, 10, 100",
+         f"the same with {s.definitions} definitions at {', '.join(map(str, s.k))}", "the walk-through's"],
+        ["tests", "none: the columns are read side by side", "each candidate against the best, query by query",
+         "a lead on a few hundred queries can be luck"],
+    ]
+    return runner.markdown_table(["setting", "walk-through", "this run", "why"], rows)
 
 
 def model_directory(name: str) -> Path:
