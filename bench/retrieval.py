@@ -1,23 +1,32 @@
-"""Benchmark exact top-k search: minisbert.search.search against the obvious alternatives.
+"""Benchmark exact top-k search: minisbert.search.search against the obvious alternatives, at the
+numbers of queries people search with: one (a demo, a service answering one request), a few
+(a dev set), and a thousand (an evaluation).
 
-For each corpus size it times, side by side in one run, on random L2-normalised float32 data
-(fixed seed):
-    minisbert search, score="dot" and score="cosine" (cosine also normalises every chunk), with
-        their defaults (the fast path; on a CPU with native bfloat16, blocks are screened in
-        bfloat16), score="dot" with bf16_screen=False (every block in float32), and, if asked
-        for, score="dot" with fast=False (the plain path: every block sorted)
+For each corpus size and each number of queries per call it times, side by side in one run, on
+random L2-normalised float32 data (fixed seed):
+    minisbert search, score="dot" and score="cosine" (cosine also checks and normalises every
+        row: the one-shot call), with their defaults (the fast path: for few queries the corpus
+        read once; for many, blocks screened in bfloat16 on a CPU with native bfloat16),
+        score="dot" with bf16_screen=False, a corpus prepared once (prepare_corpus, cosine:
+        checked and normalised once, with a bfloat16 copy where the CPU multiplies bfloat16
+        natively), minisbert.util.semantic_search (sentence-transformers' call, over the fast
+        search), and, if asked for, score="dot" with fast=False (the plain path)
     plain torch.topk(queries @ corpus.T)    (chunked over queries only if the full score matrix
                                             would not fit in --plain-budget-gb; it says so)
     sentence_transformers.util.semantic_search (cosine; when importable)
     faiss.IndexFlatIP                       (inner product; when importable; its index holds a
                                             copy of the corpus)
+It also measures the read-once bound: the time this machine takes to read the corpus's float32
+rows once (the fastest of a few full reductions over them), which no exact search of a few
+queries over those rows can beat, and prints each method's time per call as a multiple of it.
 Timing interleaves the methods round by round (method A, B, C, A, B, C, ...), so that a change
-in the load of a shared machine hits them alike; the best round is reported, with the slowest,
-and each ratio with the range of the same-round ratios. Peak memory is measured in a fresh subprocess per method,
-one search each: the peak resident set (VmHWM, reset just before the search) minus the resident
-set at that moment, or torch.cuda.max_memory_allocated on a GPU. Every method's top-k is compared
-with minisbert's for the same score function. The CPU's vector extensions are printed with the
-figures, since the ratios depend on them (the bfloat16 screen needs AVX512-BF16 or AMX).
+in the load of a shared machine hits them alike; a round makes enough calls for 32 queries at
+least; the best round is reported, with the slowest, and each ratio with the range of the
+same-round ratios. Peak memory is measured, at the largest number of queries, in a fresh
+subprocess per method, one search each: the peak resident set (VmHWM, reset just before the
+search) minus the resident set at that moment, or torch.cuda.max_memory_allocated on a GPU. Every
+method's top-k is compared with minisbert's for the same score function. The CPU's vector
+extensions are printed with the figures, since the ratios depend on them.
 
 faiss and sentence-transformers are never dependencies of minisbert: they run in a child process
 of the peer environment's Python, named by --peer-python or MINISBERT_PEER_PYTHON (bench/peer.py),
@@ -31,8 +40,8 @@ corpus (the size of the MS MARCO passage collection, 8,841,823 passages, Nguyen 
 it; the bandwidth is --bandwidth-gbs or, if not given, measured with a device-to-device copy.
 
 Run:
-    python bench/retrieval.py --peer-python /path/to/peer-env/bin/python --sizes 200000 1000000
-    MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/retrieval.py --sizes 200000
+    python bench/retrieval.py --peer-python /path/to/peer-env/bin/python
+    MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/retrieval.py --sizes 200000 --queries 1 16 1000 10000
 """
 
 import argparse
@@ -52,8 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # minisbert fro
 from bench.peer import add_peer_python_option, check_peer_python, cpu_summary  # noqa: E402
 
 METHODS = (
-    "minisbert-dot", "minisbert-cosine", "minisbert-float32", "minisbert-plain", "plain",
-    "semantic_search", "faiss",
+    "minisbert-dot", "minisbert-cosine", "minisbert-prepared", "minisbert-util", "minisbert-float32",
+    "minisbert-plain", "plain", "semantic_search", "faiss",
 )
 # The plain path sorts every block; it is timed only when asked for with --methods.
 DEFAULT_METHODS = tuple(m for m in METHODS if m != "minisbert-plain")
@@ -62,6 +71,8 @@ LABELS = {
     "minisbert-float32": 'minisbert (dot, bf16_screen=False)',
     "minisbert-plain": 'minisbert (dot, fast=False)',
     "minisbert-cosine": 'minisbert search(score="cosine")',
+    "minisbert-prepared": "minisbert search(prepare_corpus(C))",
+    "minisbert-util": "minisbert util.semantic_search",
     "plain": "torch.topk(q @ C.T)",
     "semantic_search": "sentence-transformers semantic_search",
     "faiss": "faiss IndexFlatIP",
@@ -70,6 +81,8 @@ LABELS = {
 SAME_SCORE_AS = {
     "minisbert-dot": "minisbert-dot",
     "minisbert-cosine": "minisbert-cosine",
+    "minisbert-prepared": "minisbert-cosine",
+    "minisbert-util": "minisbert-cosine",
     "minisbert-float32": "minisbert-dot",
     "minisbert-plain": "minisbert-dot",
     "plain": "minisbert-dot",
@@ -87,7 +100,7 @@ def main() -> None:
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 1_000_000], help="corpus sizes N")
     parser.add_argument("--dim", type=int, default=384)
-    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--queries", type=int, nargs="+", default=[1, 16, 1000], help="queries per call")
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per method; the best is reported")
     parser.add_argument(
@@ -103,6 +116,7 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one method, print JSON
     parser.add_argument("--serve-peer", help=argparse.SUPPRESS)  # internal: a data folder; see Peer
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--num-queries", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_budget_gb is None:
@@ -120,16 +134,18 @@ def main() -> None:
     print(f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for device in args.devices:
         for size in args.sizes:
-            compare(args, size, device)
+            for num_queries in args.queries:
+                compare(args, size, num_queries, device, memory=num_queries == max(args.queries))
         if device == "cuda":
             roofline(args)
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def compare(args, size: int, device: str) -> None:
-    print(f"\nN = {size:,} x d = {args.dim}, {args.queries:,} queries, k = {args.k}, {device}")
+def compare(args, size: int, num_queries: int, device: str, memory: bool) -> None:
+    print(f"\nN = {size:,} x d = {args.dim}, {num_queries:,} queries per call, k = {args.k}, {device}")
     methods = [m for m in args.methods if device == "cpu" or m not in PEER_METHODS]
-    queries, corpus = make_data(size, args.dim, args.queries, torch.device(device))
+    queries, corpus = make_data(size, args.dim, num_queries, torch.device(device))
+    calls = -(-32 // num_queries)  # per round: enough calls for 32 queries at least
     prepared, notes = {}, {}
     for method in methods:
         if method in PEER_METHODS:
@@ -147,18 +163,21 @@ def compare(args, size: int, device: str) -> None:
             if method in peer.skipped:
                 print(f"{LABELS[method]:40s} skipped: {peer.skipped[method]}")
             else:
-                prepared[method], notes[method] = peer.searcher(method), peer.notes[method]
+                prepared[method], notes[method] = peer.searcher(method, calls), peer.notes[method]
 
-    seconds = {method: [] for method in prepared}
+    seconds = {method: [] for method in prepared}  # per round: seconds per call
     indices = {}
+    read_once = []
     try:
         for _ in range(args.repeats):
+            read_once.append(read_once_seconds(corpus))
             for method, search_fn in prepared.items():
                 _synchronize(corpus.device)
                 start = time.perf_counter()
-                found = search_fn(queries)
+                for _ in range(1 if method in PEER_METHODS else calls):
+                    found = search_fn(queries)
                 _synchronize(corpus.device)
-                elapsed = time.perf_counter() - start
+                elapsed = (time.perf_counter() - start) / calls
                 if method in PEER_METHODS:  # timed by the peer itself, without the hand-over
                     found, elapsed = found
                 indices[method] = np.asarray(torch.as_tensor(found).cpu())
@@ -168,21 +187,26 @@ def compare(args, size: int, device: str) -> None:
             peer.close()
     del prepared, queries, corpus
 
-    print(f"{'method':40s} {'queries/s':>10s} {'(slowest round)':>15s} {'peak extra MB':>14s}  "
-          f"{'same top-k':>10s}")
+    bound = min(read_once)
+    print(f"read-once bound: {bound * 1e3:.2f} ms to read the {size * args.dim * 4 / 1e6:.0f} MB of float32 rows "
+          f"once ({size * args.dim * 4 / bound / 1e9:.1f} GB/s)")
+    print(f"{'method':40s} {'queries/s':>10s} {'(slowest round)':>15s} {'ms/call':>8s} {'/ bound':>8s} "
+          f"{'peak extra MB':>14s}  {'same top-k':>10s}")
     throughput = {}
     for method, timings in seconds.items():
-        throughput[method] = args.queries / min(timings)
-        slowest = args.queries / max(timings)
+        throughput[method] = num_queries / min(timings)
+        slowest = num_queries / max(timings)
         reference = indices.get(SAME_SCORE_AS[method])
         agreement = "" if reference is None else f"{(indices[method] == reference).all(axis=1).mean():.1%}"
-        memory = peak_memory_in_subprocess(args, method, size, device)
+        memory_mb = peak_memory_in_subprocess(args, method, size, num_queries, device) if memory else float("nan")
         note = notes[method]
-        if isinstance(memory, str):
-            memory, note = float("nan"), f"{note} {memory}"
-        print(f"{LABELS[method]:40s} {throughput[method]:10.1f} {slowest:15.1f} {memory:14.1f}  "
-              f"{agreement:>6s}  {note}")
-    ratios = [("minisbert-dot", "faiss"), ("minisbert-cosine", "semantic_search"), ("minisbert-dot", "plain"),
+        if isinstance(memory_mb, str):
+            memory_mb, note = float("nan"), f"{note} {memory_mb}"
+        print(f"{LABELS[method]:40s} {throughput[method]:10.1f} {slowest:15.1f} {min(timings) * 1e3:8.2f} "
+              f"{min(timings) / bound:7.2f}x {memory_mb:14.1f}  {agreement:>6s}  {note}")
+    ratios = [("minisbert-dot", "faiss"), ("minisbert-cosine", "faiss"), ("minisbert-dot", "plain"),
+              ("minisbert-cosine", "plain"), ("minisbert-prepared", "plain"), ("minisbert-prepared", "faiss"),
+              ("minisbert-cosine", "semantic_search"), ("minisbert-util", "minisbert-cosine"),
               ("minisbert-dot", "minisbert-float32"), ("minisbert-dot", "minisbert-plain")]
     shown = [(a, b) for a, b in ratios if a in throughput and b in throughput]
     if shown:
@@ -191,6 +215,18 @@ def compare(args, size: int, device: str) -> None:
         paired = [seconds[b][i] / seconds[a][i] for i in range(args.repeats)]
         print(f"  {a} / {b}: {throughput[a] / throughput[b]:.2f}x ({min(paired):.2f}x to {max(paired):.2f}x)")
     print(f"CPU: {cpu_summary()}")
+
+
+def read_once_seconds(corpus: torch.Tensor) -> float:
+    """The fastest of a few full reductions over the corpus: the time to read its rows once."""
+    best = float("inf")
+    for reduce in (torch.sum, torch.amax, torch.sum):
+        _synchronize(corpus.device)
+        start = time.perf_counter()
+        reduce(corpus)
+        _synchronize(corpus.device)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 class Peer:
@@ -214,10 +250,10 @@ class Peer:
         raise SystemExit(f"the peer process ended (exit status {self.process.wait()}); its error is "
                          "printed above")
 
-    def searcher(self, method: str):
-        """A function queries -> ((Q, k) indices, seconds the peer's search took)."""
+    def searcher(self, method: str, calls: int):
+        """A function queries -> ((Q, k) indices, seconds per call the peer's `calls` searches took)."""
         def search_fn(queries):
-            self.process.stdin.write(f"{method}\n")
+            self.process.stdin.write(f"{method} {calls}\n")
             self.process.stdin.flush()
             seconds = self.answer()["seconds"]
             return np.load(self.folder / "indices.npy"), seconds
@@ -246,9 +282,11 @@ def serve_peer(args) -> None:
         prepared[method](queries[:10])  # warm up
     print("peer: " + json.dumps({"notes": notes, "skipped": skipped}), flush=True)
     for line in sys.stdin:
+        method, calls = line.split()
         start = time.perf_counter()
-        found = prepared[line.strip()](queries)
-        seconds = time.perf_counter() - start
+        for _ in range(int(calls)):
+            found = prepared[method](queries)
+        seconds = (time.perf_counter() - start) / int(calls)
         np.save(folder / "indices.npy", np.asarray(found))
         print("peer: " + json.dumps({"seconds": seconds}), flush=True)
 
@@ -258,11 +296,11 @@ def _shared_memory_folder() -> str | None:
     return "/dev/shm" if Path("/dev/shm").is_dir() else None
 
 
-def peak_memory_in_subprocess(args, method: str, size: int, device: str) -> float | str:
+def peak_memory_in_subprocess(args, method: str, size: int, num_queries: int, device: str) -> float | str:
     """Extra peak memory (MB) of one search in a fresh process, or the reason it failed."""
     python = args.peer_python if method in PEER_METHODS else sys.executable
     command = [str(python), __file__, "--worker", method, "--size", str(size), "--device", device,
-               "--dim", str(args.dim), "--queries", str(args.queries), "--k", str(args.k),
+               "--dim", str(args.dim), "--num-queries", str(num_queries), "--k", str(args.k),
                "--plain-budget-gb", str(args.plain_budget_gb)]
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0:
@@ -274,7 +312,7 @@ def peak_memory_in_subprocess(args, method: str, size: int, device: str) -> floa
 def run_one(args) -> dict:
     """Peak memory of one method, one size, in this (fresh) process."""
     device = torch.device(args.device)
-    queries, corpus = make_data(args.size, args.dim, args.queries, device)
+    queries, corpus = make_data(args.size, args.dim, args.num_queries, device)
     search_fn, _, setup_mb = prepare(args.worker, queries, corpus, args)
     search_fn(queries[:10])  # load libraries and warm up before the memory baseline
     baseline = _memory_baseline_mb(device)
@@ -287,8 +325,19 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
     """Return (function queries -> (Q, k) indices, note, MB its setup took)."""
     k = args.k
     if method.startswith("minisbert"):
-        from minisbert.search import search
+        from minisbert.search import prepare_corpus, search
+        from minisbert.util import semantic_search
 
+        if method == "minisbert-prepared":
+            before = _memory_baseline_mb(corpus.device)
+            prepared_corpus = prepare_corpus(corpus)
+            setup_mb = _peak_memory_mb(corpus.device) - before
+            note = "memory includes the prepared copy" + (", with a bfloat16 screen" if prepared_corpus.screen is not None else "")
+            return (lambda q: search(q, prepared_corpus, k)[1]), note, setup_mb
+        if method == "minisbert-util":
+            def util_search(q):
+                return torch.tensor([[hit["corpus_id"] for hit in row] for row in semantic_search(q, corpus, top_k=k)])
+            return util_search, "", 0.0
         if method == "minisbert-float32":
             return (lambda q: search(q, corpus, k, score="dot", bf16_screen=False)[1]), "", 0.0
         if method == "minisbert-plain":
