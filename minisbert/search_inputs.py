@@ -95,7 +95,7 @@ def prepare(embeddings: torch.Tensor | np.ndarray, score: str) -> PreparedCorpus
     for start in range(0, corpus.shape[0], DEFAULT_CORPUS_CHUNK_SIZE):
         end = start + DEFAULT_CORPUS_CHUNK_SIZE
         chunk = corpus[start:end].to(torch.float32)
-        sizes[start:end] = checked_sizes(chunk, score, "corpus", start)
+        sizes[start:end] = checked_sizes(chunk, score, "corpus", start)[0]
         if score == "cosine":
             torch.div(chunk, sizes[start:end].clamp_min(TINY)[:, None], out=rows[start:end])
         else:
@@ -151,7 +151,7 @@ class SearchInputs:
         if self.prepared is not None:
             return self.prepared.rows[doc_start:end].to(self.device), self.prepared.sizes[doc_start:end].to(self.device)
         chunk = self.corpus[doc_start:end].to(device=self.device, dtype=torch.float32)  # (Nc, d)
-        sizes = checked_sizes(chunk, self.score, "corpus", doc_start, self.largest_query_size)  # (Nc,)
+        sizes, _ = checked_sizes(chunk, self.score, "corpus", doc_start, self.largest_query_size)  # (Nc,)
         if self.score == "cosine":
             out = None if out is None else out[: chunk.shape[0]]
             chunk = torch.div(chunk, sizes.clamp_min(TINY)[:, None], out=out)
@@ -242,23 +242,25 @@ def row_sizes(matrix: torch.Tensor, score: str) -> torch.Tensor:
 
 def checked_sizes(
     chunk: torch.Tensor, score: str, name: str, start: int, largest_query: tuple[int, float] | None = None
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, bool]:
     """(n,) sizes of the (n, d) float32 rows of `chunk` (see `row_sizes`), numbered from `start`,
     after checking them: every size finite and, given the (row, size) of the largest query, no
-    score beyond float32's range. One reduction and one read in the usual case; the rare rows
-    that need care (a norm that overflowed or underflowed, a bad row to name) are found after."""
+    score beyond float32's range; and whether every norm came out in float32's comfortable range
+    (no row so small or so large that its squares underflow or overflow: see `row_norms`). One
+    reduction and one read in the usual case; the rows that need care are found after."""
     sizes = squared_row_norms(chunk) if score == "euclidean" else torch.linalg.vector_norm(chunk, dim=1)
     if sizes.numel() == 0:
-        return sizes
+        return sizes, True
     smallest, largest = (float(value) for value in torch.aminmax(sizes))
     # Written so that a NaN fails the test too.
-    if not largest < float("inf") or (score != "euclidean" and not smallest >= 2.0**-60):
+    ordinary = largest < float("inf") and (score == "euclidean" or smallest >= 2.0**-60)
+    if not ordinary:
         sizes = row_sizes(chunk, score)
         check_finite_rows(sizes, name, start)
         largest = float(sizes.max())
     if largest_query is not None and score_bound(score, largest_query[1], largest) > LARGEST_SCORE:
         check_scores_fit(score, largest_query[0], largest_query[1], start + int(sizes.argmax()), largest)
-    return sizes
+    return sizes, ordinary
 
 
 def row_norms(matrix: torch.Tensor) -> torch.Tensor:

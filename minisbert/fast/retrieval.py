@@ -58,7 +58,7 @@ import contextlib
 import torch
 
 from .. import cpu
-from ..search_inputs import TINY, SearchInputs, drop_excluded, row_norms
+from ..search_inputs import TINY, SearchInputs, checked_sizes, drop_excluded, row_norms
 from .device_search import device_search
 
 # Columns per group in the first, coarse filter of each block (see _merge_block).
@@ -135,8 +135,7 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
         else:
             for start in range(span_start, span_start + span_rows, piece):
                 size = min(piece, span_start + span_rows - start)
-                rows, sizes = inputs.corpus_chunk(start, out=unit_buffer, size=size)  # (n, d), (n,)
-                _score_rows(rows, sizes, queries, score, block[start - span_start : start - span_start + size])
+                _score_piece(inputs, start, size, unit_buffer, block[start - span_start : start - span_start + size])
         if num_queries == 0:  # the corpus is still checked, as the plain search checks it
             continue
         with _one_thread(device):
@@ -146,6 +145,28 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
                 drop_excluded(block[:span_rows].T, inputs.excluded, 0, span_start)
             _merge_block(block, span_start, top_scores, top_indices)
     return top_scores, top_indices
+
+
+def _score_piece(inputs: SearchInputs, start: int, size: int, unit_buffer: torch.Tensor | None,
+                 out: torch.Tensor) -> None:
+    """Check the `size` corpus rows from `start` and write their (size, Q) scores (ranking keys for
+    euclidean) against the queries into `out`, reading the rows from memory once.
+
+    The checks measure every row first (search_inputs.checked_sizes), which brings the piece into
+    the cache; the product then reads it from there. A cosine divides the piece's dot products by
+    the row norms, (q·c) / |c|, rather than the rows before the product, q·(c / |c|) as the plain
+    search does: the two agree to float32 rounding, and dividing the (size, Q) products is much
+    less work than dividing the (size, d) rows. Rows whose squares overflow or underflow float32
+    are divided first, as the plain search divides them.
+    """
+    queries, score = inputs.queries, inputs.score
+    rows = inputs.corpus[start : start + size].to(device=inputs.device, dtype=torch.float32)  # (n, d)
+    sizes, ordinary = checked_sizes(rows, score, "corpus", start, inputs.largest_query_size)  # (n,)
+    if score == "cosine" and not ordinary:
+        rows = torch.div(rows, sizes.clamp_min(TINY)[:, None], out=unit_buffer[:size])
+    _score_rows(rows, sizes, queries, score, out)
+    if score == "cosine" and ordinary:
+        out /= sizes[:, None]
 
 
 def _score_rows(rows: torch.Tensor, sizes: torch.Tensor, queries: torch.Tensor, score: str, out: torch.Tensor) -> None:
