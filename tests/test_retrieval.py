@@ -10,6 +10,7 @@ native bfloat16, torch still computes the bfloat16 product, only slowly).
 """
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -800,3 +801,14 @@ def test_a_file_that_is_not_a_prepared_corpus_is_named(tmp_path):
     path.write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match="corpus.safetensors: not a prepared corpus file"):
         load_corpus(path)
+
+
+def test_the_readmes_search_example_runs(tmp_path, monkeypatch, minilm):
+    # The README's "Searching your own corpus" code, as written, with `documents` defined.
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Searching your own corpus", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    names = {"documents": ["Cells divide by mitosis.", "The stock market fell.", "Meiosis makes gametes."]}
+    exec(code, names)
+    assert names["rows"].tolist()[0][:1] == [0] and names["scores"].shape == (1, 3)
