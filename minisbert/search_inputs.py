@@ -248,19 +248,37 @@ def checked_sizes(
     score beyond float32's range; and whether every norm came out in float32's comfortable range
     (no row so small or so large that its squares underflow or overflow: see `row_norms`). One
     reduction and one read in the usual case; the rows that need care are found after."""
-    sizes = squared_row_norms(chunk) if score == "euclidean" else torch.linalg.vector_norm(chunk, dim=1)
-    if sizes.numel() == 0:
-        return sizes, True
-    smallest, largest = (float(value) for value in torch.aminmax(sizes))
-    # Written so that a NaN fails the test too.
-    ordinary = largest < float("inf") and (score == "euclidean" or smallest >= 2.0**-60)
+    sizes = quick_sizes(chunk, score)
+    ordinary = sizes_are_ordinary(sizes, score)
     if not ordinary:
         sizes = row_sizes(chunk, score)
         check_finite_rows(sizes, name, start)
+    if largest_query is not None and sizes.numel():
         largest = float(sizes.max())
-    if largest_query is not None and score_bound(score, largest_query[1], largest) > LARGEST_SCORE:
-        check_scores_fit(score, largest_query[0], largest_query[1], start + int(sizes.argmax()), largest)
+        if score_bound(score, largest_query[1], largest) > LARGEST_SCORE:
+            check_scores_fit(score, largest_query[0], largest_query[1], start + int(sizes.argmax()), largest)
     return sizes, ordinary
+
+
+def quick_sizes(rows: torch.Tensor, score: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`row_sizes` in one pass, right for every row that `sizes_are_ordinary` passes."""
+    if score == "euclidean":
+        return torch.linalg.vecdot(rows, rows, out=out)
+    return torch.linalg.vector_norm(rows, dim=1, out=out)
+
+
+def sizes_are_ordinary(sizes: torch.Tensor, score: str, largest_query: tuple[int, float] | None = None) -> bool:
+    """Whether the (n,) sizes from `quick_sizes` need no second look: all finite, no norm so small
+    that its squares may have underflowed (below 2^-60), and, given the (row, size) of the largest
+    query, no score that could pass float32's range. One reduction and one read."""
+    if sizes.numel() == 0:
+        return True
+    smallest, largest = (float(value) for value in torch.aminmax(sizes))
+    # Written so that a NaN fails the test too.
+    ordinary = largest < float("inf") and (score == "euclidean" or smallest >= 2.0**-60)
+    if largest_query is not None and ordinary:
+        ordinary = score_bound(score, largest_query[1], largest) <= LARGEST_SCORE
+    return ordinary
 
 
 def row_norms(matrix: torch.Tensor) -> torch.Tensor:

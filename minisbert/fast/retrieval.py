@@ -58,7 +58,7 @@ import contextlib
 import torch
 
 from .. import cpu
-from ..search_inputs import TINY, SearchInputs, checked_sizes, drop_excluded, row_norms
+from ..search_inputs import TINY, SearchInputs, drop_excluded, quick_sizes, row_norms, sizes_are_ordinary
 from .device_search import device_search
 
 # Columns per group in the first, coarse filter of each block (see _merge_block).
@@ -117,6 +117,7 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
     unit_buffer = None
     if score == "cosine" and inputs.prepared is None:
         unit_buffer = torch.empty(min(piece, num_docs), dim, device=device)
+    size_buffer = torch.empty(height, device=device)
     screen = None
     if kept_screen is not None and num_queries > 0:
         screen = _Screen(queries, score, num_queries, height, kept=True)
@@ -133,9 +134,7 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
         if inputs.prepared is not None:  # nothing to check or normalise: one product per span
             _score_rows(*inputs.corpus_chunk(span_start, size=span_rows), queries, score, block[:span_rows])
         else:
-            for start in range(span_start, span_start + span_rows, piece):
-                size = min(piece, span_start + span_rows - start)
-                _score_piece(inputs, start, size, unit_buffer, block[start - span_start : start - span_start + size])
+            _score_span(inputs, span_start, span_rows, piece, size_buffer, unit_buffer, block)
         if num_queries == 0:  # the corpus is still checked, as the plain search checks it
             continue
         with _one_thread(device):
@@ -147,26 +146,32 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
     return top_scores, top_indices
 
 
-def _score_piece(inputs: SearchInputs, start: int, size: int, unit_buffer: torch.Tensor | None,
-                 out: torch.Tensor) -> None:
-    """Check the `size` corpus rows from `start` and write their (size, Q) scores (ranking keys for
-    euclidean) against the queries into `out`, reading the rows from memory once.
+def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, piece: int, size_buffer: torch.Tensor,
+                unit_buffer: torch.Tensor | None, block: torch.Tensor) -> None:
+    """Check the `span_rows` corpus rows from `span_start` and write their (span_rows, Q) scores
+    (ranking keys for euclidean) into `block`, reading each row from memory once.
 
-    The checks measure every row first (search_inputs.checked_sizes), which brings the piece into
-    the cache; the product then reads it from there. A cosine divides the piece's dot products by
-    the row norms, (q·c) / |c|, rather than the rows before the product, q·(c / |c|) as the plain
-    search does: the two agree to float32 rounding, and dividing the (size, Q) products is much
-    less work than dividing the (size, d) rows. Rows whose squares overflow or underflow float32
-    are divided first, as the plain search divides them.
+    Each piece is measured first (the sizes the checks need), which brings it into the cache, and
+    the product then reads it from there; the sizes of the whole span are checked at once. A
+    cosine divides the products by the row norms, (q·c) / |c|, rather than the rows before the
+    product, q·(c / |c|), as the plain search does: the two agree to float32 rounding, and
+    dividing the (span_rows, Q) products is much less work than dividing the rows. A span that
+    fails the quick check (a row that is not finite, so small or so large that its squares left
+    float32's range, or a score that could) is done again piece by piece as the plain search does
+    it, which raises where the plain search raises.
     """
-    queries, score = inputs.queries, inputs.score
-    rows = inputs.corpus[start : start + size].to(device=inputs.device, dtype=torch.float32)  # (n, d)
-    sizes, ordinary = checked_sizes(rows, score, "corpus", start, inputs.largest_query_size)  # (n,)
-    if score == "cosine" and not ordinary:
-        rows = torch.div(rows, sizes.clamp_min(TINY)[:, None], out=unit_buffer[:size])
-    _score_rows(rows, sizes, queries, score, out)
-    if score == "cosine" and ordinary:
-        out /= sizes[:, None]
+    queries, score, sizes = inputs.queries, inputs.score, size_buffer[:span_rows]
+    for start in range(span_start, span_start + span_rows, piece):
+        rows = inputs.corpus[start : start + piece].to(device=inputs.device, dtype=torch.float32)  # (n, d)
+        part = slice(start - span_start, start - span_start + rows.shape[0])
+        quick_sizes(rows, score, out=sizes[part])  # (n,)
+        _score_rows(rows, sizes[part], queries, score, block[part])
+    if not sizes_are_ordinary(sizes, score, inputs.largest_query_size):
+        for start in range(span_start, span_start + span_rows, piece):
+            rows, sizes = inputs.corpus_chunk(start, out=unit_buffer, size=piece)  # checked, unit rows for cosine
+            _score_rows(rows, sizes, queries, score, block[start - span_start : start - span_start + rows.shape[0]])
+    elif score == "cosine":
+        block[:span_rows] /= sizes[:, None]
 
 
 def _score_rows(rows: torch.Tensor, sizes: torch.Tensor, queries: torch.Tensor, score: str, out: torch.Tensor) -> None:
