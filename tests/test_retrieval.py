@@ -812,3 +812,16 @@ def test_the_readmes_search_example_runs(tmp_path, monkeypatch, minilm):
     names = {"documents": ["Cells divide by mitosis.", "The stock market fell.", "Meiosis makes gametes."]}
     exec(code, names)
     assert names["rows"].tolist()[0][:1] == [0] and names["scores"].shape == (1, 3)
+
+
+@pytest.mark.parametrize("num_queries", [1, 16, 1000])
+def test_util_semantic_search_is_the_fast_search_written_out(num_queries, small_spans):
+    from minisbert import util
+
+    generator = torch.Generator().manual_seed(3)
+    queries, corpus = torch.randn(num_queries, 24, generator=generator), torch.randn(500, 24, generator=generator)
+    for score_function, score in ((util.cos_sim, "cosine"), (util.dot_score, "dot")):
+        hits = util.semantic_search(queries, corpus, top_k=7, score_function=score_function)
+        scores, indices = search(queries, corpus, 7, score=score)
+        assert [[hit["corpus_id"] for hit in row] for row in hits] == indices.tolist()
+        assert [[hit["score"] for hit in row] for row in hits] == scores.tolist()
