@@ -1,5 +1,5 @@
 """Exact top-k search, fast: the same top-k as the plain loop of minisbert/retrieval.py (score a
-block, take its top-k, merge; run on checked inputs by `minisbert.search.chunked_search`), with
+block, take its top-k, merge; run on checked inputs by `minisbert.retrieval.chunked_search`), with
 less work per block.
 
 Called by `minisbert.search.search` (its default, fast=True), which checks the inputs with
@@ -9,14 +9,15 @@ built for a CPU, where reading a result to decide what to do next costs nothing,
 every such read stalls the device.
 
 A few queries. With few queries (at most FEW_QUERIES) the product does little arithmetic per
-corpus row, and the search is as fast as the corpus can be read from memory: reading it once is
-the least any exact search must do. `_search_few` reads each row once: the corpus is taken in pieces
-of about PIECE_BYTES, small enough to stay in the core's cache while each is checked, normalised
-and multiplied, so only the first of those passes reads memory; the scores of a span of pieces
-then go through one filter and merge (below). Each piece costs a handful of torch calls, so
-pieces are as large as the cache allows. Over a prepared corpus (minisbert/search.py) nothing is
-left to check or normalise, a span is one product, and with a bfloat16 copy kept the screen
-(below) reads half the bytes.
+corpus row, and the search can go no faster than the corpus can be read from memory: reading it
+once is the least any exact search must do. `_search_few` reads each row from memory once: the
+corpus is taken in pieces of about PIECE_BYTES, small enough to stay in the core's cache while
+each is multiplied and measured (the checks and cosine need each row's norm), so only the first
+of those passes reads memory; the scores of a span of pieces then go through one check, one
+filter and one merge (below). Measuring the rows is not free: torch computes norms at about half
+the speed it streams a product, so over embeddings as given a call costs about 1.5 reads of the
+corpus. Over a prepared corpus (minisbert/search.py) nothing is left to check or measure, a span
+is one product, and with a bfloat16 copy kept the screen (below) reads half the bytes.
 
 Many queries. The matrix product costs 2·Q·N·d FLOP and is compute-bound when the
 query chunk is large (BLAS-3), so the time to beat is the product itself; choosing the k best must
@@ -63,15 +64,19 @@ from .device_search import device_search
 
 # Columns per group in the first, coarse filter of each block (see _merge_block).
 GROUP_SIZE = 64
-# Up to this many queries a call is memory-bound on a CPU (see the module docstring): a row of
-# 384 float32 takes 1.5 kB to read and 2·384·Q FLOP to score, and 2 cores compute about 100
-# FLOP in the time memory delivers 1.5 kB... (TODO measured)
-FEW_QUERIES = 32
+# Up to this many queries the corpus is read once, piece by piece (`_search_few`); past it, blocks
+# of queries against chunks of corpus are faster (`_search_many`). Measured on a 2-core Intel Xeon
+# with AMX (bench/retrieval.py; tried at 8 to 128 queries over 200,000 x 384): over embeddings as
+# given, reading them once won up to 64 queries and lost at 128; over a prepared corpus, whose
+# chunks need no preparing, blocks of queries won from 64 and tied at 32.
+FEW_QUERIES = 64
+FEW_QUERIES_PREPARED = 32
 # The corpus piece a few-query search checks, normalises and scores while it stays in cache:
 # small enough for a core's L2 (1 MB on AMD Zen 4, 2 MB on Intel Sapphire Rapids) when the two
 # threads split it, large enough that the handful of torch calls per piece cost little.
 PIECE_BYTES = 2 * 2**20
-# Rows of corpus whose scores a few-query search filters and merges at once.
+# Rows of corpus whose scores a few-query search filters and merges at once, at most (the corpus
+# chunk size, 8,192 rows by default, is the usual limit).
 SPAN_ROWS = 65536
 # Candidates scored at once after screening (see _Screen): 1024 x 384 float32 rows take 1.5 MB.
 RESCORE_PIECE = 1024
@@ -98,7 +103,8 @@ def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.T
     kept = inputs.prepared.screen if inputs.prepared is not None else None
     if bf16_screen is None:
         bf16_screen = inputs.device.type == "cpu" and cpu.native_bfloat16()
-    if inputs.queries.shape[0] <= FEW_QUERIES:
+    few = FEW_QUERIES if inputs.prepared is None else FEW_QUERIES_PREPARED
+    if inputs.queries.shape[0] <= min(few, inputs.query_chunk_size):
         # Few queries read the corpus once; a screen pays only where its copy is already made.
         return _search_few(inputs, kept if bf16_screen is not False else None)
     return _search_many(inputs, bf16_screen)
@@ -110,8 +116,11 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
     num_queries, num_docs, dim, k = queries.shape[0], inputs.corpus.shape[0], queries.shape[1], inputs.k
     top_scores = torch.full((num_queries, k), -torch.inf, device=device)  # (Q, k)
     top_indices = torch.full_like(top_scores, -1, dtype=torch.long)  # (Q, k)
-    piece = min(max(GROUP_SIZE, PIECE_BYTES // (4 * dim) // GROUP_SIZE * GROUP_SIZE), inputs.corpus_chunk_size)
-    span = max(piece, SPAN_ROWS // piece * piece)
+    # A span is a block of the corpus chunk's size (its memory is the caller's to choose), made of
+    # whole pieces.
+    span_limit = min(SPAN_ROWS, inputs.corpus_chunk_size)
+    piece = min(max(GROUP_SIZE, PIECE_BYTES // (4 * dim) // GROUP_SIZE * GROUP_SIZE), span_limit)
+    span = span_limit // piece * piece
     height = -(-min(span, num_docs) // GROUP_SIZE) * GROUP_SIZE
     block_buffer = torch.empty(height, num_queries, device=device)  # (H, Q) corpus rows, queries
     unit_buffer = None
@@ -164,8 +173,12 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, piece: in
     for start in range(span_start, span_start + span_rows, piece):
         rows = inputs.corpus[start : start + piece].to(device=inputs.device, dtype=torch.float32)  # (n, d)
         part = slice(start - span_start, start - span_start + rows.shape[0])
-        quick_sizes(rows, score, out=sizes[part])  # (n,)
-        _score_rows(rows, sizes[part], queries, score, block[part])
+        if score == "euclidean":  # the ranking key needs the sizes first
+            quick_sizes(rows, score, out=sizes[part])  # (n,)
+            _score_rows(rows, sizes[part], queries, score, block[part])
+        else:  # the product streams from memory faster than the norms do; the norms then read the cache
+            _score_rows(rows, sizes[part], queries, score, block[part])
+            quick_sizes(rows, score, out=sizes[part])  # (n,)
     if not sizes_are_ordinary(sizes, score, inputs.largest_query_size):
         for start in range(span_start, span_start + span_rows, piece):
             rows, sizes = inputs.corpus_chunk(start, out=unit_buffer, size=piece)  # checked, unit rows for cosine
