@@ -10,14 +10,15 @@ every such read stalls the device.
 
 A few queries. With few queries (at most FEW_QUERIES) the product does little arithmetic per
 corpus row, and the search can go no faster than the corpus can be read from memory: reading it
-once is the least any exact search must do. `_search_few` reads each row from memory once: the
-corpus is taken in pieces of about PIECE_BYTES, small enough to stay in the core's cache while
-each is multiplied and measured (the checks and cosine need each row's norm), so only the first
-of those passes reads memory; the scores of a span of pieces then go through one check, one
-filter and one merge (below). Measuring the rows is not free: torch computes norms at about half
-the speed it streams a product, so over embeddings as given a call costs about 1.5 reads of the
-corpus. Over a prepared corpus (minisbert/search.py) nothing is left to check or measure, a span
-is one product, and with a bfloat16 copy kept the screen (below) reads half the bytes.
+once is the least any exact search must do. `_search_few` takes the corpus a span at a time: one
+product for the span's scores, one pass for its rows' norms (which the checks and cosine need),
+then one check, one filter and one merge for the whole span (below), so that a call costs a few
+dozen torch calls per span rather than per block. Measuring the rows is a second read of them:
+torch has no call that multiplies and measures in one pass, and reading a piece a second time
+while it was still in the cache measured no faster (bench/retrieval.py, 2-core Intel Xeon), so a
+call over embeddings as given costs about two reads of the corpus. Over a prepared corpus
+(minisbert/search.py) nothing is left to check or measure, and a span is one product: about one
+read. With a bfloat16 copy kept, the screen (below) reads half the bytes.
 
 Many queries. The matrix product costs 2·Q·N·d FLOP and is compute-bound when the
 query chunk is large (BLAS-3), so the time to beat is the product itself; choosing the k best must
@@ -71,13 +72,13 @@ GROUP_SIZE = 64
 # chunks need no preparing, blocks of queries won from 64 and tied at 32.
 FEW_QUERIES = 64
 FEW_QUERIES_PREPARED = 32
-# The corpus piece a few-query search checks, normalises and scores while it stays in cache:
-# small enough for a core's L2 (1 MB on AMD Zen 4, 2 MB on Intel Sapphire Rapids) when the two
-# threads split it, large enough that the handful of torch calls per piece cost little.
-PIECE_BYTES = 2 * 2**20
-# Rows of corpus whose scores a few-query search filters and merges at once, at most (the corpus
-# chunk size, 8,192 rows by default, is the usual limit).
-SPAN_ROWS = 65536
+# The corpus piece a few-query search multiplies and measures in one call each: large, so that the
+# calls are few, and bounded, since a float16 or bfloat16 corpus is copied to float32 a piece at
+# a time.
+PIECE_BYTES = 64 * 2**20
+# Rows of corpus whose scores a few-query search checks, filters and merges at once: each span
+# costs a few dozen torch calls, so spans are long.
+SPAN_ROWS = 2**17
 # Candidates scored at once after screening (see _Screen): 1024 x 384 float32 rows take 1.5 MB.
 RESCORE_PIECE = 1024
 # Unit roundoffs: rounding to bfloat16 (8 significant bits) or float32 (24) moves a value by at
@@ -116,9 +117,10 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
     num_queries, num_docs, dim, k = queries.shape[0], inputs.corpus.shape[0], queries.shape[1], inputs.k
     top_scores = torch.full((num_queries, k), -torch.inf, device=device)  # (Q, k)
     top_indices = torch.full_like(top_scores, -1, dtype=torch.long)  # (Q, k)
-    # A span is a block of the corpus chunk's size (its memory is the caller's to choose), made of
-    # whole pieces.
-    span_limit = min(SPAN_ROWS, inputs.corpus_chunk_size)
+    # A span's (rows, Q) scores take no more memory than a block of the search by blocks would,
+    # (corpus_chunk_size, query_chunk_size), and it is made of whole pieces.
+    block_entries = inputs.corpus_chunk_size * inputs.query_chunk_size
+    span_limit = max(1, min(SPAN_ROWS, block_entries // max(num_queries, 1)))
     piece = min(max(GROUP_SIZE, PIECE_BYTES // (4 * dim) // GROUP_SIZE * GROUP_SIZE), span_limit)
     span = span_limit // piece * piece
     height = -(-min(span, num_docs) // GROUP_SIZE) * GROUP_SIZE
@@ -158,13 +160,13 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
 def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, piece: int, size_buffer: torch.Tensor,
                 unit_buffer: torch.Tensor | None, block: torch.Tensor) -> None:
     """Check the `span_rows` corpus rows from `span_start` and write their (span_rows, Q) scores
-    (ranking keys for euclidean) into `block`, reading each row from memory once.
+    (ranking keys for euclidean) into `block`.
 
-    Each piece is measured first (the sizes the checks need), which brings it into the cache, and
-    the product then reads it from there; the sizes of the whole span are checked at once. A
-    cosine divides the products by the row norms, (q·c) / |c|, rather than the rows before the
-    product, q·(c / |c|), as the plain search does: the two agree to float32 rounding, and
-    dividing the (span_rows, Q) products is much less work than dividing the rows. A span that
+    Each piece is multiplied and measured (the sizes the checks need), and the sizes of the whole
+    span are checked at once. A cosine divides the products by the row norms, (q·c) / |c|, rather
+    than the rows before the product, q·(c / |c|), as the plain search does: the two agree to
+    float32 rounding, and dividing the (span_rows, Q) products is much less work than dividing
+    the rows. A span that
     fails the quick check (a row that is not finite, so small or so large that its squares left
     float32's range, or a score that could) is done again piece by piece as the plain search does
     it, which raises where the plain search raises.
@@ -176,7 +178,7 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, piece: in
         if score == "euclidean":  # the ranking key needs the sizes first
             quick_sizes(rows, score, out=sizes[part])  # (n,)
             _score_rows(rows, sizes[part], queries, score, block[part])
-        else:  # the product streams from memory faster than the norms do; the norms then read the cache
+        else:
             _score_rows(rows, sizes[part], queries, score, block[part])
             quick_sizes(rows, score, out=sizes[part])  # (n,)
     if not sizes_are_ordinary(sizes, score, inputs.largest_query_size):
