@@ -291,7 +291,11 @@ class SentenceModel(nn.Module):
         (prompts and default_prompt_name given here win over the directory's)."""
         layout = read_layout(model_dir)
         encoder = load_encoder(layout.transformer_dir)
-        tokenizer = Tokenizer.from_dir(layout.transformer_dir, layout.max_seq_length,
+        # As in sentence-transformers, the smaller of the directory's limit and the positions: a limit may
+        # be absent, or 1e30, Hugging Face's "no limit", written when a tokenizer was saved without one.
+        positions = encoder.config.max_tokens
+        limit = positions if layout.max_seq_length is None else min(layout.max_seq_length, positions)
+        tokenizer = Tokenizer.from_dir(layout.transformer_dir, limit,
                                        uses_token_types=encoder.config.type_vocab_size > 0)
         tokens = tokenizer.rust.get_vocab_size(with_added_tokens=True)
         if tokens > encoder.config.vocab_size:  # ids past the table would fail, or read another row, at encode time
@@ -302,5 +306,4 @@ class SentenceModel(nn.Module):
         model = cls(encoder, tokenizer, layout.pooling, layout.dense, layout.normalize_embeddings,
                     layout.transformer_dir, fast, layout.similarity_fn_name, truncate_dim, prompts,
                     default_prompt_name if default_prompt_name is not None else layout.default_prompt_name)
-        model.limit_max_seq_length(layout.max_seq_length)  # a directory's limit may exceed the positions
         return model.to(device if device is not None else default_device()).eval()

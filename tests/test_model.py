@@ -64,6 +64,24 @@ def test_plain_hugging_face_directory_mean_pools_without_normalizing(fast):
     assert np.abs(embeddings - ref["mean_pooled"].numpy()).max() <= 1e-5
 
 
+LIMITS = json.loads((FIXTURES / "hf_limits" / "reference.json").read_text())["folders"]
+
+
+@pytest.mark.parametrize("name", sorted(LIMITS))
+def test_a_directory_as_transformers_saves_it_encodes_at_most_its_positions(name):
+    """tests/fixtures/hf_limits: BERT, DistilBERT and RoBERTa saved by transformers with the limit
+    absent, huge (1e30, what save_pretrained writes for a tokenizer that had none) and 512, above the
+    positions. max_seq_length is the smaller of the limit and the positions the model can use, as in
+    sentence-transformers, which counts RoBERTa's two unused rows as positions (18 where 16 are usable)."""
+    expected = LIMITS[name]
+    model = minisbert.load(FIXTURES / "hf_limits" / name, device="cpu")
+    usable = expected["max_position_embeddings"] - (2 if name.startswith("roberta") else 0)
+    assert model.max_seq_length == usable == min(expected["st_max_seq_length"], usable)
+    long_text = " ".join(["hello world"] * 40)
+    assert len(model.tokenizer.token_ids([long_text])[0]) == usable  # cut to the positions, no index error
+    assert model.encode(long_text).shape == (8,)
+
+
 def test_encode_restores_input_order_across_batches():
     folder, _, info = reference("tiny_st_dense")
     model = SentenceModel.from_dir(folder, device="cpu")
