@@ -14,7 +14,7 @@ scaling (`LossScaler`) and Ctrl-C (`StopRequest`). Along the way it writes to it
 
     log.jsonl       one JSON line per optimizer step: loss, learning rate, gradient norm, dev scores
     checkpoint.pt   everything the next step depends on (checkpoints.py), every checkpoint_steps
-    best/           the model that scored best on the dev split, when the caller gives a dev score
+    best/           the trained model that scored best on the dev split, when the caller gives a dev score
 
 Under torchrun (minisbert/distributed.py) the same call trains one model over N processes: each
 takes its slice of every global batch, the multiple-negatives ranking loss sees the whole global
@@ -98,8 +98,11 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
     model.train()  # dropout on, as in training; encode() switches it off and back by itself
     state = new_state(model, classifier, spec, settings, len(examples), identity)
     start_or_resume(state, output, resume)
-    if not resume and (initial := evaluate_and_keep_best(state, evaluate, output)) is not None:
+    # The start model's dev score is a yardstick to read, not a candidate for best/ (as in
+    # sentence-transformers): best/ is always a trained model.
+    if not resume and evaluate is not None and distributed.is_main() and (initial := evaluate(model)) is not None:
         print(f"dev before training: {initial}")
+        model.train()
     eval_steps = settings.eval_steps if settings.eval_steps is not None else math.ceil(total_steps / 4)
     stop, state.started = StopRequest(), time.perf_counter()
     progress = Progress(total_steps, "step", done=state.step, show=distributed.is_main())
