@@ -190,7 +190,7 @@ class SentenceModel(nn.Module):
         neither: the one named by `self.default_prompt_name`, if any (prompts.py).
         output_value: "sentence_embedding", or "token_embeddings": per text a (T_i, H) tensor of its
         tokens' vectors from the encoder (padding left out).
-        precision: float32, or int8, uint8, binary, ubinary (quantize.py; int8/uint8 take each
+        precision: float32 (or None), or int8, uint8, binary, ubinary (quantize.py; int8/uint8 take each
         dimension's range from the embeddings themselves, so encode at least two texts).
         truncate_dim: keep the first truncate_dim dimensions (None: the model's truncate_dim).
         show_progress_bar: None shows a progress line from PROGRESS_MIN_TEXTS texts on.
@@ -198,6 +198,7 @@ class SentenceModel(nn.Module):
         fast: None follows the model's setting; False runs the plain encoder in plain batches.
         """
         refuse_encode_arguments(unsupported)
+        precision = "float32" if precision is None else precision  # as sentence-transformers reads None
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         check_output(output_value, precision, normalize_embeddings, truncate_dim)
@@ -223,7 +224,7 @@ class SentenceModel(nn.Module):
             if normalize_embeddings:
                 batch_embeddings = normalize(batch_embeddings)
             embeddings[rows] = batch_embeddings.to(embeddings.device)  # back to input order
-        if precision != "float32" and len(id_lists):
+        if precision != "float32":
             embeddings = torch.from_numpy(quantize_embeddings(embeddings, precision))
         return convert_output(embeddings, one_sentence, convert_to_numpy, convert_to_tensor)
 

@@ -40,15 +40,19 @@ def similarity(a, b, function: str = "cosine") -> torch.Tensor:
 
 
 def similarity_pairwise(a, b, function: str = "cosine") -> torch.Tensor:
-    """(n,) similarities of a_i (n, D) to b_i (n, D) alone, by `function`; inputs as for `similarity`."""
+    """(n,) similarities of a_i (n, D) to b_i (n, D) alone, by `function`; inputs as for `similarity`.
+    Two single embeddings (D,) give one 0-d tensor, as in sentence-transformers (so f"{s:.3f}" works)."""
+    single = getattr(a, "ndim", None) == 1 and getattr(b, "ndim", None) == 1
     a, b = checked_pair(a, b, function)
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"pairwise similarity needs as many rows in a as in b, got {a.shape[0]} and {b.shape[0]}")
     if function == "cosine":
-        return (normalize(a) * normalize(b)).sum(dim=-1)  # (n,)
-    if function == "dot":
-        return (a * b).sum(dim=-1)  # (n,)
-    return -torch.linalg.vector_norm(a - b, ord=2.0 if function == "euclidean" else 1.0, dim=-1)  # (n,)
+        scores = (normalize(a) * normalize(b)).sum(dim=-1)  # (n,)
+    elif function == "dot":
+        scores = (a * b).sum(dim=-1)  # (n,)
+    else:
+        scores = -torch.linalg.vector_norm(a - b, ord=2.0 if function == "euclidean" else 1.0, dim=-1)  # (n,)
+    return scores[0] if single else scores
 
 
 def checked_pair(a, b, function: str) -> tuple:

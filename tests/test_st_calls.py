@@ -118,11 +118,14 @@ def test_truncate_dim_as_sentence_transformers_applies_it(st):
 
 
 def test_similarity_of_lists_and_pairwise(st, minilm_fresh):
-    tensors, _ = st
+    tensors, facts = st
     full = tensors["full"]
     queries, corpus = list(full[:2]), [row.tolist() for row in full[2:]]
     assert torch.allclose(minilm_fresh.similarity(queries, corpus), tensors["similarity_lists"], atol=ATOL)
     assert torch.allclose(minilm_fresh.similarity_pairwise(full[:3], full[3:]), tensors["pairwise"], atol=ATOL)
+    single = minilm_fresh.similarity_pairwise(full[0].numpy(), full[1].numpy())  # two embeddings: one 0-d score
+    assert list(single.shape) == facts["pairwise_single_shape"] == [] and f"{single:.3f}"
+    assert torch.allclose(single, tensors["pairwise_single"], atol=ATOL)
 
 
 @pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
@@ -140,6 +143,34 @@ def test_precision_quantises_as_sentence_transformers_does(st, minilm_fresh, pre
         assert apart.max() <= 1 and (apart > 0).mean() < 0.01  # a value on a bucket edge may fall either side
     with pytest.raises(ValueError, match="one embedding has no range"):
         minilm_fresh.encode(["one text"], precision="int8")
+
+
+def test_precision_none_is_float32_and_float64_quantises_as_sentence_transformers(st, minilm_fresh):
+    tensors, facts = st
+    none = minilm_fresh.encode(facts["sentences"], precision=None)  # wrappers pass None for "not set"
+    assert none.dtype == np.float32 and np.array_equal(none, minilm_fresh.encode(facts["sentences"]))
+    assert np.allclose(none, tensors["precision_none"].numpy(), atol=ATOL)
+    for precision in ("int8", "uint8"):  # float64 stays float64; only the buckets' start and step are float32
+        ours = quantize_embeddings(tensors["float64_embeddings"].numpy(), precision)
+        assert ours.dtype == tensors[f"float64_{precision}"].numpy().dtype
+        assert np.array_equal(ours, tensors[f"float64_{precision}"].numpy())
+
+
+def test_an_empty_list_gives_no_rows_of_the_asked_width_and_type(st, minilm_fresh):
+    """A difference kept (README, "Coming from sentence-transformers"): sentence-transformers returns
+    an empty (0,) array (float64, whatever precision was asked) or tensor; minisbert returns (0, D) of
+    the dtype asked for, so that code stacking or concatenating results needs no special case."""
+    _, facts = st
+    assert facts["empty"]["numpy_int8"] == {"type": "ndarray", "shape": [0], "dtype": "float64"}
+    assert facts["empty"]["tensor_truncate_dim"] == {"type": "Tensor", "shape": [0], "dtype": "torch.float32"}
+    assert facts["empty"]["list"] == {"type": "list", "shape": [0], "dtype": "None"}
+    expected = {(): ((0, 384), np.float32), (("truncate_dim", 8),): ((0, 8), np.float32),
+                (("precision", "int8"),): ((0, 384), np.int8), (("precision", "binary"),): ((0, 48), np.int8)}
+    for options, (shape, dtype) in expected.items():
+        result = minilm_fresh.encode([], **dict(options))
+        assert (result.shape, result.dtype) == (shape, dtype), options
+    assert minilm_fresh.encode([], convert_to_tensor=True, truncate_dim=8).shape == (0, 8)
+    assert minilm_fresh.encode([], convert_to_numpy=False) == []
 
 
 def test_token_embeddings_are_each_texts_real_tokens(st, minilm_fresh):
