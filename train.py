@@ -89,7 +89,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-steps", type=int, default=None,
                    help="evaluate on the dev split every N steps (default: 4 times per run; 0: only at the end)")
     p.add_argument("--checkpoint-steps", type=int, default=100)
-    p.add_argument("--output", type=Path, default=None, help="default: runs/<arch>-<metric>-<time>")
+    p.add_argument("--output", type=Path, default=None,
+                   help="default: runs/<loss>-<date>-<time>, e.g. runs/siamese-cosine-20261125-134501")
     p.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
     args = p.parse_args(argv)
     if args.resume:
