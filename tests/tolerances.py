@@ -55,3 +55,11 @@ def float32_apart(roundings: int) -> float:
 def scale(tensor) -> float:
     """The largest |value|, at least 1 (see above)."""
     return max(1.0, float(abs(tensor).max()))
+
+
+def embeddings_apart(model) -> float:
+    """The bound for a SentenceModel's embeddings (relative to scale): its encoder at max_seq_length
+    tokens, then a Dense layer's product over H and the normalisation's sum over D where it has them."""
+    extra = (model.encoder.config.hidden_size if model.dense is not None else 0) + \
+        (model.dimension if model.normalize_embeddings else 0)
+    return float32_apart(encoder_roundings(model.encoder.config, model.max_seq_length) + extra)
