@@ -3,7 +3,7 @@ performance on duplicate question retrieval using reduced embedding sizes" (DTU)
 
     python -m minisbert.experiments embedding-size                # SciFact, D in 8 32 128 384 768
     python -m minisbert.experiments embedding-size --quick        # data/example, D in 4 8 16
-    python -m minisbert.experiments embedding-size --dims 256 64 16 --seeds 3
+    python -m minisbert.experiments embedding-size --dims 16 4 --seeds 3   # your own sizes, 3 seeds each
 
 The paper puts a linear layer after mean pooling that maps the encoder's H dimensions to D, with no
 activation (section 3), fine-tunes the whole network with the triplet loss on euclidean distance,
