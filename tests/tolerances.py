@@ -54,7 +54,8 @@ def float32_apart(roundings: int) -> float:
 
 def scale(tensor) -> float:
     """The largest |value|, at least 1 (see above)."""
-    return max(1.0, float(abs(tensor).max()))
+    values = tensor.detach() if hasattr(tensor, "detach") else tensor
+    return max(1.0, float(abs(values).max()))
 
 
 def embeddings_apart(model) -> float:
