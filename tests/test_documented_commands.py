@@ -18,7 +18,8 @@ A run passes when it exits with 0 and prints no traceback and no line starting w
 Commands that read SciFact, STS-B or SICK (from ../shared/data or $MINISBERT_DATA_MIRROR) or train
 for minutes are marked slow; those that need the peer environment run where $MINISBERT_PEER_PYTHON
 names its Python, those that need a GPU where one is, those that need native bfloat16 on CPUs that
-have it; elsewhere they skip, saying why. The README's output of the main job is compared line by line.
+have it, the one that fetches another model where MINISBERT_TEST_NETWORK=1; elsewhere they skip,
+saying why. The README's output of the main job is compared line by line.
 """
 
 import ast
@@ -43,7 +44,7 @@ from .conftest import REPO
 class Run:
     shortened_by: str = ""  # flags appended to the documented command: they only make it shorter
     slow: bool = False  # real data (../shared/data) or minutes of work
-    needs: str = ""  # "peer", "gpu" or "bf16": skipped, with the reason, where it is missing
+    needs: str = ""  # "peer", "gpu", "bf16" or "network": skipped, with the reason, where it is missing
     instead: str = ""  # the documented command with "..." in it: what runs in its place
     by_ci: bool = False  # the setup and test commands: .ci/run runs them, word for word
 
@@ -132,7 +133,7 @@ COMMANDS = {
     "python -m minisbert.experiments embedding-size --quick": Run(slow=True),
     "python -m minisbert.experiments embedding-size --dims 16 4 --seeds 3": Run(QUICK, slow=True),
     "python -m minisbert.experiments model-selection --data scifact --model all-MiniLM-L6-v2 "
-    "msmarco-MiniLM-L6-cos-v5 runs/x bm25 jaccard": Run(slow=True),
+    "msmarco-MiniLM-L6-cos-v5 runs/x bm25 jaccard": Run(slow=True, needs="network"),  # fetches from the hub
     "python -m minisbert.experiments model-selection --data questions.csv --model all-MiniLM-L6-v2 bm25": Run(),
     "python -m minisbert.experiments model-selection --quick": Run(slow=True),
     "python -m minisbert.experiments model-selection": Run(QUICK, slow=True),
@@ -216,6 +217,8 @@ def skip_reason(run: Run):
         return "needs a CUDA GPU"
     if run.needs == "bf16" and not cpu.native_bfloat16():
         return "needs a CPU with native bfloat16 (avx512_bf16 or amx_bf16)"
+    if run.needs == "network" and os.environ.get("MINISBERT_TEST_NETWORK") != "1":
+        return "fetches a model from the Hugging Face hub: set MINISBERT_TEST_NETWORK=1"
     return None
 
 
