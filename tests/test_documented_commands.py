@@ -15,8 +15,8 @@ repository on PYTHONPATH, where the placeholders the documents use exist: questi
 answer rows), run.trec and qrels.txt, runs/x (a finished training run; runs/x/final is
 all-MiniLM-L6-v2 saved by minisbert, standing in for runs/mnrl8/final too), and DIR, data/example.
 A run passes when it exits with 0 and prints no traceback and no line starting with "error".
-Commands that read SciFact, STS-B or SICK (from ../shared/data or $MINISBERT_DATA_MIRROR) or train
-for minutes are marked slow; those that need the peer environment run where $MINISBERT_PEER_PYTHON
+Commands that read SciFact, STS-B or SICK (from ../shared/data or $MINISBERT_DATA_MIRROR; they skip
+where it is missing) or train for minutes are marked slow; those that need the peer environment run where $MINISBERT_PEER_PYTHON
 names its Python, those that need a GPU where one is, those that need native bfloat16 on CPUs that
 have it, the one that fetches another model where MINISBERT_TEST_NETWORK=1; elsewhere they skip,
 saying why. The README's output of the main job is compared line by line.
@@ -43,7 +43,8 @@ from .conftest import REPO
 @dataclass(frozen=True)
 class Run:
     shortened_by: str = ""  # flags appended to the documented command: they only make it shorter
-    slow: bool = False  # real data (../shared/data) or minutes of work
+    slow: bool = False  # minutes of work, or real data
+    data: bool = False  # reads SciFact, STS-B or SICK: skipped where ../shared/data (the mirror) is missing
     needs: str = ""  # "peer", "gpu", "bf16" or "network": skipped, with the reason, where it is missing
     instead: str = ""  # the documented command with "..." in it: what runs in its place
     by_ci: bool = False  # the setup and test commands: .ci/run runs them, word for word
@@ -59,17 +60,17 @@ COMMANDS = {
     "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -r requirements.txt": Run(by_ci=True),
     "python -m pytest -q": Run(by_ci=True),
     "python evaluate.py --k 1 5 10": Run(),
-    "python evaluate.py --data scifact --model all-MiniLM-L6-v2 bm25 --significance": Run(slow=True),
-    "python evaluate.py --task sts --data stsb": Run(slow=True),
+    "python evaluate.py --data scifact --model all-MiniLM-L6-v2 bm25 --significance": Run(slow=True, data=True),
+    "python evaluate.py --task sts --data stsb": Run(slow=True, data=True),
     "python evaluate.py --model all-MiniLM-L6-v2 bm25 --data questions.csv": Run(),
     "python evaluate.py --run run.trec --qrels qrels.txt --k 10 --definitions trec": Run(),
     "python train.py --arch siamese --metric cosine": Run(STEPS),
     "python -m minisbert.experiments siamese-vs-triplet --quick": Run(slow=True),
     "python -m minisbert.experiments siamese-vs-triplet": Run(QUICK, slow=True),
     "python -m minisbert.experiments embedding-size": Run(QUICK, slow=True),
-    "python -m minisbert.experiments sbert-objectives": Run(QUICK, slow=True),
+    "python -m minisbert.experiments sbert-objectives": Run(QUICK, slow=True, data=True),  # STS-B, SICK
     "python -m minisbert.experiments model-selection --data scifact --model all-MiniLM-L6-v2 runs/x bm25 jaccard":
-        Run(slow=True),
+        Run(slow=True, data=True),
     "torchrun --nproc_per_node 8 train.py --loss mnrl --data DIR --batch-size 512 --amp bf16 --output runs/mnrl8":
         Run("--max-steps 2 (and 2 processes)", needs="bf16"),
     "torchrun --nproc_per_node 8 evaluate.py --model runs/mnrl8/final --data DIR --k 10 --no-cache --amp bf16":
@@ -79,43 +80,44 @@ COMMANDS = {
     "faiss-cpu \"optimum[onnxruntime]\" datasets accelerate": Run(needs="peer", instead="$PEER_PYTHON -c 'import "
                                                                   "sentence_transformers, faiss, optimum'"),
     "python bench/encode.py --peer-python PEER/bin/python --limit 320 --rounds 3 --gemm-variants --peer-variants "
-    "\"torch float32\" \"ONNX float32\" \"ONNX int8\"": Run(BENCH, slow=True, needs="peer"),
+    "\"torch float32\" \"ONNX float32\" \"ONNX int8\"": Run(BENCH, slow=True, data=True, needs="peer"),
     "python bench/encode.py --peer-python PEER/bin/python --limit 320 --rounds 3 --gemm-variants":
-        Run(BENCH, slow=True, needs="peer"),
-    "python bench/int8.py --limit 320 --rounds 3": Run(BENCH, slow=True),
+        Run(BENCH, slow=True, data=True, needs="peer"),
+    "python bench/int8.py --limit 320 --rounds 3": Run(BENCH, slow=True, data=True),
     "python bench/int8.py --limit 64 --rounds 1 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 1000000":
         Run("--sizes 2000 --queries 10 --repeats 1", needs="peer"),
     "python bench/train.py --peer-python PEER/bin/python --repeats 3": Run("--pairs 32 --repeats 1", slow=True,
-                                                                          needs="peer"),
+                                                                          data=True, needs="peer"),
     "python -m minisbert.experiments": Run(),
     "python bench/bfloat16.py --limit 320 --ndcg --train-steps 120 --emulate":
-        Run(f"--limit 8 --train-steps 2 {SMALL_CORPUS}", slow=True),
+        Run(f"--limit 8 --train-steps 2 {SMALL_CORPUS}", slow=True, data=True),
     "python bench/gpu.py": Run(needs="gpu"),
     # train.py
-    "python train.py --arch siamese --metric cosine --data stsb --epochs 1": Run(STEPS, slow=True),
-    "python train.py --arch triplet --metric euclidean --margin 1 --data scifact": Run(STEPS, slow=True),
-    "python train.py --arch siamese --loss softmax --data sick": Run(STEPS, slow=True),
+    "python train.py --arch siamese --metric cosine --data stsb --epochs 1": Run(STEPS, slow=True, data=True),
+    "python train.py --arch triplet --metric euclidean --margin 1 --data scifact": Run(STEPS, slow=True, data=True),
+    "python train.py --arch siamese --loss softmax --data sick": Run(STEPS, slow=True, data=True),
     "python train.py --output runs/x --resume": Run(),
     "torchrun --nproc_per_node 8 train.py --loss mnrl --amp bf16 ...": Run(needs="bf16", instead=(
         "torchrun --nproc_per_node 2 train.py --loss mnrl --amp bf16 --max-steps 2 --output runs/mnrl2")),
     # evaluate.py
-    "python evaluate.py --data scifact --split test": Run(slow=True),
-    "python evaluate.py --model all-MiniLM-L6-v2 bm25 runs/x/final --data scifact": Run(slow=True),
-    "python evaluate.py --task sts --data ~/stsbenchmark": Run(slow=True),
-    "python evaluate.py --data scifact --dtype bfloat16": Run(slow=True, needs="bf16"),
+    "python evaluate.py --data scifact --split test": Run(slow=True, data=True),
+    "python evaluate.py --model all-MiniLM-L6-v2 bm25 runs/x/final --data scifact": Run(slow=True, data=True),
+    "python evaluate.py --task sts --data ~/stsbenchmark": Run(slow=True, data=True),
+    "python evaluate.py --data scifact --dtype bfloat16": Run(slow=True, data=True, needs="bf16"),
     "python evaluate.py --run run.trec --qrels qrels.txt --k 10": Run(),
-    "python evaluate.py --model all-MiniLM-L6-v2 bm25 --data scifact --significance": Run(slow=True),
+    "python evaluate.py --model all-MiniLM-L6-v2 bm25 --data scifact --significance": Run(slow=True, data=True),
     "torchrun --nproc_per_node 8 evaluate.py --data DIR": Run("(2 processes)"),
     # bench/*.py
-    "python bench/bfloat16.py --limit 320": Run("--limit 8", slow=True, needs="bf16"),
+    "python bench/bfloat16.py --limit 320": Run("--limit 8", slow=True, data=True, needs="bf16"),
     "python bench/bfloat16.py --limit 320 --ndcg": Run(f"--limit 8 {SMALL_CORPUS}", needs="bf16"),
-    "python bench/bfloat16.py --limit 0 --train-steps 120": Run("--train-steps 2", slow=True, needs="bf16"),
-    "python bench/bfloat16.py ... --emulate": Run(slow=True, instead="python bench/bfloat16.py --limit 8 --emulate"),
-    "python bench/encode.py --peer-python /path/to/peer-env/bin/python": Run(BENCH, slow=True, needs="peer"),
+    "python bench/bfloat16.py --limit 0 --train-steps 120": Run("--train-steps 2", slow=True, data=True, needs="bf16"),
+    "python bench/bfloat16.py ... --emulate": Run(slow=True, data=True,
+                                                  instead="python bench/bfloat16.py --limit 8 --emulate"),
+    "python bench/encode.py --peer-python /path/to/peer-env/bin/python": Run(BENCH, slow=True, data=True, needs="peer"),
     "MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/encode.py --limit 320 --rounds 3":
-        Run(BENCH, slow=True, needs="peer"),
-    "python bench/encode.py --limit 320 --plain --gemm-variants": Run(BENCH, slow=True),
+        Run(BENCH, slow=True, data=True, needs="peer"),
+    "python bench/encode.py --limit 320 --plain --gemm-variants": Run(BENCH, slow=True, data=True),
     "python bench/gpu.py --model runs/x/final --corpus-rows 8841823 --dim 768": Run("--corpus-rows 10000",
                                                                                      needs="gpu"),
     "python bench/int8.py --limit 320 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
@@ -124,20 +126,20 @@ COMMANDS = {
     "MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/retrieval.py --sizes 200000":
         Run("--sizes 2000 --queries 10 --repeats 1", needs="peer"),
     "python bench/train.py --peer-python /path/to/peer-env/bin/python": Run("--pairs 32 --repeats 1", slow=True,
-                                                                           needs="peer"),
+                                                                           data=True, needs="peer"),
     "MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/train.py --pairs 160 --repeats 2":
-        Run("--pairs 32 --repeats 1", slow=True, needs="peer"),
+        Run("--pairs 32 --repeats 1", slow=True, data=True, needs="peer"),
     # minisbert/experiments/*.py
     "python -m minisbert.experiments siamese-vs-triplet --margins 1 --seeds 3 --output runs/margin-1":
         Run(QUICK, slow=True),
     "python -m minisbert.experiments embedding-size --quick": Run(slow=True),
     "python -m minisbert.experiments embedding-size --dims 16 4 --seeds 3": Run(QUICK, slow=True),
     "python -m minisbert.experiments model-selection --data scifact --model all-MiniLM-L6-v2 "
-    "msmarco-MiniLM-L6-cos-v5 runs/x bm25 jaccard": Run(slow=True, needs="network"),  # fetches from the hub
+    "msmarco-MiniLM-L6-cos-v5 runs/x bm25 jaccard": Run(slow=True, data=True, needs="network"),  # fetches from the hub
     "python -m minisbert.experiments model-selection --data questions.csv --model all-MiniLM-L6-v2 bm25": Run(),
     "python -m minisbert.experiments model-selection --quick": Run(slow=True),
     "python -m minisbert.experiments model-selection": Run(QUICK, slow=True),
-    "python -m minisbert.experiments sbert-objectives --quick": Run(slow=True),
+    "python -m minisbert.experiments sbert-objectives --quick": Run(slow=True, data=True),
 }
 
 # The placeholders the documents write, and what stands in for them here.
@@ -267,9 +269,11 @@ def cases() -> list:
 
 
 @pytest.mark.parametrize("line, run", cases())
-def test_documented_command_runs(line, run, placeholders, tmp_path):
+def test_documented_command_runs(line, run, placeholders, tmp_path, request):
     if (reason := skip_reason(run)) is not None:
         pytest.skip(reason)
+    if run.data:
+        request.getfixturevalue("data_mirror")  # skips, saying where it looked, without the real data
     folder = tmp_path / "cwd"
     shutil.copytree(placeholders, folder, symlinks=True)
     finished = run_in(folder, line)
