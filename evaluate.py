@@ -9,7 +9,7 @@
     python evaluate.py --data scifact --dtype bfloat16             # on a GPU or a CPU with native bfloat16
     python evaluate.py --run run.trec --qrels qrels.txt --k 10     # score a TREC run, as trec_eval does
     python evaluate.py --model all-MiniLM-L6-v2 bm25 --data scifact --significance   # is the difference real?
-    torchrun --nproc_per_node 8 evaluate.py --data msmarco          # each process encodes and searches 1/8
+    torchrun --nproc_per_node 8 evaluate.py --data DIR             # each process encodes and searches 1/8
 
 Prints Precision, Accuracy, Recall, MRR, NDCG and MAP at each k for every model; writes the numbers to
 a JSON file (--output), with each query's own values under "per_query" ({metric@k: {query id: value}},
@@ -94,6 +94,9 @@ def parse_args(argv=None):
     if args.significance and (args.run is not None or len(args.model) < 2):
         p.error("--significance compares each --model with the first, query by query: give two or more "
                 f"models (got {'a --run file' if args.run is not None else ' '.join(args.model)})")
+    for flag, path in (("--run", args.run), ("--qrels", args.qrels)):
+        if path is not None and not path.is_file():
+            p.error(f"{flag} {path}: no such file; give the path of an existing file")
     return args
 
 

@@ -4,7 +4,7 @@
     python train.py --arch siamese --metric cosine --data stsb --epochs 1
     python train.py --arch triplet --metric euclidean --margin 1 --data scifact
     python train.py --arch siamese --loss softmax --data sick  # SBERT's classification objective
-    python train.py --output runs/x --resume                   # continue an interrupted run
+    python train.py --output runs/x --resume                   # continue an interrupted run, its settings
     torchrun --nproc_per_node 8 train.py --loss mnrl --amp bf16 ...  # one model trained by 8 processes (GPUs)
 
 Reads top to bottom: arguments, model, data, the loop, saving. The loop is minisbert/fit.py (the
@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 import minisbert
-from minisbert import distributed
+from minisbert import checkpoints, distributed
 from minisbert.evaluation import evaluate_dev
 from minisbert.fileio import check_writable_folder, write_json
-from minisbert.fit import Interrupted, TrainingFailed, TrainingSettings, fit
+from minisbert.fit import CHECKPOINT, Interrupted, TrainingFailed, TrainingSettings, fit
 from minisbert.losses import SoftmaxClassifier, select_loss
 from minisbert.precision import AMP_SPELLINGS, autocast_dtype, dtype_from_flags
 from minisbert.pooling import Dense
@@ -52,6 +52,9 @@ FLAG_RANGES = [
     ("--eval-steps", lambda v: v >= 0, "zero or more (0: only at the end)"),
     ("--seed", lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
 ]
+# What a resumed run may be given anew: where it runs and how often it saves change none of its numbers.
+# Every other flag is the run's own, stored in its checkpoint.
+FREE_ON_RESUME = ("device", "checkpoint_steps", "output", "resume")
 
 
 def parse_args(argv=None):
@@ -86,20 +89,45 @@ def parse_args(argv=None):
     p.add_argument("--eval-steps", type=int, default=None,
                    help="evaluate on the dev split every N steps (default: 4 times per run; 0: only at the end)")
     p.add_argument("--checkpoint-steps", type=int, default=100)
-    p.add_argument("--output", type=Path, default=None, help="default: runs/<arch>-<metric>-<time>")
+    p.add_argument("--output", type=Path, default=None,
+                   help="default: runs/<loss>-<date>-<time>, e.g. runs/siamese-cosine-20261125-134501")
     p.add_argument("--resume", action="store_true", help="continue the run in --output from its checkpoint")
     args = p.parse_args(argv)
+    if args.resume:
+        if args.output is None:
+            p.error("--resume needs --output DIR: the folder of the run to continue")
+        args = settings_of_the_run(p, argv, args)
     try:
         args.dtype = dtype_from_flags(args.amp, args.dtype)
     except ValueError as disagreement:
         p.error(str(disagreement))
-    if args.resume and args.output is None:
-        p.error("--resume needs --output DIR: the folder of the run to continue")
     for flag, valid, requirement in FLAG_RANGES:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None and not (math.isfinite(value) and valid(value)):
             p.error(f"{flag} must be {requirement}, got {value}")
     return args
+
+
+def settings_of_the_run(p, argv, args) -> argparse.Namespace:
+    """--resume: the settings the run in --output was started with, read from its checkpoint, with
+    the FREE_ON_RESUME flags given now. Any other flag given again must say what the checkpoint says."""
+    saved = checkpoints.load_checkpoint(args.output / CHECKPOINT)["identity"]["arguments"]
+    given = given_flags(p, argv)
+    differ = [f"--{name.replace('_', '-')} {given[name]} (the run's: {saved[name]})"
+              for name in given if name not in FREE_ON_RESUME and given[name] != saved[name]]
+    if differ:
+        p.error(f"--resume continues the run in {args.output} with the settings in its checkpoint, and these "
+                f"flags say otherwise: {', '.join(differ)}; leave them out, or start a new run in another --output")
+    return argparse.Namespace(**{**saved, **{name: getattr(args, name) for name in FREE_ON_RESUME}})
+
+
+def given_flags(p, argv) -> dict:
+    """The flags named on the command line, with their values. argparse fills in a default only for
+    a name its namespace does not hold yet, so every name is first set to a marker meaning "not given"."""
+    not_given = object()
+    names = vars(p.parse_args([]))
+    parsed = vars(p.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, not_given))))
+    return {name: value for name, value in parsed.items() if value is not not_given}
 
 
 def main(argv=None):
@@ -140,11 +168,12 @@ def main(argv=None):
         dtype=args.dtype, eval_steps=args.eval_steps, checkpoint_steps=args.checkpoint_steps)
     try:
         result = fit(model, examples, spec, output, settings, classifier=classifier, resume=args.resume,
-                     run_inputs={"model": str(args.model), "dim": args.dim, "data": args.data},
+                     run_inputs={"model": str(args.model), "dim": args.dim, "data": args.data,
+                               "arguments": {k: v for k, v in vars(args).items() if k not in FREE_ON_RESUME}},
                      evaluate=lambda trained: evaluate_dev(trained, args.data))
     except Interrupted as stop:
         if distributed.is_main():
-            print(f"\n{stop}; continue with: python train.py ... --output {output} --resume")
+            print(f"\n{stop}; continue with: python train.py --output {output} --resume")
         sys.exit(130)
     except TrainingFailed as failure:
         sys.exit(str(failure))

@@ -28,10 +28,10 @@ from . import distributed, metrics
 from .lexical import BM25, Jaccard
 from .correlation import pearson, spearman
 from .search import search
-from .fileio import atomic_write
+from .fileio import atomic_write, home_folder
 from .similarity import pairwise_cosine
 
-CACHE_DIR = Path(os.environ.get("MINISBERT_CACHE") or Path(__file__).resolve().parent.parent / ".cache")
+CACHE_DIR = Path(os.environ.get("MINISBERT_CACHE") or home_folder(".cache"))
 LEXICAL = {"bm25": BM25, "jaccard": Jaccard}
 
 

@@ -21,6 +21,16 @@ import time
 from pathlib import Path
 
 
+def home_folder(name: str) -> Path:
+    """Where minisbert keeps `name` (weights, data, .cache) by default: the folder of that name in the
+    clone the package runs from (a checkout, or `pip install -e .` of one), else, for a copy installed
+    by `pip install .`, which has no clone around it, ~/.cache/minisbert/NAME (XDG_CACHE_HOME honoured)."""
+    clone = Path(__file__).resolve().parent.parent
+    if (clone / "train.py").is_file():
+        return clone / name
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minisbert" / name.lstrip(".")
+
+
 def current_umask() -> int:
     mask = os.umask(0)  # the only way to read it is to set it; put it straight back
     os.umask(mask)

@@ -16,7 +16,7 @@ writes to its output folder:
 
     log.jsonl       one JSON line per optimizer step: loss, learning rate, gradient norm, dev scores
     checkpoint.pt   everything the next step depends on (checkpoints.py), every checkpoint_steps
-    best/           the model that scored best on the dev split, when the caller gives a dev score
+    best/           the trained model that scored best on the dev split, when the caller gives a dev score
 
 Under torchrun (minisbert/distributed.py) the same call trains one model over N processes: each
 takes its slice of every global batch, the multiple-negatives ranking loss sees the whole global
@@ -100,8 +100,11 @@ def fit(model, examples: list, spec: LossSpec, output: Path, settings: TrainingS
     model.train()  # dropout on, as in training; encode() switches it off and back by itself
     state = new_state(model, classifier, spec, settings, len(examples), run_inputs)
     start_or_resume(state, output, resume)
-    if not resume and (initial := evaluate_and_keep_best(state, evaluate, output)) is not None:
+    # The start model's dev score is a yardstick to read, not a candidate for best/ (as in
+    # sentence-transformers): best/ is always a trained model.
+    if not resume and evaluate is not None and distributed.is_main() and (initial := evaluate(model)) is not None:
         print(f"dev before training: {initial}")
+        model.train()
     around = AroundSteps(state, output, evaluate)
     try:
         while state.step < state.total_steps:

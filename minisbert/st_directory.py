@@ -48,7 +48,7 @@ class Layout:
     pooling: str  # one of POOLING_MODES
     dense: Dense | None  # the optional projection
     normalize_embeddings: bool
-    max_seq_length: int  # as the directory states it, before the encoder's position limit
+    max_seq_length: int | None  # as the directory states it (None: it states none), before the encoder's position limit
 
 
 def read_layout(model_dir) -> Layout:
@@ -61,8 +61,8 @@ def read_layout(model_dir) -> Layout:
         read_modules(model_dir, read_json(model_dir / "modules.json"), layout)
     max_len = read_json(layout.transformer_dir / "sentence_bert_config.json", {}).get("max_seq_length")
     if max_len is None:
-        max_len = read_json(layout.transformer_dir / "tokenizer_config.json", {}).get("model_max_length", 512)
-    if isinstance(max_len, bool) or not isinstance(max_len, int):
+        max_len = read_json(layout.transformer_dir / "tokenizer_config.json", {}).get("model_max_length")
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)):
         raise ValueError(f"{layout.transformer_dir}: max_seq_length (sentence_bert_config.json) or model_max_length "
                          f"(tokenizer_config.json) must be an int, got {max_len!r}; repair the file")
     layout.max_seq_length = max_len

@@ -594,6 +594,8 @@ def test_models_evaluated_on_different_queries_are_not_compared():
     (["--significance"], "--significance compares each --model with the first, query by query: give two or more "
                          "models (got all-MiniLM-L6-v2)"),
     (["--model", "bm25", "jaccard", "--significance", "--run", "r.trec", "--qrels", "q.txt"], "(got a --run file)"),
+    (["--run", "no-such.trec", "--qrels", "q.txt"], "--run no-such.trec: no such file"),
+    (["--run", str(FIXTURES / "minilm" / "reference.json"), "--qrels", "q.txt"], "--qrels q.txt: no such file"),
 ])
 def test_bad_arguments_stop_with_a_usage_message(capsys, argv, message):
     with pytest.raises(SystemExit) as stopped:

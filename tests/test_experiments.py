@@ -15,6 +15,7 @@ What "correct" means for the experiment runner:
   run with other settings.
 """
 
+import argparse
 import json
 import os
 import shutil
@@ -60,6 +61,11 @@ def table_rows(markdown: str, first_column: str) -> list:
 
 
 def assert_png(path):
+    """A figure was drawn; the rest of the test is skipped, its tables already checked, where matplotlib
+    (optional, README) is not installed, as the study then says in results.md instead."""
+    if not figures.available():
+        assert figures.MISSING in (path.parent / "results.md").read_text()
+        pytest.skip("figures need matplotlib, which is optional and not installed: pip install matplotlib")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size < 200_000
 
@@ -686,3 +692,15 @@ def test_every_study_starts_from_a_raw_transformer_checkpoint(study, checkpoint,
     results = json.loads((output / "results.json").read_text())
     assert results["settings"]["model"] == str(FIXTURES / checkpoint)
     assert results["tests"] and (output / "results.md").is_file()
+
+
+def test_a_study_folder_holding_no_model_yet_takes_other_settings(tmp_path):
+    """A run refused before its first model (embedding-size --quick with too large a D, say) leaves
+    settings.json behind; running again with other settings replaces them. Once a model exists, the
+    settings are the run's."""
+    runner.Study(tmp_path, "embedding-size", argparse.Namespace(dims=[64], data="example"))
+    runner.Study(tmp_path, "embedding-size", argparse.Namespace(dims=[8], data="example"))
+    assert json.loads((tmp_path / "settings.json").read_text())["dims"] == [8]
+    (tmp_path / "models" / "d8-seed42").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"with other settings \(they differ in \['dims'\]\)"):
+        runner.Study(tmp_path, "embedding-size", argparse.Namespace(dims=[16], data="example"))

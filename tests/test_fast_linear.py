@@ -2,8 +2,10 @@
 computes, the measurement keeps the quicker one, and kept weights follow the parameters.
 
 "Correct" means: with each kernel forced (MINISBERT_GEMM=torch, =onednn where this CPU runs it), the
-fast encoder's hidden states and encode()'s embeddings agree with the plain encoder's to 1e-5 on random
-models of every family and activation and on every fixture model, and the forced kernel is the one
+fast encoder's hidden states and encode()'s embeddings agree with the plain encoder's on random models
+of every family and activation, on every fixture model and on all-MiniLM-L6-v2, as closely as two
+float32 computations of the same sums in another order can (tests/tolerances.py: the kernels block
+and vectorise the sums differently, so bit equality is not to be had), and the forced kernel is the one
 that ran; left to measure, `linear` times each kernel on each shape once per process and keeps the
 quicker (checked with a kernel made slow on purpose); after an optimizer step or load_state_dict,
 encode() sees the new weights; reused memory changes no bit and autograd still flows; and a bad
@@ -23,7 +25,8 @@ from minisbert.model import SentenceModel
 from minisbert.optim import AdamW
 
 from .conftest import reference
-from .test_encoder_fast import FIXTURE_MODELS, MASK, random_encoder, real_tokens
+from .test_encoder_fast import DENSE, FIXTURE_MODELS, MASK, random_encoder, real_tokens
+from .tolerances import encoder_roundings, float32_apart, gradient_roundings, scale
 
 BACKENDS_HERE = [backend for backend in fast_linear.BACKENDS if fast_linear.runs(backend, torch.float32)]
 
@@ -52,7 +55,8 @@ def test_each_kernel_equals_the_plain_encoder_on_random_models(family, activatio
         for mask in (MASK, torch.ones_like(MASK)):
             plain = real_tokens(encoder(ids, mask), mask)
             fast = real_tokens(fast_encoder.forward(encoder, ids, mask), mask)
-            assert (fast - plain).abs().max() <= 1e-5
+            assert (fast - plain).abs().max() <= float32_apart(encoder_roundings(encoder.config, MASK.shape[1])) * \
+                scale(plain)
     assert counted_kernels[backend] == 2 * 4 * encoder.config.num_layers  # 4 products a block
     assert sum(counted_kernels.values()) == counted_kernels[backend]
 
@@ -66,7 +70,8 @@ def test_each_kernel_gives_the_plain_embeddings_on_fixture_models(name, backend,
     plain = model.encode(info["sentences"], fast=False)
     assert sum(counted_kernels.values()) == 0  # the plain path never reaches fast/linear.py
     fast = model.encode(info["sentences"], fast=True)
-    assert np.abs(fast - plain).max() <= 1e-5
+    roundings = encoder_roundings(model.encoder.config, model.max_seq_length) + DENSE
+    assert np.abs(fast - plain).max() <= float32_apart(roundings) * scale(plain)
     assert counted_kernels[backend] > 0 and sum(counted_kernels.values()) == counted_kernels[backend]
 
 
@@ -75,7 +80,8 @@ def test_each_kernel_gives_the_plain_embeddings_on_fixture_models(name, backend,
 def test_each_kernel_gives_the_plain_embeddings_on_minilm(minilm, backend, monkeypatch):
     monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, backend)
     sentences = reference("minilm")[2]["sentences"]
-    assert np.abs(minilm.encode(sentences, fast=True) - minilm.encode(sentences, fast=False)).max() <= 1e-5
+    bound = float32_apart(encoder_roundings(minilm.encoder.config, minilm.max_seq_length))  # unit vectors: scale 1
+    assert np.abs(minilm.encode(sentences, fast=True) - minilm.encode(sentences, fast=False)).max() <= bound
 
 
 def test_the_measurement_keeps_the_quicker_kernel_once_per_shape(monkeypatch):
@@ -136,9 +142,10 @@ def test_encode_after_training_uses_the_new_weights(backend, monkeypatch):
     optimizer.step()
     after = model.encode(info["sentences"])
     assert np.abs(after - before).max() > 1e-3
-    assert np.abs(after - model.encode(info["sentences"], fast=False)).max() <= 1e-5
+    bound = float32_apart(encoder_roundings(model.encoder.config, model.max_seq_length) + DENSE)  # unit vectors
+    assert np.abs(after - model.encode(info["sentences"], fast=False)).max() <= bound
     model.load_state_dict(state)  # and back: copied into the same tensors
-    assert np.abs(model.encode(info["sentences"]) - before).max() <= 1e-6
+    assert np.array_equal(model.encode(info["sentences"]), before)  # the same weights, kernels and rows
 
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_new"])
@@ -164,7 +171,9 @@ def test_reusing_memory_gives_identical_results_and_keeps_autograd(activation, m
     gradient = encoder.layers[0].ffn.intermediate.weight.grad.clone()
     encoder.zero_grad()
     encoder(ids, MASK).sum().backward()
-    assert (gradient - encoder.layers[0].ffn.intermediate.weight.grad).abs().max() <= 1e-6
+    plain = encoder.layers[0].ffn.intermediate.weight.grad
+    roundings = gradient_roundings(encoder.config, MASK.shape[1], int(MASK.sum()))
+    assert (gradient - plain).abs().max() <= float32_apart(roundings) * scale(plain)
 
 
 def test_which_kernels_run_follows_the_cpu_flags(monkeypatch):

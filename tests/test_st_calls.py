@@ -2,14 +2,17 @@
 returned for the same calls on the same all-MiniLM-L6-v2 (tests/fixtures/st_calls/, written by
 tests/fixtures/make_st_calls.py); and the calls minisbert does not support, refused by name.
 
-What "the same" means here: float results within 1e-5 (the fp32 forward differs from
-sentence-transformers' in the last bits); quantisation bit for bit on sentence-transformers' own
+What "the same" means here: float results within what two float32 computations of the model may
+differ by (tests/tolerances.py: 1.6e-4 for all-MiniLM-L6-v2's unit embeddings; the references were
+made on another CPU by other kernels; token embeddings, up to about 10, relative to their largest
+value); quantisation bit for bit on sentence-transformers' own
 float embeddings, and on ours one bucket apart at most where a value sits on a bucket edge (with
 ranges taken from six embeddings, each dimension's largest value sits on one); search results with
-the same ids in the same order and scores within 1e-6.
+the same ids in the same order and scores within two float32 dot products of 384 terms apart.
 """
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,8 +25,11 @@ from minisbert.model import SentenceModel
 from minisbert.quantize import quantize_embeddings
 
 from .conftest import FIXTURES, reference
+from .tolerances import float32_apart, encoder_roundings, scale
 
-ATOL = 1e-5
+MINILM = {"hidden_size": 384, "num_layers": 6, "num_heads": 12, "intermediate_size": 1536}  # config.json
+ATOL = float32_apart(encoder_roundings(SimpleNamespace(**MINILM, head_size=32), 256) + 384)  # + Normalize
+SCORES = float32_apart(384)  # a dot product of two given embeddings
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +62,7 @@ def test_max_seq_length_changes_what_is_encoded():
     assert len(model.tokenizer.token_ids([text])[0]) == 4  # [CLS] hello world [SEP]
     cut = model.encode(text)
     assert not np.allclose(full, cut)
-    assert np.allclose(cut, model.encode(" ".join(text.split()[:2])), atol=ATOL)  # [CLS] hello world [SEP]
+    assert np.allclose(cut, model.encode(" ".join(text.split()[:2])), rtol=0, atol=ATOL)  # [CLS] hello world [SEP]
 
 
 def test_max_seq_length_above_the_positions_is_refused_and_saved_values_reload(tmp_path):
@@ -80,10 +86,11 @@ def test_max_seq_length_on_minilm_matches_sentence_transformers(st, minilm_fresh
     tensors, facts = st
     model = minilm_fresh
     assert model.max_seq_length == facts["max_seq_length"] == 256
-    assert torch.allclose(model.encode(facts["long"], convert_to_tensor=True), tensors["long_256"], atol=ATOL)
+    assert torch.allclose(model.encode(facts["long"], convert_to_tensor=True), tensors["long_256"], rtol=0, atol=ATOL)
     model.max_seq_length = 16
     try:
-        assert torch.allclose(model.encode(facts["long"], convert_to_tensor=True), tensors["long_16"], atol=ATOL)
+        assert torch.allclose(model.encode(facts["long"], convert_to_tensor=True), tensors["long_16"], rtol=0,
+                              atol=ATOL)
     finally:
         model.max_seq_length = 256
     assert facts["reloaded_max_seq_length"] == 16  # sentence-transformers reloads what it saved, as we do
@@ -97,9 +104,9 @@ def test_one_string_without_numpy_is_one_tensor(st, minilm_fresh):
     tensors, facts = st
     single = minilm_fresh.encode("one string", convert_to_numpy=False)
     assert isinstance(single, torch.Tensor) and single.shape == (384,) and facts["single_type"] == "Tensor"
-    assert torch.allclose(single, tensors["single"], atol=ATOL)
+    assert torch.allclose(single, tensors["single"], rtol=0, atol=ATOL)
     normalized = minilm_fresh.encode("one string", convert_to_numpy=False, normalize_embeddings=True)
-    assert torch.allclose(normalized, tensors["single_normalized"], atol=ATOL)
+    assert torch.allclose(normalized, tensors["single_normalized"], rtol=0, atol=ATOL)
 
 
 def test_truncate_dim_as_sentence_transformers_applies_it(st):
@@ -108,21 +115,24 @@ def test_truncate_dim_as_sentence_transformers_applies_it(st):
     assert model.get_sentence_embedding_dimension() == facts["truncated_dimension"] == 128
     assert model.get_embedding_dimension() == 128  # sentence-transformers 6.2's name for it
     sentences = facts["sentences"]
-    assert torch.allclose(model.encode(sentences, convert_to_tensor=True), tensors["truncate_128"], atol=ATOL)
+    assert torch.allclose(model.encode(sentences, convert_to_tensor=True), tensors["truncate_128"], rtol=0, atol=ATOL)
     normalized = model.encode(sentences, convert_to_tensor=True, normalize_embeddings=True)  # truncated, then normalised
-    assert torch.allclose(normalized, tensors["truncate_128_normalized"], atol=ATOL)
+    assert torch.allclose(normalized, tensors["truncate_128_normalized"], rtol=0, atol=ATOL)
     model.truncate_dim = None
     assert model.get_sentence_embedding_dimension() == facts["dimension"] == 384
     called = model.encode(sentences, convert_to_tensor=True, truncate_dim=64)
-    assert torch.allclose(called, tensors["truncate_64_call"], atol=ATOL)
+    assert torch.allclose(called, tensors["truncate_64_call"], rtol=0, atol=ATOL)
 
 
 def test_similarity_of_lists_and_pairwise(st, minilm_fresh):
-    tensors, _ = st
+    tensors, facts = st
     full = tensors["full"]
     queries, corpus = list(full[:2]), [row.tolist() for row in full[2:]]
-    assert torch.allclose(minilm_fresh.similarity(queries, corpus), tensors["similarity_lists"], atol=ATOL)
-    assert torch.allclose(minilm_fresh.similarity_pairwise(full[:3], full[3:]), tensors["pairwise"], atol=ATOL)
+    assert torch.allclose(minilm_fresh.similarity(queries, corpus), tensors["similarity_lists"], rtol=0, atol=ATOL)
+    assert torch.allclose(minilm_fresh.similarity_pairwise(full[:3], full[3:]), tensors["pairwise"], rtol=0, atol=ATOL)
+    single = minilm_fresh.similarity_pairwise(full[0].numpy(), full[1].numpy())  # two embeddings: one 0-d score
+    assert list(single.shape) == facts["pairwise_single_shape"] == [] and f"{single:.3f}"
+    assert torch.allclose(single, tensors["pairwise_single"], rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
@@ -142,14 +152,42 @@ def test_precision_quantises_as_sentence_transformers_does(st, minilm_fresh, pre
         minilm_fresh.encode(["one text"], precision="int8")
 
 
+def test_precision_none_is_float32_and_float64_quantises_as_sentence_transformers(st, minilm_fresh):
+    tensors, facts = st
+    none = minilm_fresh.encode(facts["sentences"], precision=None)  # wrappers pass None for "not set"
+    assert none.dtype == np.float32 and np.array_equal(none, minilm_fresh.encode(facts["sentences"]))
+    assert np.allclose(none, tensors["precision_none"].numpy(), rtol=0, atol=ATOL)
+    for precision in ("int8", "uint8"):  # float64 stays float64; only the buckets' start and step are float32
+        ours = quantize_embeddings(tensors["float64_embeddings"].numpy(), precision)
+        assert ours.dtype == tensors[f"float64_{precision}"].numpy().dtype
+        assert np.array_equal(ours, tensors[f"float64_{precision}"].numpy())
+
+
+def test_an_empty_list_gives_no_rows_of_the_asked_width_and_type(st, minilm_fresh):
+    """A difference kept (README, "Coming from sentence-transformers"): sentence-transformers returns
+    an empty (0,) array (float64, whatever precision was asked) or tensor; minisbert returns (0, D) of
+    the dtype asked for, so that code stacking or concatenating results needs no special case."""
+    _, facts = st
+    assert facts["empty"]["numpy_int8"] == {"type": "ndarray", "shape": [0], "dtype": "float64"}
+    assert facts["empty"]["tensor_truncate_dim"] == {"type": "Tensor", "shape": [0], "dtype": "torch.float32"}
+    assert facts["empty"]["list"] == {"type": "list", "shape": [0], "dtype": "None"}
+    expected = {(): ((0, 384), np.float32), (("truncate_dim", 8),): ((0, 8), np.float32),
+                (("precision", "int8"),): ((0, 384), np.int8), (("precision", "binary"),): ((0, 48), np.int8)}
+    for options, (shape, dtype) in expected.items():
+        result = minilm_fresh.encode([], **dict(options))
+        assert (result.shape, result.dtype) == (shape, dtype), options
+    assert minilm_fresh.encode([], convert_to_tensor=True, truncate_dim=8).shape == (0, 8)
+    assert minilm_fresh.encode([], convert_to_numpy=False) == []
+
+
 def test_token_embeddings_are_each_texts_real_tokens(st, minilm_fresh):
     tensors, facts = st
     tokens = minilm_fresh.encode(facts["sentences"][:3], output_value="token_embeddings")
     for i, vectors in enumerate(tokens):
         assert vectors.shape == tensors[f"token_embeddings_{i}"].shape
-        assert torch.allclose(vectors, tensors[f"token_embeddings_{i}"], atol=1e-4)
+        assert torch.allclose(vectors, tensors[f"token_embeddings_{i}"], rtol=0, atol=ATOL * scale(vectors))
     single = minilm_fresh.encode(facts["sentences"][0], output_value="token_embeddings")
-    assert torch.allclose(single, tensors["token_embeddings_single"], atol=1e-4)
+    assert torch.allclose(single, tensors["token_embeddings_single"], rtol=0, atol=ATOL * scale(single))
 
 
 def test_prompts_encode_query_and_encode_document(st, minilm_fresh):
@@ -158,14 +196,15 @@ def test_prompts_encode_query_and_encode_document(st, minilm_fresh):
     assert model.prompts == facts["prompted_prompts"] and minilm_fresh.prompts == facts["plain_prompts"]
     assert facts["pooling_include_prompt"]  # the prompt's tokens are pooled with the text's, as here
     sentences = facts["sentences"]
-    assert torch.allclose(model.encode_query(sentences[:2], convert_to_tensor=True), tensors["query"], atol=ATOL)
+    assert torch.allclose(model.encode_query(sentences[:2], convert_to_tensor=True), tensors["query"], rtol=0,
+                          atol=ATOL)
     # "document" is always a prompt ("" unless set), and it comes before "passage": no prompt here
     assert torch.allclose(model.encode_document(sentences[2:4], convert_to_tensor=True), tensors["document"],
-                          atol=ATOL)
+                          rtol=0, atol=ATOL)
     named = model.encode(sentences[:2], prompt_name="query", convert_to_tensor=True)
-    assert torch.allclose(named, tensors["prompt_name_query"], atol=ATOL)
+    assert torch.allclose(named, tensors["prompt_name_query"], rtol=0, atol=ATOL)
     text = minilm_fresh.encode(sentences[:2], prompt="Represent this: ", convert_to_tensor=True)
-    assert torch.allclose(text, tensors["prompt_text"], atol=ATOL)
+    assert torch.allclose(text, tensors["prompt_text"], rtol=0, atol=ATOL)
     with pytest.raises(ValueError, match="prompt_name 'passages' is not one of the model's prompts"):
         model.encode("x", prompt_name="passages")
 
@@ -177,8 +216,8 @@ def test_prompts_are_saved_and_read_back(tmp_path):
     model.save(tmp_path / "m")
     again = SentenceTransformer(tmp_path / "m", device="cpu")
     assert again.prompts == {"query": "query: ", "document": ""} and again.default_prompt_name == "query"
-    assert np.allclose(again.encode("hello"), again.encode("query: hello", prompt=""), atol=ATOL)  # the default
-    assert not np.allclose(again.encode("hello"), again.encode("hello", prompt=""), atol=ATOL)
+    assert np.allclose(again.encode("hello"), again.encode("query: hello", prompt=""), rtol=0, atol=ATOL)  # the default
+    assert not np.allclose(again.encode("hello"), again.encode("hello", prompt=""), rtol=0, atol=ATOL)
 
 
 def test_util_matches_sentence_transformers(st):
@@ -188,9 +227,9 @@ def test_util_matches_sentence_transformers(st):
     assert [[hit["corpus_id"] for hit in hits] for hits in found] == \
         [[hit["corpus_id"] for hit in hits] for hits in facts["semantic_search"]]
     assert np.allclose([[hit["score"] for hit in hits] for hits in found],
-                       [[hit["score"] for hit in hits] for hits in facts["semantic_search"]], atol=1e-6)
-    assert torch.allclose(util.cos_sim(list(queries), list(corpus)), tensors["cos_sim_lists"], atol=1e-6)
-    assert torch.allclose(util.dot_score(queries, corpus), tensors["dot_score"], atol=1e-6)
+                       [[hit["score"] for hit in hits] for hits in facts["semantic_search"]], rtol=0, atol=SCORES)
+    assert torch.allclose(util.cos_sim(list(queries), list(corpus)), tensors["cos_sim_lists"], rtol=0, atol=SCORES)
+    assert torch.allclose(util.dot_score(queries, corpus), tensors["dot_score"], rtol=0, atol=SCORES)
     assert torch.allclose(util.normalize_embeddings(corpus).norm(dim=1)[:-1], torch.ones(3))  # the empty text's row
     with pytest.raises(ValueError, match="score_function must be minisbert.util.cos_sim or minisbert.util.dot_score"):
         util.semantic_search(queries, corpus, score_function=lambda a, b: a @ b.T)

@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..download import download as fetch_file, verify_sha256
-from ..fileio import make_staging_dir
+from ..fileio import home_folder, make_staging_dir
 from .beir import RetrievalData, load_beir
 from .pairs import ScoredPair
 from .qa_csv import qa_csv_folder
 from .quora import QUORA_FILE
 from .sts import STSB_SPLITS, SICK_FILES, read_sick, read_stsb
 
-REPO_DATA = Path(__file__).resolve().parent.parent.parent / "data"
+REPO_DATA = home_folder("data")
 MIRROR_ENV = "MINISBERT_DATA_MIRROR"  # a folder holding scifact/, stsb/, sick/
 DOWNLOAD_URL_ENV = "MINISBERT_DOWNLOAD_URL"  # replaces every source's base URL (a local mirror, tests)
 

@@ -146,17 +146,19 @@ def output_folder(args: argparse.Namespace, name: str) -> Path:
 class Study:
     def __init__(self, output: Path, experiment: str, settings: argparse.Namespace, report_only: bool = False,
                  device=None):
-        """Open OUTPUT for `experiment`; refuse a folder that holds a run with other settings, whose
-        finished models would otherwise be mixed into this run's table. Only --seeds may differ:
-        each seed's models are entries of their own, so a run with more seeds adds the missing ones
-        and one with fewer reads back the first. report_only: every entry must be there already.
-        device: where this run's models run, named in run.json when it makes an entry."""
+        """Open OUTPUT for `experiment`; refuse a folder that holds models of a run with other settings,
+        which would otherwise be mixed into this run's table. Only --seeds may differ: each seed's
+        models are entries of their own, so a run with more seeds adds the missing ones and one with
+        fewer reads back the first. A run that stopped before its first model (bad settings) is replaced.
+        report_only: every entry must be there already. device: where this run's models run, named in
+        run.json when it makes an entry."""
         self.output, self.report_only, self.settings = Path(output), report_only, settings
         self.device, self.recorded = device or str(default_device()), False
         wanted = json.loads(json.dumps({"experiment": experiment, **vars(settings)}, default=str))
         path = self.output / "settings.json"
         found = read_json(path) if path.is_file() else None
-        if found is not None:
+        models = self.output / "models"
+        if found is not None and models.is_dir() and any(models.iterdir()):
             differences = sorted(k for k in {**found, **wanted} if found.get(k) != wanted.get(k) and k != "seeds")
             if differences:
                 raise ValueError(f"{self.output} holds a run of {found.get('experiment')} with other settings "

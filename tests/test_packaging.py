@@ -1,0 +1,55 @@
+"""minisbert as an installed package (pyproject.toml).
+
+"Correct" means: the package's dependencies are requirements.txt's (the four runtime packages, and
+pytest as the `test` extra), so that the README's setup and `pip install .` install the same things;
+and a copy installed by pip holds every module of minisbert/, imports from any folder, and, having no
+clone around it, keeps weights, data and its cache under ~/.cache/minisbert instead of beside itself.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+
+def requirement_lines(text: str) -> list:
+    return sorted(line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip())
+
+
+def test_the_package_depends_on_what_requirements_txt_lists():
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert sorted(project["dependencies"] + project["optional-dependencies"]["test"]) == \
+        requirement_lines((REPO / "requirements.txt").read_text())
+    assert project["optional-dependencies"]["test"] == ["pytest>=7"]
+
+
+def test_an_installed_copy_holds_every_module_and_imports_from_anywhere(tmp_path):
+    pytest.importorskip("setuptools", reason="building the package without network access needs setuptools")
+    source, target = tmp_path / "source", tmp_path / "site"  # built from a copy: setuptools writes build/ beside it
+    shutil.copytree(REPO / "minisbert", source / "minisbert", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(source)], check=True, capture_output=True, cwd=tmp_path,
+                   env={**os.environ, "PIP_NO_INDEX": "1"})
+    modules = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "minisbert").rglob("*.py"))
+    assert sorted(p.relative_to(target).as_posix() for p in (target / "minisbert").rglob("*.py")) == modules
+    show = ("import minisbert, minisbert.experiments.runner, minisbert.fast.encoder, minisbert.datasets.beir\n"
+            "from minisbert.fileio import home_folder\n"
+            "print(minisbert.__file__); print(home_folder('weights')); print(home_folder('.cache'))")
+    finished = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, cwd=tmp_path, check=True,
+                              env={**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert finished.stdout.split() == [str(target / "minisbert" / "__init__.py"), str(tmp_path / "xdg" / "minisbert" /
+                                       "weights"), str(tmp_path / "xdg" / "minisbert" / "cache")]
+
+
+def test_in_the_clone_weights_data_and_cache_are_the_clone_s_own():
+    from minisbert.fileio import home_folder
+
+    assert [home_folder(name) for name in ("weights", "data", ".cache")] == [REPO / "weights", REPO / "data",
+                                                                              REPO / ".cache"]

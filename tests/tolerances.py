@@ -1,0 +1,66 @@
+"""Where the tests' float32 tolerances come from.
+
+Two float32 computations of one function that add in a different order (another kernel, another
+CPU's vector width, AVX2's 8 lanes against AVX-512's 16, packed tokens instead of padded ones, a
+reference made on another machine) each differ from the exact result by their rounding errors, so
+from each other by at most the sum of both. Each rounding is off by at most u = 2^-24 of its result
+(float32's unit roundoff), and a value reached through n roundings in sequence by at most
+n·u/(1 - n·u) of the sum of the magnitudes of the terms that made it (Higham, "Accuracy and Stability
+of Numerical Algorithms", 2nd ed., 2002, section 3.1). That worst case needs every rounding to go the
+same way; rounding errors of a long computation behave as independent, and then the error stays
+below λ·√n·u of those magnitudes except with probability about 2n·exp(-λ²/2) (Higham and Mary, "A New
+Approach to Probabilistic Rounding Error Analysis", SIAM J. Sci. Comput., 2019). With λ = 8 that
+probability is below 1e-10 for every n here: a tolerance of 2·8·√n·u does not fail by chance, on any
+CPU, and is still far below what a real mistake changes (a dropped bias, a wrong eps, a token
+attending to padding move values by 1e-3 and more).
+
+torch computes float32 products in float32 on every CPU (torch.get_float32_matmul_precision() is
+"highest", and minisbert never lowers it): AMX CPUs do not round float32 inputs to bfloat16 here.
+Tests of bfloat16 give their own bounds (tests/test_bfloat16.py, tests/test_retrieval.py).
+
+The scale a bound is taken of is the largest |value| of the tensor compared, at least 1: the terms
+these sums add are of order one (LayerNorm outputs of unit variance, weights of fan-in variance,
+N(0, 1) loss weights), so a value near 0 is a sum of terms of order one that cancelled.
+"""
+
+import math
+
+UNIT_ROUNDOFF = 2.0 ** -24  # float32
+LAMBDA = 8  # the probabilistic bound fails with probability about 2n·exp(-32) < 1e-10
+
+
+def encoder_roundings(config, tokens: int) -> int:
+    """n for one output of an encoder: the roundings in sequence on the longest path through it. Each
+    post-LN block: two LayerNorms (a mean, then a variance: 2H each), the query/key/value projection
+    (H), the scores (head size), softmax's sum and the weighted sum of values (T each), the output
+    projection (H), the FFN's two products (H and the intermediate width); then the embeddings'
+    LayerNorm (2H) and pooling's mean over the tokens (T)."""
+    h = config.hidden_size
+    block = 2 * 2 * h + h + config.head_size + 2 * tokens + h + h + config.intermediate_size
+    return config.num_layers * block + 2 * h + tokens
+
+
+def gradient_roundings(config, tokens: int, batch_tokens: int) -> int:
+    """n for one entry of a parameter's gradient: backpropagation retraces the forward path (its
+    roundings once more, on top of the forward's own), then sums the entry's terms over every token
+    of the batch."""
+    return 2 * encoder_roundings(config, tokens) + batch_tokens
+
+
+def float32_apart(roundings: int) -> float:
+    """The most two float32 computations of `roundings` roundings each differ by, relative to scale."""
+    return 2 * LAMBDA * math.sqrt(roundings) * UNIT_ROUNDOFF
+
+
+def scale(tensor) -> float:
+    """The largest |value|, at least 1 (see above)."""
+    values = tensor.detach() if hasattr(tensor, "detach") else tensor
+    return max(1.0, float(abs(values).max()))
+
+
+def embeddings_apart(model) -> float:
+    """The bound for a SentenceModel's embeddings (relative to scale): its encoder at max_seq_length
+    tokens, then a Dense layer's product over H and the normalisation's sum over D where it has them."""
+    extra = (model.encoder.config.hidden_size if model.dense is not None else 0) + \
+        (model.dimension if model.normalize_embeddings else 0)
+    return float32_apart(encoder_roundings(model.encoder.config, model.max_seq_length) + extra)
