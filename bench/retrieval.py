@@ -325,7 +325,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
     """Return (function queries -> (Q, k) indices, note, MB its setup took)."""
     k = args.k
     if method.startswith("minisbert"):
-        from minisbert import util
+        from minisbert import util as minisbert_util
         from minisbert.search import prepare_corpus, search
 
         if method == "minisbert-prepared":
@@ -336,7 +336,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
             return (lambda q: search(q, prepared_corpus, k)[1]), note, setup_mb
         if method == "minisbert-util":
             def util_search(q):
-                return torch.tensor([[hit["corpus_id"] for hit in row] for row in util.semantic_search(q, corpus, top_k=k)])
+                return torch.tensor([[hit["corpus_id"] for hit in row] for row in minisbert_util.semantic_search(q, corpus, top_k=k)])
             return util_search, "", 0.0
         if method == "minisbert-float32":
             return (lambda q: search(q, corpus, k, score="dot", bf16_screen=False)[1]), "", 0.0
