@@ -85,8 +85,12 @@ COMMANDS = {
         Run(BENCH, slow=True, data=True, needs="peer"),
     "python bench/int8.py --limit 320 --rounds 3": Run(BENCH, slow=True, data=True),
     "python bench/int8.py --limit 64 --rounds 1 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
+    "python bench/retrieval.py --peer-python PEER/bin/python":
+        Run("--sizes 2000 --queries 1 40 --repeats 1", needs="peer"),
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 1000000":
-        Run("--sizes 2000 --queries 10 --repeats 1", needs="peer"),
+        Run("--sizes 2000 --queries 1 40 --repeats 1", needs="peer"),
+    "python bench/retrieval.py --sizes 1000000 --queries 1 16 1000 --devices cuda --methods minisbert-dot "
+    "minisbert-cosine minisbert-prepared plain": Run("--sizes 2000 --queries 1 --repeats 1", needs="gpu"),
     "python bench/train.py --peer-python PEER/bin/python --repeats 3": Run("--pairs 32 --repeats 1", slow=True,
                                                                           data=True, needs="peer"),
     "python -m minisbert.experiments": Run(),
@@ -121,10 +125,10 @@ COMMANDS = {
     "python bench/gpu.py --model runs/x/final --corpus-rows 8841823 --dim 768": Run("--corpus-rows 10000",
                                                                                      needs="gpu"),
     "python bench/int8.py --limit 320 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
-    "python bench/retrieval.py --peer-python /path/to/peer-env/bin/python --sizes 200000 1000000":
-        Run("--sizes 2000 --queries 10 --repeats 1", needs="peer"),
-    "MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/retrieval.py --sizes 200000":
-        Run("--sizes 2000 --queries 10 --repeats 1", needs="peer"),
+    "python bench/retrieval.py --peer-python /path/to/peer-env/bin/python":
+        Run("--sizes 2000 --queries 1 40 --repeats 1", needs="peer"),
+    "MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/retrieval.py --sizes 200000 --queries 1 16 1000 "
+    "10000": Run("--sizes 2000 --queries 1 40 --repeats 1", needs="peer"),
     "python bench/train.py --peer-python /path/to/peer-env/bin/python": Run("--pairs 32 --repeats 1", slow=True,
                                                                            data=True, needs="peer"),
     "MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/train.py --pairs 160 --repeats 2":
@@ -140,6 +144,17 @@ COMMANDS = {
     "python -m minisbert.experiments model-selection --quick": Run(slow=True),
     "python -m minisbert.experiments model-selection": Run(QUICK, slow=True),
     "python -m minisbert.experiments sbert-objectives --quick": Run(slow=True, data=True),
+    "python -m minisbert.experiments siamese-vs-triplet --report-only --output bench/studies/siamese-vs-triplet":
+        Run(slow=True, data=True),
+    "python -m minisbert.experiments compare-runs bench/studies/siamese-vs-triplet/epochs-3 "
+    "bench/studies/siamese-vs-triplet --output runs/epochs-3-against-2": Run(),
+    "python -m minisbert.experiments compare-runs bench/studies/siamese-vs-triplet/epochs-3 "
+    "bench/studies/embedding-size --pairs triplet-euclidean-margin0.2:base --output runs/margins": Run(),
+    "python -m minisbert.experiments compare-runs bench/studies/siamese-vs-triplet/epochs-3 "
+    "bench/studies/siamese-vs-triplet --output runs/epochs": Run(),
+    "python -m minisbert.experiments compare-runs A B": Run(instead=(
+        "python -m minisbert.experiments compare-runs bench/studies/siamese-vs-triplet/epochs-3 "
+        "bench/studies/siamese-vs-triplet --output runs/a-against-b")),
 }
 
 # The placeholders the documents write, and what stands in for them here.
@@ -242,6 +257,19 @@ def placeholders(tmp_path_factory, minilm):
     return folder
 
 
+@pytest.fixture(scope="module")
+def study_copies(tmp_path_factory):
+    """The committed studies' results that the documented commands read (results.json, settings,
+    each model's result.json), copied, so that a command writing its report writes to the copy."""
+    folder = tmp_path_factory.mktemp("studies")
+    studies = REPO / "bench" / "studies"
+    for pattern in ("*/results.json", "*/*/results.json", "*/settings.json", "*/run.json", "*/models/*/result.json"):
+        for path in studies.glob(pattern):
+            (folder / path.relative_to(studies)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, folder / path.relative_to(studies))
+    return folder
+
+
 def run_in(folder: Path, line: str) -> subprocess.CompletedProcess:
     """`line` as a shell would run it from `folder`, with the repository's scripts and package."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PEER_PYTHON": os.environ.get("MINISBERT_PEER_PYTHON", "")}
@@ -276,6 +304,8 @@ def test_documented_command_runs(line, run, placeholders, tmp_path, request):
         request.getfixturevalue("data_mirror")  # skips, saying where it looked, without the real data
     folder = tmp_path / "cwd"
     shutil.copytree(placeholders, folder, symlinks=True)
+    if "bench/studies" in line:  # a copy of the committed studies' results: the command may write there
+        shutil.copytree(request.getfixturevalue("study_copies"), folder / "bench" / "studies")
     finished = run_in(folder, line)
     output = finished.stdout + finished.stderr
     assert finished.returncode == 0, output[-3000:]
