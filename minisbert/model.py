@@ -160,12 +160,10 @@ class SentenceModel(nn.Module):
         device: None picks cuda, then mps, then cpu."""
         layout = read_layout(model_dir)
         encoder = load_encoder(layout.transformer_dir)
-        # As in sentence-transformers, the smaller of the directory's limit and the positions: a limit may
-        # be absent, or 1e30, Hugging Face's "no limit", written when a tokenizer was saved without one.
-        positions = encoder.config.max_tokens
-        limit = positions if layout.max_seq_length is None else min(layout.max_seq_length, positions)
-        tokenizer = Tokenizer.from_dir(layout.transformer_dir, limit,
-                                       uses_token_types=encoder.config.type_vocab_size > 0)
+        # As in sentence-transformers, the smaller of the directory's limit (absent, or 1e30: Hugging Face's
+        # "no limit", written when a tokenizer was saved without one) and the positions.
+        limit = min(layout.max_seq_length or encoder.config.max_tokens, encoder.config.max_tokens)
+        tokenizer = Tokenizer.from_dir(layout.transformer_dir, limit, uses_token_types=encoder.config.type_vocab_size > 0)
         check_vocabulary(tokenizer, encoder, layout.transformer_dir)
         model = cls(encoder, tokenizer, layout.pooling, layout.dense, layout.normalize_embeddings,
                     layout.transformer_dir, fast)

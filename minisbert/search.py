@@ -45,7 +45,8 @@ import numpy as np
 import torch
 
 from . import cpu, retrieval
-from .fast.retrieval import fast_search, screen_rows
+from .fast.retrieval import fast_search
+from .fast.screen import screen_rows
 from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, check_inputs, prepare, read_prepared
 
 

@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from minisbert import retrieval
 from minisbert.fast import retrieval as fast_retrieval
+from minisbert.fast import screen
 from minisbert.retrieval import merge_top_k
 from minisbert.search import load_corpus, prepare_corpus, search
 
@@ -378,11 +379,11 @@ def test_error_bound_holds_and_is_nearly_reached():
     query_norms = torch.linalg.vector_norm(queries, dim=1)
     largest_norm = torch.linalg.vector_norm(corpus, dim=1).amax()
     # The bfloat16 output's own rounding is added separately, as _upper_bounds does.
-    u = fast_retrieval.BF16_UNIT
+    u = screen.BF16_UNIT
 
     approximate = (queries.bfloat16() @ corpus.bfloat16().T).double()  # (Q, N)
     exact = queries.double() @ corpus.double().T  # (Q, N)
-    bound = fast_retrieval._error_bounds(query_norms, largest_norm, d, False).double()[:, None]
+    bound = screen._error_bounds(query_norms, largest_norm, d, False).double()[:, None]
     assert ((approximate - exact).abs() <= bound + u / (1 - u) * approximate.abs()).all()
 
     # Euclidean: [2q, -1] . [c, |c|^2] = 2 q.c - |c|^2, the ranking key.
@@ -391,13 +392,13 @@ def test_error_bound_holds_and_is_nearly_reached():
     long_corpus = torch.cat([corpus, squared[:, None]], dim=1)
     approximate = (long_queries.bfloat16() @ long_corpus.bfloat16().T).double()  # (Q, N)
     exact = 2 * queries.double() @ corpus.double().T - corpus.double().pow(2).sum(1)  # (Q, N)
-    bound = fast_retrieval._error_bounds(query_norms, largest_norm, d, True).double()[:, None]
+    bound = screen._error_bounds(query_norms, largest_norm, d, True).double()[:, None]
     assert ((approximate - exact).abs() <= bound + u / (1 - u) * approximate.abs()).all()
 
     # In the worst case the error is nearly 2u |q| |c|. The bound, with the norms of this pair,
     # (2u + u^2 + 4 gamma)(1 + 2 gamma)^2 (1.01) |q| |c|, holds and is at most 5% above it.
     worst_norm = torch.linalg.vector_norm(worst_q)
-    worst_bound = fast_retrieval._error_bounds(worst_norm, worst_norm, d, False)
+    worst_bound = screen._error_bounds(worst_norm, worst_norm, d, False)
     worst_approximate = (worst_q.bfloat16() @ worst_c.bfloat16().T).double()
     worst_error = worst_q.double() @ worst_c.double().T - worst_approximate
     assert 0.95 * worst_bound < worst_error <= worst_bound + u / (1 - u) * worst_approximate.abs()

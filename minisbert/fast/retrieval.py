@@ -39,13 +39,9 @@ CPU):
   fresh, page-faulting memory for every block.
 
 Screening. Most of the product is spent on scores that cannot enter the top-k. Where the CPU
-multiplies bfloat16 natively (AVX512-BF16 or AMX), a bfloat16 product runs about three times as
-fast as a float32 one, and it is accurate enough to rule those scores out: a proven bound on its
-error (`_error_bounds`, about 2·2^-8 |q| |c|) turns each approximate score into an upper bound on
-the exact one. Once a query's top-k is full, only the entries whose upper bound beats its k-th
-best are scored in float32, one dot product each, and only those can enter. The top-k is the
-same as without screening. Where the scores are too crowded for the bound to rule out enough,
-the block is computed in float32 instead (see `_Screen`).
+multiplies bfloat16 natively, a bfloat16 product with a proven bound on its error rules most of them
+out, and only the few that may enter are scored in float32: minisbert/fast/screen.py says how. The
+top-k is the same as without screening.
 
 Ties. The running top-k is kept sorted by (score descending, index ascending); a later chunk
 only holds higher indices, so a new score must be strictly better than the running k-th to enter,
@@ -60,11 +56,10 @@ import contextlib
 import torch
 
 from .. import cpu
-from ..search_inputs import TINY, SearchInputs, drop_excluded, quick_sizes, row_norms, sizes_are_ordinary
+from ..search_inputs import SearchInputs, drop_excluded, quick_sizes, sizes_are_ordinary
 from .device_search import device_search
+from .screen import F32_UNIT, GROUP_SIZE, _merge_candidates, _Screen
 
-# Columns per group in the first, coarse filter of each block (see _merge_block).
-GROUP_SIZE = 64
 # Up to this many queries the corpus is read once, piece by piece (`_search_few`); past it, blocks
 # of queries against chunks of corpus are faster (`_search_many`). Measured on a 2-core Intel Xeon
 # with AMX (bench/retrieval.py; tried at 8 to 128 queries over 200,000 x 384): over embeddings as
@@ -79,21 +74,6 @@ PIECE_BYTES = 64 * 2**20
 # Rows of corpus whose scores a few-query search checks, filters and merges at once: each span
 # costs a few dozen torch calls, so spans are long.
 SPAN_ROWS = 2**17
-# Candidates scored at once after screening (see _Screen): 1024 x 384 float32 rows take 1.5 MB.
-RESCORE_PIECE = 1024
-# Unit roundoffs: rounding to bfloat16 (8 significant bits) or float32 (24) moves a value by at
-# most this fraction of itself.
-BF16_UNIT = 2.0**-8
-F32_UNIT = 2.0**-24
-
-
-def screen_rows(rows: torch.Tensor, sizes: torch.Tensor, score: str) -> torch.Tensor:
-    """The (N, d') bfloat16 copy of (N, d) rows as scored that the screen multiplies (see _Screen):
-    the rows themselves, and for euclidean their (N,) squared norms as one more column."""
-    if score != "euclidean":
-        return rows.to(torch.bfloat16)
-    return torch.cat([rows, sizes[:, None]], dim=1).to(torch.bfloat16)
-
 
 def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (Q, k) scores (ranking keys 2 q·c - |c|² for euclidean) and corpus indices, best
@@ -311,231 +291,6 @@ def _one_thread(device: torch.device):
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-def _merge_candidates(
-    cand_rows: torch.Tensor,
-    cand_indices: torch.Tensor,
-    cand_values: torch.Tensor,
-    top_scores: torch.Tensor,
-    top_indices: torch.Tensor,
-) -> None:
-    """Merge (M,) candidates, sorted by row and then by corpus index, all with higher corpus
-    indices than any already held, into the running (Qc, k) top-k, in place."""
-    if cand_rows.numel() == 0:
-        return
-    k = top_scores.shape[1]
-    # Lay the candidates out as a padded (A, width) matrix, one line per row that gains any.
-    active, line, per_line = torch.unique_consecutive(
-        cand_rows, return_inverse=True, return_counts=True
-    )  # (A,), (M,), (A,)
-    slot = torch.arange(line.numel(), device=line.device) - (per_line.cumsum(0) - per_line)[line]
-    width = int(per_line.max())
-    new_scores = torch.full((active.numel(), width), -torch.inf, device=line.device)
-    new_scores[line, slot] = cand_values
-    new_indices = torch.full_like(new_scores, -1, dtype=torch.long)
-    new_indices[line, slot] = cand_indices
-
-    # Running entries come first and hold lower indices, new ones follow in index order, so a
-    # stable descending sort orders equal scores by ascending index.
-    scores = torch.cat([top_scores[active], new_scores], dim=1)  # (A, k + width)
-    indices = torch.cat([top_indices[active], new_indices], dim=1)  # (A, k + width)
-    scores, order = scores.sort(dim=1, descending=True, stable=True)
-    top_scores[active] = scores[:, :k]
-    top_indices[active] = indices.gather(1, order[:, :k])
-
-
-class _Screen:
-    """Screening with a bfloat16 matrix product: find the few entries of a block that can enter
-    the running top-k without computing the block in float32.
-
-    The block is computed from bfloat16 copies of the queries and the chunk. `_error_bounds`
-    bounds how far each approximate score can lie from the float32 score, which turns it into an
-    upper bound on that score. Only the entries whose upper bound beats their row's k-th best are
-    scored in float32, one dot product each, and merged. An entry left out provably scores at
-    most the k-th best, so the top-k is the same as with the float32 block.
-
-    For euclidean the ranking key 2 q·c - |c|² is one dot product of longer vectors,
-    [2q, -1]·[c, |c|²], so it is screened the same way.
-    """
-
-    def __init__(self, queries: torch.Tensor, score: str, query_chunk_size: int, width: int, kept: bool = False):
-        self.queries = queries  # (Q, d), float32, unit rows for cosine
-        self.euclidean = score == "euclidean"
-        self.query_norms = row_norms(queries)  # (Q,)
-        if self.euclidean:
-            queries = torch.cat([2 * queries, -torch.ones_like(queries[:, :1])], dim=1)  # (Q, d + 1)
-        self.queries_bf16 = queries.to(torch.bfloat16)  # (Q, d'), d' = d + 1 for euclidean
-        rows = min(query_chunk_size, queries.shape[0])
-        bf16 = {"dtype": torch.bfloat16, "device": queries.device}
-        self.block_buffer = torch.empty(rows * width, **bf16)
-        # A prepared corpus keeps its own bfloat16 copy (`kept`); otherwise each chunk is copied here.
-        self.chunk_buffer = None if kept else torch.empty(width, queries.shape[1], **bf16)
-        self.width = width
-        # Per query chunk (keyed by its first row): screens failed in a row, and blocks left to
-        # compute in float32 before trying again. Each failure doubles the wait, so scores too
-        # crowded to screen cost few wasted bfloat16 products.
-        self.failures: dict[int, int] = {}
-        self.wait: dict[int, int] = {}
-
-    def load_chunk(
-        self,
-        chunk: torch.Tensor,
-        largest_norm: torch.Tensor,
-        squared_norms: torch.Tensor | None,
-        kept: torch.Tensor | None = None,
-    ) -> None:
-        """Take the next (Nc, d) float32 corpus chunk, as scored (unit rows for cosine), an upper
-        bound on its row norms, (for euclidean) its (Nc,) float32 squared row norms, and its
-        (Nc, d') bfloat16 copy if one is kept (`screen_rows`); else the copy is made here."""
-        self.chunk = chunk
-        self.largest_norm = largest_norm
-        if kept is not None:
-            self.chunk_bf16 = kept
-            return
-        self.chunk_bf16 = self.chunk_buffer[: chunk.shape[0]]  # (Nc, d')
-        self.chunk_bf16[:, : chunk.shape[1]] = chunk
-        if self.euclidean:
-            self.chunk_bf16[:, -1] = squared_norms
-
-    def merge(
-        self,
-        rows: slice,
-        excluded: torch.Tensor | None,
-        doc_start: int,
-        top_scores: torch.Tensor,
-        top_indices: torch.Tensor,
-    ) -> bool:
-        """Merge the block of query `rows` against the loaded chunk into the running (Qc, k)
-        top-k, in place, and return True; or return False, changing nothing, when the screen
-        would not save work: some row's top-k is not full yet (it has no k-th best to beat), or
-        too many entries survive it.
-        """
-        kth = top_scores[:, -1]  # (Qc,)
-        if not torch.isfinite(kth).all():
-            return False
-        if self.wait.get(rows.start, 0) > 0:
-            self.wait[rows.start] -= 1
-            return False
-        candidates = self._candidates(rows, excluded, doc_start, kth)
-        if candidates is None:
-            self.failures[rows.start] = self.failures.get(rows.start, 0) + 1
-            self.wait[rows.start] = 2 ** self.failures[rows.start] - 1
-            return False
-        self.failures[rows.start] = 0
-        cand_rows, cand_cols = candidates
-        exact = self._rescore(rows, cand_rows, cand_cols)  # (M,)
-        enters = exact > kth[cand_rows]
-        _merge_candidates(
-            cand_rows[enters], cand_cols[enters] + doc_start, exact[enters], top_scores, top_indices
-        )
-        return True
-
-    def _candidates(
-        self, rows: slice, excluded: torch.Tensor | None, doc_start: int, kth: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(M,) block rows and (M,) chunk columns of the entries that may beat the (Qc,) k-th
-        best scores, sorted by row and then by column; None if too many survive."""
-        num_rows, num_docs = kth.shape[0], self.chunk.shape[0]
-        approximate = self.block_buffer[: num_rows * self.width].view(num_rows, self.width)
-        torch.mm(self.queries_bf16[rows], self.chunk_bf16.T, out=approximate[:, :num_docs])
-        if num_docs < self.width:
-            approximate[:, num_docs:] = -torch.inf
-        if excluded is not None:
-            drop_excluded(approximate[:, :num_docs], excluded, rows.start, doc_start)
-        error = _error_bounds(
-            self.query_norms[rows], self.largest_norm, self.chunk.shape[1], self.euclidean
-        )  # (Qc,)
-
-        # Group maxima without a float pass over the block: the bits of a non-negative bfloat16
-        # read as int16 order the same way as its value, and every negative value reads as a
-        # negative int16. A group whose largest int16 is negative holds only values <= 0, so
-        # it is given the maximum 0, which can only make it look more promising.
-        groups = approximate.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
-        largest_bits = groups.view(torch.int16).amax(dim=2).clamp_min(0)  # (Qc, W / G)
-        group_maxima = largest_bits.view(torch.bfloat16).float()  # (Qc, W / G)
-        # Written as "not <=" so that a NaN (from an overflowing bound) keeps an entry in.
-        promising = ~(_upper_bounds(group_maxima, error[:, None]) <= kth[:, None])  # (Qc, W / G)
-        block_rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,)
-        # Past these sizes the float32 block is the cheaper way. Measured on a 2-core CPU: each
-        # entry of a float32 block costs about 6 ns (2·384 FLOP), each opened entry about 1 ns,
-        # and each candidate scored on its own about 0.3 µs, mostly gathering its two rows.
-        block_entries = num_rows * self.width
-        if block_rows.numel() * GROUP_SIZE * 4 > block_entries:
-            return None
-        values = groups[block_rows, group].float()  # (P, G)
-        survives = ~(_upper_bounds(values, error[block_rows, None]) <= kth[block_rows, None])
-        pair, offset = survives.nonzero(as_tuple=True)  # (M,), (M,)
-        if pair.numel() * 128 > block_entries:
-            return None
-        # nonzero() lists (row, group) pairs row by row with groups ascending, and offsets
-        # ascending within a group, so the candidates come sorted by row, then by column.
-        return block_rows[pair], group[pair] * GROUP_SIZE + offset
-
-    def _rescore(self, rows: slice, cand_rows: torch.Tensor, cand_cols: torch.Tensor) -> torch.Tensor:
-        """(M,) float32 scores (ranking keys for euclidean) of the candidates, a piece at a time
-        to keep the gathered rows small and in cache."""
-        exact = torch.empty(cand_rows.shape[0], device=cand_rows.device)  # (M,)
-        query_chunk = self.queries[rows]  # (Qc, d)
-        for start in range(0, cand_rows.shape[0], RESCORE_PIECE):
-            part = slice(start, start + RESCORE_PIECE)
-            query_rows = query_chunk.index_select(0, cand_rows[part])  # (m, d)
-            doc_rows = self.chunk.index_select(0, cand_cols[part])  # (m, d)
-            if self.euclidean:
-                query_rows = 2 * query_rows - doc_rows  # 2 q·c - |c|² = (2q - c)·c
-            exact[part] = torch.linalg.vecdot(query_rows, doc_rows)
-        return exact
-
-
-def _upper_bounds(approximate: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
-    """Upper bounds on the exact scores of entries whose bfloat16 scores are `approximate`,
-    given `error` from _error_bounds."""
-    # The bfloat16 block rounds its float32 sums once more, so a sum lies within
-    # u / (1 - u) |approximate| of the value returned. Written with sign() so that -inf stays
-    # -inf.
-    output_rounding = BF16_UNIT / (1 - BF16_UNIT) * 1.01
-    return approximate * (1 + output_rounding * approximate.sign()) + error
-
-
-def _summation_error(dim: int) -> float:
-    """γ = d·v / (1 - d·v): a float32 sum of d terms is off by at most γ times the sum of their
-    absolute values (v = F32_UNIT; Higham, Accuracy and Stability of Numerical Algorithms,
-    section 3.1)."""
-    return dim * F32_UNIT / (1 - dim * F32_UNIT)
-
-
-def _error_bounds(
-    query_norms: torch.Tensor, largest_norm: torch.Tensor, dim: int, euclidean: bool
-) -> torch.Tensor:
-    """(Qc,) bounds on |s̃ - s| for every row c of a chunk, where s̃ is the float32 sum of
-    q̃·c̃ (q and c rounded to bfloat16) and s is q·c as `_Screen._rescore` computes it in float32,
-    for d-long queries with norms `query_norms` and rows with norms at most `largest_norm`. For
-    euclidean, q and c stand for [2q, -1] and [c, |c|²] (d + 1 long), the norms for |q| and |c|.
-
-    Rounding an entry to bfloat16 changes it by at most u = BF16_UNIT of itself, so each product
-    q_i c_i changes by at most (2u + u²)|q_i c_i|. The float32 sum of the rounded products is
-    off by at most γ (1 + u)² sum |q_i c_i| (see _summation_error), and s is off from the true
-    q·c by at most γ sum |q_i c_i| (for euclidean, where s is (2q - c)·c, rounding 2q - c adds
-    at most as much again). For euclidean the float32 |c|² entry is also off, by at most γ |c|²:
-        |s̃ - s| <= (2u + u² + 4γ(1 + u)²) sum_i |q_i c_i|,
-    where sum_i |q_i c_i| <= |q| |c| (Cauchy-Schwarz), or 2 |q| |c| + |c|² for euclidean.
-    Entries below bfloat16's normal range (2^-126) may be read as zero by the hardware; each
-    such product moves by at most 2^-126 (|q_i| + |c_i|), which adds at most
-    2^-126 (sqrt(d) (|q| + |c|) + d) (with 2|q| + 1 and |c| + |c|² for euclidean). The norms
-    were themselves computed in float32, off by at most 2γ each, which (1 + 2γ)² covers, and
-    the whole bound is raised by 1% to cover the float32 rounding of this arithmetic.
-    """
-    if euclidean:
-        dim += 1
-        sum_bound = 2 * query_norms * largest_norm + largest_norm**2
-        norm_sum = 2 * query_norms + 1 + largest_norm + largest_norm**2
-    else:
-        sum_bound = query_norms * largest_norm
-        norm_sum = query_norms + largest_norm
-    u, gamma = BF16_UNIT, _summation_error(dim)
-    relative = 2 * u + u * u + 4 * gamma * (1 + u) ** 2
-    tiny = TINY * (dim**0.5 * norm_sum + dim)
-    return (relative * sum_bound * (1 + 2 * gamma) ** 2 + tiny) * 1.01
 
 
 def _entry_floor(block: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor | None:
