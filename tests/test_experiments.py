@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from minisbert import checkpoints, significance
-from minisbert.experiments import __main__ as command
+from minisbert.experiments import verdicts, __main__ as command
 from minisbert.experiments import embedding_size, figures, model_selection, runner, sbert_objectives, siamese_vs_triplet
 from minisbert.experiments.pca import fit_pca
 
@@ -143,7 +143,7 @@ def test_each_difference_in_the_report_is_the_test_of_the_per_query_scores(svt_r
     for name in SVT_NETWORKS:
         start = models["untrained-euclidean" if "euclidean" in name else "untrained"]
         expected = significance.compare(models[name]["per_query"]["ndcg@10"], start["per_query"]["ndcg@10"],
-                                        margin=runner.NDCG_MARGIN)
+                                        margin=verdicts.NDCG_MARGIN)
         adjusted = ("p_holm", "p_equivalence_holm")
         assert {k: v for k, v in tests["against_start"][name].items() if k not in adjusted} == expected
         assert tests["against_start"][name]["p_holm"] >= expected["p_randomization"]
@@ -151,8 +151,8 @@ def test_each_difference_in_the_report_is_the_test_of_the_per_query_scores(svt_r
     # The verdict sentences quote the tests.
     report = (output / "results.md").read_text()
     siamese = tests["measures"]["Siamese network"]
-    assert runner.verdict(siamese, "NDCG@10", "cosine", "euclidean", p_key="p_holm") in report
-    assert runner.difference_cell(tests["against_start"]["siamese-cosine"]) in report
+    assert verdicts.verdict(siamese, "NDCG@10", "cosine", "euclidean", p_key="p_holm") in report
+    assert verdicts.difference_cell(tests["against_start"]["siamese-cosine"]) in report
 
 
 def test_with_two_seeds_a_row_is_the_mean_and_the_tests_use_the_averaged_queries(tmp_path):
@@ -274,9 +274,9 @@ def test_compare_runs_tests_each_pair_of_models_across_two_runs(svt_run, tmp_pat
                   "--names", "this", "that"])
     tests = json.loads((output / "results.json").read_text())["tests"]
     models = results["models"]
-    expected = runner.family([runner.claim(models["triplet-euclidean-margin1"], models["triplet-cosine-margin1"],
-                                           "ndcg@10", runner.NDCG_MARGIN),
-                              runner.claim(models["untrained"], models["untrained"], "ndcg@10", runner.NDCG_MARGIN)])
+    expected = verdicts.family([verdicts.claim(models["triplet-euclidean-margin1"], models["triplet-cosine-margin1"],
+                                           "ndcg@10", verdicts.NDCG_MARGIN),
+                              verdicts.claim(models["untrained"], models["untrained"], "ndcg@10", verdicts.NDCG_MARGIN)])
     assert list(tests.values()) == expected
     same = tests["untrained:untrained"]
     assert same["difference"] == 0 and same["ci95"] == [0, 0] and same["p_equivalence"] == 0.0
@@ -375,8 +375,8 @@ def test_embedding_size_writes_a_row_per_size_and_the_figure(tmp_path):
     for dim, row in zip((16, 8, 64), rows[1:]):
         trained = results["models"][f"d{dim}"]
         assert row[1:4] == [f"{trained['scores'][m]:.4f}" for m in ("ndcg@10", "accuracy@1", "accuracy@10")]
-        assert row[4] == runner.difference_cell(results["tests"]["against_start"][str(dim)])
-        assert row[5] == runner.difference_cell(results["tests"]["against_base"][str(dim)])
+        assert row[4] == verdicts.difference_cell(results["tests"]["against_start"][str(dim)])
+        assert row[5] == verdicts.difference_cell(results["tests"]["against_base"][str(dim)])
         assert row[-1] == "4"  # 8 triplets, batches of 4, 2 epochs
         assert np.load(output / "models" / f"d{dim}-seed42" / "corpus.npy").shape == (48, dim)  # each its own size
     speed = results["search_speed"]
@@ -446,14 +446,14 @@ def test_verdicts_say_what_the_tests_can_tell():
         if p_equivalence is not None:
             test |= {"margin": 0.02, "p_equivalence": p_equivalence, "p_equivalence_holm": p_equivalence}
         return test
-    assert runner.verdict(outcome(-0.4, 0.001), "NDCG@10", "D = 8", "base", "p_holm").startswith("prefers base (")
+    assert verdicts.verdict(outcome(-0.4, 0.001), "NDCG@10", "D = 8", "base", "p_holm").startswith("prefers base (")
     # p above 0.05 and no equivalence test: the interval, never "no difference"
-    said = runner.verdict(outcome(0.001, 0.8), "NDCG@10", "D = 32", "base", "p_holm")
+    said = verdicts.verdict(outcome(0.001, 0.8), "NDCG@10", "D = 32", "base", "p_holm")
     assert said.startswith("not detectable; the 95% interval runs from -0.0090 to +0.0110 (")
     # p above 0.05 and the equivalence test passes: equivalent within the margin
-    said = runner.verdict(outcome(0.001, 0.8, 0.01), "NDCG@10", "D = 32", "base", "p_holm")
+    said = verdicts.verdict(outcome(0.001, 0.8, 0.01), "NDCG@10", "D = 32", "base", "p_holm")
     assert said.startswith("equivalent within ±0.02 (") and said.endswith("equivalence test p = 0.010)")
-    assert runner.verdict(outcome(0.001, 0.8, 0.2), "NDCG@10", "a", "b", "p_holm").startswith("not detectable")
+    assert verdicts.verdict(outcome(0.001, 0.8, 0.2), "NDCG@10", "a", "b", "p_holm").startswith("not detectable")
     tests = {"base_moved": outcome(-0.04, 0.02),
              "against_start": {"8": outcome(-0.4, 0.001), "32": outcome(0.001, 0.8)},
              "against_projection": {"8": outcome(0.0, 0.9), "32": outcome(0.0, 0.9)},
@@ -519,7 +519,7 @@ def test_sbert_objectives_writes_one_row_per_objective(tmp_path):
         assert {k: v for k, v in tests[name]["spearman"].items() if k != "p_holm"} == spearman
         assert spearman["difference"] == pytest.approx(models[name]["scores"]["spearman"]
                                                        - models["untrained"]["scores"]["spearman"], abs=1e-12)
-        assert runner.difference_cell(tests[name]["spearman"]) in (output / "results.md").read_text()
+        assert verdicts.difference_cell(tests[name]["spearman"]) in (output / "results.md").read_text()
 
 
 def test_sbert_objectives_classification_head_starts_from_the_seed(tmp_path):
@@ -559,10 +559,10 @@ def test_model_selection_tests_every_candidate_against_the_best(svt_run, tmp_pat
     others = [name for name in models if name != best]
     for key, tests in written["tests"].items():
         assert list(tests) == others
-        margin = runner.NDCG_MARGIN if key == "ndcg@10" else None  # equivalence is tested on NDCG@10 alone
-        expected = runner.family([runner.paired_test(results[name], results[best], key, margin) for name in others])
+        margin = verdicts.NDCG_MARGIN if key == "ndcg@10" else None  # equivalence is tested on NDCG@10 alone
+        expected = verdicts.family([verdicts.paired_test(results[name], results[best], key, margin) for name in others])
         assert list(tests.values()) == expected
-    assert runner.verdict(written["tests"]["ndcg@10"][others[0]], "NDCG@10", others[0], best, "p_holm") in \
+    assert verdicts.verdict(written["tests"]["ndcg@10"][others[0]], "NDCG@10", others[0], best, "p_holm") in \
         (output / "results.md").read_text()
 
 

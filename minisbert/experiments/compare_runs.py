@@ -11,7 +11,7 @@ needs its own test: the two runs' tables side by side say nothing about the diff
 Every trained model the two results.json files both hold (the untrained controls are the same in
 both runs), or each FIRST:SECOND of --pairs, is tested as
 first - second on --metric: the mean difference, its bootstrap 95% interval (unadjusted), the
-randomization test's p Holm-adjusted over the pairs, the equivalence test at runner.NDCG_MARGIN
+randomization test's p Holm-adjusted over the pairs, the equivalence test at verdicts.NDCG_MARGIN
 when the metric is NDCG@10, and, where both were trained with several seeds, each seed's own
 difference (seed i of one against seed i of the other). Both runs must have scored the same queries.
 
@@ -24,7 +24,7 @@ import argparse
 from pathlib import Path
 
 from ..fileio import read_json, write_json
-from . import runner
+from . import runner, verdicts
 
 NAME = "compare-runs"
 
@@ -58,8 +58,8 @@ def main(argv=None):
     if not pairs:
         raise ValueError(f"{args.first} and {args.second} hold no trained model of the same name; "
                          "name them with --pairs")
-    margin = runner.NDCG_MARGIN if args.metric == "ndcg@10" else None
-    tests = runner.family([runner.claim(first["models"][a], second["models"][b], args.metric, margin)
+    margin = verdicts.NDCG_MARGIN if args.metric == "ndcg@10" else None
+    tests = verdicts.family([verdicts.claim(first["models"][a], second["models"][b], args.metric, margin)
                            for a, b in pairs])
     results = {"first": str(args.first), "second": str(args.second), "names": args.names, "metric": args.metric,
                "settings": {"first": first["settings"], "second": second["settings"]},
@@ -86,7 +86,7 @@ def read_results(folder: Path) -> dict:
 def report(args, first: dict, second: dict, pairs: list, tests: list) -> str:
     label = args.metric.upper()
     rows = [[f"{a}" if a == b else f"{a} against {b}", runner.mean_cell(first["models"][a], args.metric),
-             runner.mean_cell(second["models"][b], args.metric), runner.difference_cell(test)]
+             runner.mean_cell(second["models"][b], args.metric), verdicts.difference_cell(test)]
             for (a, b), test in zip(pairs, tests)]
     one, other = args.names
     settings = [f"- {one}: `{args.first}`: " + ", ".join(f"{k} {v}" for k, v in first["settings"].items()),
@@ -99,11 +99,11 @@ def report(args, first: dict, second: dict, pairs: list, tests: list) -> str:
         f"Each model of {one} against its pair in {other}, {label} query by query: the mean difference "
         f"({one} - {other}), its bootstrap 95% interval (unadjusted) and the randomization test's p, Holm-adjusted "
         f"over the {len(pairs)} pairs; \"seeds\" is the range of the seeds' own differences. "
-        + runner.largest_error(tests),
+        + verdicts.largest_error(tests),
         "",
         runner.markdown_table(["model", f"{label}, {one}", f"{label}, {other}", "difference"], rows),
-        *[f"- {a if a == b else f'{a} against {b}'}: {runner.verdict(test, label, one, other, 'p_holm')}."
+        *[f"- {a if a == b else f'{a} against {b}'}: {verdicts.verdict(test, label, one, other, 'p_holm')}."
           for (a, b), test in zip(pairs, tests)],
         "",
-        *([f"**Equivalence margin**: {runner.MARGIN_REASON}.", ""] if args.metric == "ndcg@10" else []),
+        *([f"**Equivalence margin**: {verdicts.MARGIN_REASON}.", ""] if args.metric == "ndcg@10" else []),
     ])

@@ -47,7 +47,7 @@ from ..fit import TrainingSettings
 from ..losses import select_loss
 from ..pooling import Dense
 from ..search import search
-from . import figures, runner
+from . import figures, runner, verdicts
 from .pca import fit_pca
 
 NAME = "embedding-size"
@@ -208,23 +208,23 @@ def train_and_evaluate(folder, s, args, dim, seed: int, triplets: list, test, st
 
 def claims(s, results: dict) -> dict:
     """The tests behind the report, NDCG@10 query by query with the equivalence test at
-    runner.NDCG_MARGIN, each family Holm-adjusted: each D against the base model ("against_base"),
+    verdicts.NDCG_MARGIN, each family Holm-adjusted: each D against the base model ("against_base"),
     against its untrained PCA projection ("against_projection") and against the start model scored
     with euclidean distance ("against_start"), each untrained PCA projection against that start
     model ("projection_cost": what the size alone costs), the base model against that start model
     ("base_moved"), and each D against the base model on the paper's own metric, top-1 accuracy
     ("accuracy_against_base")."""
-    def each_dim(name: str, other, metric: str = MAIN_METRIC, margin=runner.NDCG_MARGIN) -> dict:
-        return dict(zip(map(str, s.dims), runner.family(
-            [runner.claim(results[name.format(dim=dim)], results[other.format(dim=dim)], metric, margin)
+    def each_dim(name: str, other, metric: str = MAIN_METRIC, margin=verdicts.NDCG_MARGIN) -> dict:
+        return dict(zip(map(str, s.dims), verdicts.family(
+            [verdicts.claim(results[name.format(dim=dim)], results[other.format(dim=dim)], metric, margin)
              for dim in s.dims])))
     return {
         "projection_cost": each_dim("pca{dim}", "untrained-euclidean"),
         "against_start": each_dim("d{dim}", "untrained-euclidean"),
         "against_base": each_dim("d{dim}", "base"),
         "against_projection": each_dim("d{dim}", "pca{dim}"),
-        "base_moved": runner.family([runner.claim(results["base"], results["untrained-euclidean"], MAIN_METRIC,
-                                                  runner.NDCG_MARGIN)])[0],
+        "base_moved": verdicts.family([verdicts.claim(results["base"], results["untrained-euclidean"], MAIN_METRIC,
+                                                  verdicts.NDCG_MARGIN)])[0],
         "accuracy_against_base": each_dim("d{dim}", "base", "accuracy@1", None),
     }
 
@@ -273,9 +273,9 @@ def report(s, about: str, results: dict, tests: dict, speed: dict, num_documents
     num_queries = len(results["untrained"]["per_query"][MAIN_METRIC])
     rows = [[f"D = {dim}", runner.mean_cell(results[f"d{dim}"], MAIN_METRIC)]
             + [f"{results[f'd{dim}']['scores'][m]:.4f}" for m in ("accuracy@1", "accuracy@10")]
-            + [runner.difference_cell(tests["against_start"][str(dim)]),
-               runner.difference_cell(tests["against_base"][str(dim)]), f"{results[f'pca{dim}']['scores'][MAIN_METRIC]:.4f}",
-               runner.difference_cell(tests["against_projection"][str(dim)]),
+            + [verdicts.difference_cell(tests["against_start"][str(dim)]),
+               verdicts.difference_cell(tests["against_base"][str(dim)]), f"{results[f'pca{dim}']['scores'][MAIN_METRIC]:.4f}",
+               verdicts.difference_cell(tests["against_projection"][str(dim)]),
                f"{speed['test'][i]:,.0f}", f"{speed['synthetic'][i]:,.0f}",
                runner.minutes(np.mean([r["training"]["seconds"] for r in results[f"d{dim}"]["runs"]])),
                f"{results[f'd{dim}']['runs'][0]['training']['steps']:,}"] for i, dim in enumerate(s.dims)]
@@ -304,7 +304,7 @@ def report(s, about: str, results: dict, tests: dict, speed: dict, num_documents
         f"seeds {', '.join(map(str, seeds))}. Differences: {MAIN_LABEL} query by query, mean difference, bootstrap "
         f"95% interval (unadjusted), randomization-test p Holm-adjusted over the {len(s.dims)} sizes"
         + ("; ± is the standard deviation over the seeds, and \"seeds\" the range of the seeds' own differences"
-           if len(seeds) > 1 else "") + f". {runner.largest_error(every_test)} Search speed: exact "
+           if len(seeds) > 1 else "") + f". {verdicts.largest_error(every_test)} Search speed: exact "
         f"top-10, {num_queries:,} queries, over the test corpus and over {s.synthetic:,} random vectors, the "
         f"fastest of {SPEED_ROUNDS} alternating rounds. " + about,
         "",
@@ -317,12 +317,12 @@ def report(s, about: str, results: dict, tests: dict, speed: dict, num_documents
         "(euclidean), Holm-adjusted over the sizes:",
         "",
         *[f"- D = {dim}: "
-          f"{runner.verdict(tests['projection_cost'][str(dim)], MAIN_LABEL, 'projected', 'start', 'p_holm')}."
+          f"{verdicts.verdict(tests['projection_cost'][str(dim)], MAIN_LABEL, 'projected', 'start', 'p_holm')}."
           for dim in s.dims],
         "",
         training_summary(tests, s.dims),
         "",
-        "**Equivalence margin**: " + runner.MARGIN_REASON + ".",
+        "**Equivalence margin**: " + verdicts.MARGIN_REASON + ".",
         "",
         "## Where this run departs from the paper",
         "",
@@ -338,14 +338,14 @@ def report(s, about: str, results: dict, tests: dict, speed: dict, num_documents
 
 def training_summary(tests: dict, dims: list) -> str:
     """What training did: the base model against the start, each D against the start, its own
-    untrained projection and the base model, each as runner.verdict says it (Holm-adjusted p)."""
+    untrained projection and the base model, each as verdicts.verdict says it (Holm-adjusted p)."""
     said = ["**Training**, Holm-adjusted over the sizes:", "",
             f"- The base model against the untrained start model (euclidean): "
-            f"{runner.verdict(tests['base_moved'], MAIN_LABEL, 'base', 'start', 'p_holm')}."]
+            f"{verdicts.verdict(tests['base_moved'], MAIN_LABEL, 'base', 'start', 'p_holm')}."]
     for family, other in (("against_start", "start"), ("against_projection", "untrained projection"),
                           ("against_base", "base")):
         said += [f"- D = {dim} against the {other}: "
-                 f"{runner.verdict(tests[family][str(dim)], MAIN_LABEL, f'D = {dim}', other, 'p_holm')}."
+                 f"{verdicts.verdict(tests[family][str(dim)], MAIN_LABEL, f'D = {dim}', other, 'p_holm')}."
                  for dim in dims]
     return "\n".join(said)
 
@@ -361,8 +361,8 @@ def against_the_paper(s, results: dict, tests: dict) -> str:
         paper = f" (paper: {PAPER_ACCURACY[dim]:.3f})" if dim in PAPER_ACCURACY else ""
         test = tests["accuracy_against_base"][str(dim)]
         lines.append(f"- D = {dim}{paper}: {results[f'd{dim}']['scores']['accuracy@1']:.4f}, "
-                     f"{runner.verdict(test, 'Accuracy@1', f'D = {dim}', 'base', 'p_holm')}.")
-    better = [dim for dim in s.dims if tests["against_base"][str(dim)]["p_holm"] < runner.ALPHA
+                     f"{verdicts.verdict(test, 'Accuracy@1', f'D = {dim}', 'base', 'p_holm')}.")
+    better = [dim for dim in s.dims if tests["against_base"][str(dim)]["p_holm"] < verdicts.ALPHA
               and tests["against_base"][str(dim)]["difference"] > 0]
     if better:
         lines += ["", f"On {MAIN_LABEL}, D = {', '.join(map(str, better))} beat the base model detectably, where "

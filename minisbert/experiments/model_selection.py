@@ -17,7 +17,7 @@ default; --definitions st gives sentence-transformers' instead). The best model 
 bold, and every other candidate is tested against the best one (by NDCG@10) query by query on every
 metric: the difference, its bootstrap 95% interval and the randomization test's p, Holm-adjusted
 over the candidates. A candidate the test cannot tell from the best is not shown to be as good: the
-interval says how much worse it may be, and only an equivalence test at a margin (runner.NDCG_MARGIN,
+interval says how much worse it may be, and only an equivalence test at a margin (verdicts.NDCG_MARGIN,
 on NDCG@10) can say that it is within that margin of the best.
 
 A model is a known name (fetched on first use), a model directory, the output folder of train.py
@@ -34,7 +34,7 @@ from pathlib import Path
 from .. import datasets
 from ..evaluation import CACHE_DIR, LEXICAL
 from ..hub import resolve
-from . import runner
+from . import runner, verdicts
 
 NAME = "model-selection"
 PRESETS = {
@@ -82,8 +82,8 @@ def main(argv=None):
     keys = [f"{key}@{k}" for _, key in COLUMNS for k in s.k]
     best_model = max(results, key=lambda name: results[name]["scores"][BEST_BY])
     others = [name for name in results if name != best_model]
-    tests = {key: dict(zip(others, runner.family([
-        runner.paired_test(results[name], results[best_model], key, runner.NDCG_MARGIN if key == BEST_BY else None)
+    tests = {key: dict(zip(others, verdicts.family([
+        verdicts.paired_test(results[name], results[best_model], key, verdicts.NDCG_MARGIN if key == BEST_BY else None)
         for name in others]))) for key in keys} if others else {}
     study.write_results({"settings": vars(s), "models": results, "best": best_model, "tests": tests},
                         report(s, study.about(), results, tests, best_model, keys, test))
@@ -94,7 +94,7 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
     best = {key: max(result["scores"][key] for result in results.values()) for key in keys}
     rows = [[name] + [bold_if(result["scores"][key], best[key]) for key in keys] for name, result in results.items()]
     tested_keys = [f"{key}@10" for _, key in COLUMNS]
-    verdicts = [f"- {name} against {best_model}: {runner.verdict(tests[BEST_BY][name], 'NDCG@10', name, best_model, 'p_holm')}."
+    sentences = [f"- {name} against {best_model}: {verdicts.verdict(tests[BEST_BY][name], 'NDCG@10', name, best_model, 'p_holm')}."
                 for name in results if name != best_model]
     return "\n".join([
         "# Model selection",
@@ -111,14 +111,14 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
         runner.markdown_table(header, rows),
         f"Best by NDCG@10: **{best_model}**. Each other candidate against it, query by query (difference, "
         "bootstrap 95% interval (unadjusted), randomization-test p Holm-adjusted over the candidates; every metric@k "
-        f"is in results.json; equivalence within ±{runner.NDCG_MARGIN:g} NDCG@10 by two one-sided tests):",
+        f"is in results.json; equivalence within ±{verdicts.NDCG_MARGIN:g} NDCG@10 by two one-sided tests):",
         "",
-        *verdicts,
+        *sentences,
         "",
         runner.markdown_table(["model"] + [f"{title}@10 difference from {best_model}" for title, _ in COLUMNS],
-                              [[name] + [runner.difference_cell(tests[key][name]) for key in tested_keys]
+                              [[name] + [verdicts.difference_cell(tests[key][name]) for key in tested_keys]
                                for name in results if name != best_model]) if tests else "",
-        f"**Equivalence margin** (NDCG@10): {runner.MARGIN_REASON}.",
+        f"**Equivalence margin** (NDCG@10): {verdicts.MARGIN_REASON}.",
         "",
         "## Where this run departs from the walk-through",
         "",

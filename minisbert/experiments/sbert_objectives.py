@@ -44,7 +44,7 @@ from ..fit import TrainingSettings
 from ..losses import SoftmaxClassifier, select_loss
 from ..correlation import spearman
 from ..training_data import Example
-from . import runner
+from . import runner, verdicts
 
 NAME = "sbert-objectives"
 # name -> (label, the loss's (arch, metric, loss), training data)
@@ -141,15 +141,15 @@ def over_seeds(runs: list) -> dict:
 
 def claims(results: dict, gold: np.ndarray) -> dict:
     """Each objective against the start model: Spearman on STS-B test and NDCG@10 on the retrieval
-    test split (with the equivalence test at runner.NDCG_MARGIN), each family Holm-adjusted over the
+    test split (with the equivalence test at verdicts.NDCG_MARGIN), each family Holm-adjusted over the
     objectives; and "mnrl_vs_triplet": the two objectives that share their data, against each other."""
     start = results["untrained"]
-    spearmans = runner.family([spearman_claim(results[name], start, gold) for name in OBJECTIVES])
-    ndcgs = runner.family([runner.claim(results[name], start, "ndcg@10", runner.NDCG_MARGIN) for name in OBJECTIVES])
+    spearmans = verdicts.family([spearman_claim(results[name], start, gold) for name in OBJECTIVES])
+    ndcgs = verdicts.family([verdicts.claim(results[name], start, "ndcg@10", verdicts.NDCG_MARGIN) for name in OBJECTIVES])
     tests = {name: {"spearman": sp, "ndcg@10": nd} for name, sp, nd in zip(OBJECTIVES, spearmans, ndcgs)}
     mnrl, triplet = results["mnrl"], results["triplet"]
-    tests["mnrl_vs_triplet"] = dict(zip(("spearman", "ndcg@10"), runner.family([
-        spearman_claim(mnrl, triplet, gold), runner.claim(mnrl, triplet, "ndcg@10", runner.NDCG_MARGIN)])))
+    tests["mnrl_vs_triplet"] = dict(zip(("spearman", "ndcg@10"), verdicts.family([
+        spearman_claim(mnrl, triplet, gold), verdicts.claim(mnrl, triplet, "ndcg@10", verdicts.NDCG_MARGIN)])))
     return tests
 
 
@@ -197,12 +197,12 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
              f"{results['untrained']['scores']['ndcg@10']:.4f}", "-", "-", "-", "-"]]
     for name, (label, _, data) in OBJECTIVES.items():
         result, training = results[name], results[name]["runs"][0]["training"]
-        rows.append([label, data, runner.mean_cell(result, "spearman"), runner.difference_cell(tests[name]["spearman"]),
-                     runner.mean_cell(result, "ndcg@10"), runner.difference_cell(tests[name]["ndcg@10"]),
+        rows.append([label, data, runner.mean_cell(result, "spearman"), verdicts.difference_cell(tests[name]["spearman"]),
+                     runner.mean_cell(result, "ndcg@10"), verdicts.difference_cell(tests[name]["ndcg@10"]),
                      runner.minutes(np.mean([r["training"]["seconds"] for r in result["runs"]])),
                      f"{training['examples']:,}", f"{training['steps']:,}"])
-    findings = [f"- {label}: on STS-B, {runner.verdict(tests[name]['spearman'], 'Spearman', 'trained', 'start', 'p_holm')}; "
-                f"on {s.data}, {runner.verdict(tests[name]['ndcg@10'], 'NDCG@10', 'trained', 'start', 'p_holm')}."
+    findings = [f"- {label}: on STS-B, {verdicts.verdict(tests[name]['spearman'], 'Spearman', 'trained', 'start', 'p_holm')}; "
+                f"on {s.data}, {verdicts.verdict(tests[name]['ndcg@10'], 'NDCG@10', 'trained', 'start', 'p_holm')}."
                 for name, (label, _, _) in OBJECTIVES.items()]
     pair = tests["mnrl_vs_triplet"]
     every_test = [t for name in OBJECTIVES for t in tests[name].values()] + list(pair.values())
@@ -221,7 +221,7 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
         "start model: Spearman over resampled and swapped STS-B pairs, NDCG@10 query by query; bootstrap 95% "
         "interval (unadjusted) and randomization-test p, Holm-adjusted over the objectives"
         + ("; ± is the standard deviation over the seeds, and \"seeds\" the range of the seeds' own differences"
-           if len(seeds) > 1 else "") + f". {runner.largest_error(every_test)} " + about,
+           if len(seeds) > 1 else "") + f". {verdicts.largest_error(every_test)} " + about,
         "",
         runner.markdown_table(header, rows),
         "Tested against the start model (p Holm-adjusted):",
@@ -229,11 +229,11 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
         *findings,
         "",
         "**MNRL against the triplet objective**, on the same triplets (Holm-adjusted over the two measures): on "
-        f"STS-B, {runner.verdict(pair['spearman'], 'Spearman', 'MNRL', 'triplet', 'p_holm')}; on {s.data}, "
-        f"{runner.verdict(pair['ndcg@10'], 'NDCG@10', 'MNRL', 'triplet', 'p_holm')}.",
+        f"STS-B, {verdicts.verdict(pair['spearman'], 'Spearman', 'MNRL', 'triplet', 'p_holm')}; on {s.data}, "
+        f"{verdicts.verdict(pair['ndcg@10'], 'NDCG@10', 'MNRL', 'triplet', 'p_holm')}.",
         "",
         "**Equivalence margin** (NDCG@10 only; Spearman has no per-query equivalence test here): "
-        + runner.MARGIN_REASON + ".",
+        + verdicts.MARGIN_REASON + ".",
         "",
         "## Where this run departs from the paper",
         "",

@@ -62,7 +62,7 @@ from ..datasets import what_data
 from ..fit import TrainingSettings
 from ..losses import select_loss
 from ..training_data import SCORED, TRIPLETS, training_examples
-from . import figures, runner
+from . import figures, runner, verdicts
 from .pca import fit_pca
 
 NAME = "siamese-vs-triplet"
@@ -203,17 +203,17 @@ def embedding_pca(model, test, test_triplets: list, drawn: list) -> dict:
 
 def claims(s, results: dict) -> dict:
     """Every difference the report states, tested on NDCG@10 query by query (with the equivalence
-    test at runner.NDCG_MARGIN), each family Holm-adjusted: "against_start" (each network against the
+    test at verdicts.NDCG_MARGIN), each family Holm-adjusted: "against_start" (each network against the
     start model scored with its measure) and "measures" (per architecture and margin: the cosine
     network against the euclidean one)."""
     trained = networks(s.margins)
     start = {"cosine": results["untrained"], "euclidean": results["untrained-euclidean"]}
-    against_start = runner.family([runner.claim(results[name], start[measure], MAIN_METRIC, runner.NDCG_MARGIN)
+    against_start = verdicts.family([verdicts.claim(results[name], start[measure], MAIN_METRIC, verdicts.NDCG_MARGIN)
                                    for name, _, _, measure, _ in trained])
     pairs = [("Siamese network", "siamese-cosine", "siamese-euclidean")] + [
         (f"Triplet network, margin {margin:g}", f"triplet-cosine-margin{margin:g}", f"triplet-euclidean-margin{margin:g}")
         for margin in s.margins]
-    measures = runner.family([runner.claim(results[cos], results[euc], MAIN_METRIC, runner.NDCG_MARGIN)
+    measures = verdicts.family([verdicts.claim(results[cos], results[euc], MAIN_METRIC, verdicts.NDCG_MARGIN)
                               for _, cos, euc in pairs])
     return {"against_start": {name: test for (name, *_), test in zip(trained, against_start)},
             "measures": {network: {"cosine": cos, "euclidean": euc, **test}
@@ -283,12 +283,12 @@ def report(s, about: str, results: dict, tests: dict, num_queries: int, num_docu
         f"mean difference, its bootstrap 95% interval (unadjusted) and the randomization test's p, Holm-adjusted "
         f"over the {len(trained)} networks"
         + (f"; ± is the standard deviation over the {len(seeds)} seeds, and \"seeds\" the range of the seeds' own "
-           "differences" if len(seeds) > 1 else "") + ". " + runner.largest_error(every_test),
+           "differences" if len(seeds) > 1 else "") + ". " + verdicts.largest_error(every_test),
         "",
         runner.markdown_table(
             ["model", MAIN_LABEL, "difference from the start model", "loss, first step", "loss, last step",
              "training time", "examples", "steps"],
-            [[label, runner.mean_cell(results[name], MAIN_METRIC), runner.difference_cell(tests["against_start"][name]),
+            [[label, runner.mean_cell(results[name], MAIN_METRIC), verdicts.difference_cell(tests["against_start"][name]),
               f"{np.mean([r['training']['loss'][0] for r in results[name]['runs']]):.4f}",
               f"{np.mean([r['training']['loss'][-1] for r in results[name]['runs']]):.4f}",
               runner.minutes(np.mean([r["training"]["seconds"] for r in results[name]["runs"]])),
@@ -296,8 +296,8 @@ def report(s, about: str, results: dict, tests: dict, num_queries: int, num_docu
              for name, label, *_ in trained]),
         finding(s, tests),
         "",
-        "**Equivalence margin**: " + runner.MARGIN_REASON + ". A network whose equivalence test (two one-sided "
-        f"t-tests, Holm-adjusted) puts its difference within ±{runner.NDCG_MARGIN:g} is called equivalent; one whose "
+        "**Equivalence margin**: " + verdicts.MARGIN_REASON + ". A network whose equivalence test (two one-sided "
+        f"t-tests, Holm-adjusted) puts its difference within ±{verdicts.NDCG_MARGIN:g} is called equivalent; one whose "
         "tests can tell neither way is called not detectable, with its interval.",
         "",
         "## Where this run departs from the paper",
@@ -321,14 +321,14 @@ def finding(s, tests: dict) -> str:
              f"query by query, p Holm-adjusted over the {len(tests['measures'])} comparisons:", ""]
     for network, test in tests["measures"].items():
         expected = "cosine" if network.startswith("Siamese") else "euclidean"
-        said = runner.verdict(test, MAIN_LABEL, "cosine", "euclidean", p_key="p_holm")
+        said = verdicts.verdict(test, MAIN_LABEL, "cosine", "euclidean", p_key="p_holm")
         agrees = ("as the paper finds" if said.startswith(f"prefers {expected}") else
                   "the paper's preference is not reproduced here" if not said.startswith("prefers") else
                   "the opposite of the paper")
         lines.append(f"- {network}: {said}: {agrees}.")
     lines += ["", "**Each network against the start model** (Holm-adjusted over the networks):", ""]
     labels = {name: label for name, label, *_ in networks(s.margins)}
-    lines += [f"- {labels[name]}: {runner.verdict(test, MAIN_LABEL, 'trained', 'start model', p_key='p_holm')}."
+    lines += [f"- {labels[name]}: {verdicts.verdict(test, MAIN_LABEL, 'trained', 'start model', p_key='p_holm')}."
               for name, test in tests["against_start"].items()]
     return "\n".join(lines)
 
@@ -343,7 +343,7 @@ def against_the_paper(s, results: dict, tests: dict) -> str:
         f"- The paper's Siamese network shows little preference between the measures (cosine slightly better, "
         f"section 5.2.1). Here Siamese euclidean reaches {MAIN_LABEL} "
         f"{results['siamese-euclidean']['scores'][MAIN_METRIC]:.4f} against cosine's "
-        f"{results['siamese-cosine']['scores'][MAIN_METRIC]:.4f} ({runner.tested(siamese, 'cosine - euclidean', 'p_holm')}). "
+        f"{results['siamese-cosine']['scores'][MAIN_METRIC]:.4f} ({verdicts.tested(siamese, 'cosine - euclidean', 'p_holm')}). "
         "What may explain it: the paper's labels are continuous and its start model is DistilBERT, whose distances "
         "the euclidean loss (target 1 - y) can bring to scale; here the labels are 1 and 0 and the start model's "
         "unnormalised embeddings lie several units apart, so the first steps shrink the whole space (loss.png).",
@@ -351,7 +351,7 @@ def against_the_paper(s, results: dict, tests: dict) -> str:
     if 5.0 in s.margins:
         test = tests["measures"]["Triplet network, margin 5"]
         lines.append(f"- At the paper's own margin 5, the Triplet network: "
-                     f"{runner.verdict(test, MAIN_LABEL, 'cosine', 'euclidean', p_key='p_holm')}. The paper finds "
+                     f"{verdicts.verdict(test, MAIN_LABEL, 'cosine', 'euclidean', p_key='p_holm')}. The paper finds "
                      "euclidean strongly preferred at this margin; where the test here cannot tell, the paper's finding "
                      "is not reproduced at the paper's setting, only at the margins added here.")
     return "\n".join(lines)
