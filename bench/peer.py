@@ -24,7 +24,7 @@ CPU_FLAGS = ("avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512_vn
 
 
 def add_peer_python_option(parser) -> None:
-    parser.add_argument("--peer-python", type=Path, default=os.environ.get(PEER_PYTHON_VARIABLE),
+    parser.add_argument("--peer-python", type=Path, default=os.environ.get(PEER_PYTHON_VARIABLE) or None,
                         help="Python of the environment that has sentence-transformers, to run it side by "
                              f"side (default: ${PEER_PYTHON_VARIABLE}; neither: minisbert alone)")
 
