@@ -67,13 +67,6 @@ class PreparedCorpus:
     score: str  # the score function the rows were prepared for
     screen: torch.Tensor | None = None  # (N, d') bfloat16 copy for the fast path's screen, if kept
 
-    def __len__(self) -> int:
-        return self.rows.shape[0]
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.rows.shape
-
     def save(self, path: str | Path) -> None:
         """Write the rows, sizes and score function to one safetensors file, atomically. The
         screen is not saved: `load_corpus` makes it again, one pass over the rows."""
@@ -139,6 +132,9 @@ class SearchInputs:
     device: torch.device
     return_numpy: bool  # both inputs were numpy arrays
     prepared: PreparedCorpus | None = None  # the corpus as prepared, when it was (corpus = its rows)
+    # (row, size) of the query with the largest size, for the score bound of dot and euclidean;
+    # None where no bound applies (cosine, or no queries).
+    largest_query_size: tuple[int, float] | None = None
 
     def corpus_chunk(
         self, doc_start: int, out: torch.Tensor | None = None, size: int | None = None
@@ -156,17 +152,6 @@ class SearchInputs:
             out = None if out is None else out[: chunk.shape[0]]
             chunk = torch.div(chunk, sizes.clamp_min(TINY)[:, None], out=out)
         return chunk, sizes
-
-    @property
-    def largest_query_size(self) -> tuple[int, float] | None:
-        """(row, size) of the query with the largest size, for the score bound of dot and
-        euclidean; None where no bound applies (cosine, or no queries)."""
-        if self.score == "cosine" or self.queries.shape[0] == 0:
-            return None
-        if not hasattr(self, "_largest_query"):
-            row = int(self.query_sizes.argmax())
-            self._largest_query = (row, float(self.query_sizes[row]))
-        return self._largest_query
 
     def results(
         self, top_scores: torch.Tensor, top_indices: torch.Tensor
@@ -214,11 +199,11 @@ def check_inputs(
     queries = queries.to(device=device, dtype=torch.float32)  # (Q, d)
     query_sizes = row_sizes(queries, score)  # (Q,)
     check_finite_rows(query_sizes, "queries", 0)
+    largest_query = _largest(query_sizes) if score != "cosine" and queries.shape[0] > 0 else None
     if score == "cosine":
         queries = queries / query_sizes.clamp_min(TINY)[:, None]
-    elif prepared is not None and queries.shape[0] > 0 and corpus.shape[0] > 0:
-        query_row, doc_row = int(query_sizes.argmax()), int(prepared.sizes.argmax())
-        check_scores_fit(score, query_row, float(query_sizes[query_row]), doc_row, float(prepared.sizes[doc_row]))
+    elif prepared is not None and largest_query is not None:  # checked against the prepared rows once
+        check_scores_fit(score, *largest_query, *_largest(prepared.sizes))
     return SearchInputs(
         queries=queries,
         query_sizes=query_sizes,
@@ -231,7 +216,14 @@ def check_inputs(
         device=device,
         return_numpy=return_numpy,
         prepared=prepared,
+        largest_query_size=largest_query,
     )
+
+
+def _largest(sizes: torch.Tensor) -> tuple[int, float]:
+    """(row, size) of the first largest of the (n,) sizes."""
+    row = int(sizes.argmax())
+    return row, float(sizes[row])
 
 
 def row_sizes(matrix: torch.Tensor, score: str) -> torch.Tensor:
