@@ -86,13 +86,13 @@ def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.T
         bf16_screen = inputs.device.type == "cpu" and cpu.native_bfloat16()
     few = FEW_QUERIES if inputs.prepared is None else FEW_QUERIES_PREPARED
     if inputs.queries.shape[0] <= min(few, inputs.query_chunk_size):
-        # Few queries read the corpus once; a screen pays only where its copy is already made.
-        return _search_few(inputs, kept if bf16_screen is not False else None)
+        # Few queries read the corpus a span at a time; a screen pays only where its copy is kept.
+        return _search_few(inputs, kept if bf16_screen else None)
     return _search_many(inputs, bf16_screen)
 
 
 def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """fast_search for at most FEW_QUERIES queries: the corpus read once, a span at a time."""
+    """fast_search for at most FEW_QUERIES queries: the corpus a span at a time (module docstring)."""
     queries, score, device = inputs.queries, inputs.score, inputs.device
     num_queries, num_docs, dim, k = queries.shape[0], inputs.corpus.shape[0], queries.shape[1], inputs.k
     top_scores = torch.full((num_queries, k), -torch.inf, device=device)  # (Q, k)
@@ -142,25 +142,20 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, piece: in
     """Check the `span_rows` corpus rows from `span_start` and write their (span_rows, Q) scores
     (ranking keys for euclidean) into `block`.
 
-    Each piece is multiplied and measured (the sizes the checks need), and the sizes of the whole
+    Each piece is measured (the sizes the checks need) and multiplied, and the sizes of the whole
     span are checked at once. A cosine divides the products by the row norms, (q·c) / |c|, rather
     than the rows before the product, q·(c / |c|), as the plain search does: the two agree to
-    float32 rounding, and dividing the (span_rows, Q) products is much less work than dividing
-    the rows. A span that
-    fails the quick check (a row that is not finite, so small or so large that its squares left
-    float32's range, or a score that could) is done again piece by piece as the plain search does
-    it, which raises where the plain search raises.
+    float32 rounding, and dividing the (span_rows, Q) products is much less work than dividing the
+    rows. A span that fails the quick check (a row that is not finite, so small or so large that
+    its squares left float32's range, or a score that could) is done again piece by piece as the
+    plain search does it, which raises where the plain search raises.
     """
     queries, score, sizes = inputs.queries, inputs.score, size_buffer[:span_rows]
     for start in range(span_start, span_start + span_rows, piece):
         rows = inputs.corpus[start : start + piece].to(device=inputs.device, dtype=torch.float32)  # (n, d)
         part = slice(start - span_start, start - span_start + rows.shape[0])
-        if score == "euclidean":  # the ranking key needs the sizes first
-            quick_sizes(rows, score, out=sizes[part])  # (n,)
-            _score_rows(rows, sizes[part], queries, score, block[part])
-        else:
-            _score_rows(rows, sizes[part], queries, score, block[part])
-            quick_sizes(rows, score, out=sizes[part])  # (n,)
+        quick_sizes(rows, score, out=sizes[part])  # (n,)
+        _score_rows(rows, sizes[part], queries, score, block[part])
     if not sizes_are_ordinary(sizes, score, inputs.largest_query_size):
         for start in range(span_start, span_start + span_rows, piece):
             rows, sizes = inputs.corpus_chunk(start, out=unit_buffer, size=piece)  # checked, unit rows for cosine
