@@ -6,12 +6,11 @@ top-k, ties included:
 
 - fast=False runs the plain search of minisbert/retrieval.py: score a block, take its top-k,
   merge; the reference the fast paths are tested against.
-- fast=True (the default) runs minisbert/fast/retrieval.py, which returns the same top-k faster at
-  every number of queries: for a few, it reads the corpus once, in pieces that stay in the cache
-  while they are checked and scored; for many, it skips most of the plain path's step 2 and, where
-  the CPU multiplies bfloat16 natively, most of step 1; its docstring says how. On a CUDA device
-  the fast path is minisbert/fast/device_search.py:
-  the same three steps, queued for the GPU without waiting on it, block after block (the plain
+- fast=True (the default) runs minisbert/fast/retrieval.py, which returns the same top-k with less
+  work: for a few queries, a span of the corpus at a time, checked, scored and merged in a few
+  calls; for many, it skips most of the plain path's step 2 and, where the CPU multiplies bfloat16
+  natively, most of step 1; its docstring says how. On a CUDA device the fast path is
+  minisbert/fast/device_search.py: the same three steps, queued for the GPU without waiting on it, block after block (the plain
   loop reads results back to the host at every chunk, to check it and to drop excluded pairs),
   with a corpus in CPU memory copied over while the previous chunk is scored.
 

@@ -1,4 +1,4 @@
-"""Exact top-k search on a GPU: the same top-k as the plain `minisbert.search.chunked_search` (the
+"""Exact top-k search on a GPU: the same top-k as the plain `minisbert.retrieval.chunked_search` (the
 loop of minisbert/retrieval.py), with nothing read back to the host while it loops over the blocks.
 
 Called by `minisbert.fast.retrieval.fast_search` when the search runs on a CUDA device (and by the
@@ -66,7 +66,7 @@ EMPTY_KEY = NEG_INF_ORDERED * 2**32
 
 def device_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """The (Q, k) scores (ranking keys 2 q·c - |c|² for euclidean) and corpus indices, best
-    first, as `minisbert.search.chunked_search` returns them. Reads the device from the host
+    first, as `minisbert.retrieval.chunked_search` returns them. Reads the device from the host
     before the loop (to group excluded pairs, if any) and once after it (the checks), never in
     it. Works on any device."""
     queries, score, device = inputs.queries, inputs.score, inputs.device
