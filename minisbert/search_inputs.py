@@ -87,13 +87,20 @@ def prepare(embeddings: torch.Tensor | np.ndarray, score: str) -> PreparedCorpus
     sizes = torch.empty(corpus.shape[0], dtype=torch.float32, device=corpus.device)  # (N,)
     for start in range(0, corpus.shape[0], DEFAULT_CORPUS_CHUNK_SIZE):
         end = start + DEFAULT_CORPUS_CHUNK_SIZE
-        chunk = corpus[start:end].to(torch.float32)
-        sizes[start:end] = checked_sizes(chunk, score, "corpus", start)[0]
-        if score == "cosine":
-            torch.div(chunk, sizes[start:end].clamp_min(TINY)[:, None], out=rows[start:end])
-        else:
-            rows[start:end] = chunk
+        rows[start:end], sizes[start:end] = scored_rows(corpus[start:end].to(torch.float32), score, start)
     return PreparedCorpus(rows, sizes, score)
+
+
+def scored_rows(chunk: torch.Tensor, score: str, start: int, largest_query: tuple[int, float] | None = None,
+                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (n, d) float32 rows of `chunk`, numbered from `start`, checked (`checked_sizes`) and as
+    `score` scores them: unit rows for cosine (written into `out` if given), else as they are; and
+    their (n,) sizes."""
+    sizes, _ = checked_sizes(chunk, score, "corpus", start, largest_query)  # (n,)
+    if score == "cosine":
+        out = None if out is None else out[: chunk.shape[0]]
+        chunk = torch.div(chunk, sizes.clamp_min(TINY)[:, None], out=out)
+    return chunk, sizes
 
 
 def read_prepared(path: str | Path) -> PreparedCorpus:
@@ -147,11 +154,7 @@ class SearchInputs:
         if self.prepared is not None:
             return self.prepared.rows[doc_start:end].to(self.device), self.prepared.sizes[doc_start:end].to(self.device)
         chunk = self.corpus[doc_start:end].to(device=self.device, dtype=torch.float32)  # (Nc, d)
-        sizes, _ = checked_sizes(chunk, self.score, "corpus", doc_start, self.largest_query_size)  # (Nc,)
-        if self.score == "cosine":
-            out = None if out is None else out[: chunk.shape[0]]
-            chunk = torch.div(chunk, sizes.clamp_min(TINY)[:, None], out=out)
-        return chunk, sizes
+        return scored_rows(chunk, self.score, doc_start, self.largest_query_size, out)
 
     def results(
         self, top_scores: torch.Tensor, top_indices: torch.Tensor
