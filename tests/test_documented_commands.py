@@ -306,7 +306,10 @@ def test_documented_command_runs(line, run, placeholders, tmp_path, request):
     shutil.copytree(placeholders, folder, symlinks=True)
     if "bench/studies" in line:  # a copy of the committed studies' results: the command may write there
         shutil.copytree(request.getfixturevalue("study_copies"), folder / "bench" / "studies")
-    finished = run_in(folder, line)
+    try:
+        finished = run_in(folder, line)
+    finally:  # what a command leaves (a copy of runs/x, trained models) is gigabytes: not kept
+        shutil.rmtree(folder, ignore_errors=True)
     output = finished.stdout + finished.stderr
     assert finished.returncode == 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
