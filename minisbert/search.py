@@ -22,8 +22,8 @@ in ordinary CPU memory is staged through pinned buffers, one more copy per chunk
 
 A corpus searched again and again is best prepared once, `prepare_corpus`: its rows are checked
 and normalised (cosine) once, and where the CPU multiplies bfloat16 natively a bfloat16 copy is
-kept beside them, which the fast path screens with when few queries come at a time (half the bytes
-to read; the float32 rows still decide every score). `search` takes it in place of the
+kept beside them, which the fast path screens with from a few queries a call on (half the bytes to
+read; the float32 rows still decide every score). `search` takes it in place of the
 embeddings; `.save(path)` writes it and `load_corpus(path)` reads it back, so a corpus encoded
 once is searched again without encoding it again:
 

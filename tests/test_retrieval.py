@@ -539,6 +539,30 @@ def test_scores_that_could_overflow_are_refused(score, entry, norm, path):
     assert indices[2, -1] != 33 and torch.isfinite(scores).all()
 
 
+@pytest.mark.parametrize("num_queries", [1, 16])
+def test_dot_over_embeddings_as_given_refuses_and_accepts_what_the_plain_search_does(num_queries, path,
+                                                                                   small_spans):
+    # With few queries the fast dot search does not measure the corpus rows: a detector row
+    # multiplied with the queries proves them fit (minisbert/fast/retrieval.py, `_detector`), and a
+    # span it fails is checked again as the plain search checks it. Two rows in the third span:
+    generator = torch.Generator().manual_seed(num_queries)
+    queries, corpus = torch.randn(num_queries, 4, generator=generator), torch.randn(600, 4, generator=generator)
+    # Row 450 is orthogonal to every query, so each of its scores is 0, but its norm times the
+    # largest query's (1e20 x 1.7e19) is beyond what the plain search accepts.
+    queries[:, 3], queries[0, :3] = 0.0, 1e19
+    corpus[450] = torch.tensor([0.0, 0.0, 0.0, 1e20])
+    with pytest.raises(ValueError, match="queries row 0 .* and corpus row 450 .* may score beyond float32"):
+        search(queries, corpus, 5, score="dot", **path)
+    # Row 451's entries of 1e38 sum beyond float32 in the detector's product, but with queries of
+    # norm below 1 no score can pass float32's range: the plain search accepts it, and so does
+    # every path, with the same answer.
+    queries, corpus[450], corpus[451] = queries[:, :3].clamp(-1, 1) / 4, 0.0, 1e38
+    queries = torch.cat([queries, torch.zeros(num_queries, 1)], dim=1)
+    scores, indices = search(queries, corpus, 5, score="dot", **path)
+    plain_scores, plain_indices = search(queries, corpus, 5, score="dot", fast=False)
+    assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
+
+
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_embeddings_are_named(score, bad_value, path):
@@ -735,7 +759,7 @@ def small_spans(monkeypatch):
 
 
 @pytest.mark.parametrize("score", SCORES)
-@pytest.mark.parametrize("num_queries", [1, 2, 16, 1000])
+@pytest.mark.parametrize("num_queries", [1, 2, 5, 16, 1000])
 @pytest.mark.parametrize("corpus_form", ["embeddings", "prepared", "saved and loaded"])
 def test_every_path_at_every_number_of_queries_matches_brute_force(score, num_queries, corpus_form, path,
                                                                    small_spans, tmp_path):
@@ -763,7 +787,7 @@ def test_every_path_at_every_number_of_queries_matches_brute_force(score, num_qu
 
 
 @pytest.mark.parametrize("score", SCORES)
-@pytest.mark.parametrize("num_queries", [1, 2, 16, 1000])
+@pytest.mark.parametrize("num_queries", [1, 2, 5, 16, 1000])
 def test_random_embeddings_at_every_number_of_queries(score, num_queries, small_spans):
     # Ordinary embeddings: the fast path and a prepared corpus rank as brute force does, with
     # scores equal to float32 rounding (see assert_matches_brute_force).

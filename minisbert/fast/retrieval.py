@@ -10,15 +10,22 @@ every such read stalls the device.
 
 A few queries. With few queries (at most FEW_QUERIES) the product does little arithmetic per
 corpus row, and the search can go no faster than the corpus can be read from memory: reading it
-once is the least any exact search must do. `_search_few` takes the corpus a span at a time: one
-product for the span's scores, one pass for its rows' norms (which the checks and cosine need),
-then one check, one filter and one merge for the whole span (below), so that a call costs a few
-dozen torch calls per span rather than per block. Measuring the rows is a second read of them:
-torch has no call that multiplies and measures in one pass, and reading a piece a second time
-while it was still in the cache measured no faster (bench/retrieval.py, 2-core Intel Xeon), so a
-call over embeddings as given costs about two reads of the corpus. Over a prepared corpus
-(minisbert/search.py) nothing is left to check or measure, and a span is one product: about one
-read. With a bfloat16 copy kept, the screen (below) reads half the bytes.
+once is the least any exact search must do. `_search_few` takes the corpus a span at a time, with
+one product for the span's (Q, span) scores, then one check, one filter and one merge for the
+whole span (as below), so that a call costs a few dozen torch calls per span rather than per
+block. What else it reads depends on the score:
+- a dot product over embeddings as given is checked without measuring the rows: one more row,
+  the detector, is multiplied with the span beside the queries, and its scores are finite only
+  if every row is fit to search (`_detector`). One read of the corpus;
+- cosine and euclidean need every row's norm (the scores are divided by it, or use its square),
+  and measuring the rows is a second read of them: torch has no call that multiplies and
+  measures in one pass, and measuring a piece while it was still in the cache measured no faster
+  (bench/retrieval.py, 2-core Intel Xeon). About two reads;
+- a prepared corpus (minisbert/search.py) has nothing left to check or measure: one read. From
+  SCREENED_FEW_QUERIES queries, its bfloat16 copy, where one is kept, screens each span (below)
+  and reads half the bytes.
+The first span is short, so that the running k-th best is known early: every later span is
+filtered against it rather than sorted.
 
 Many queries. The matrix product costs 2·Q·N·d FLOP and is compute-bound when the
 query chunk is large (BLAS-3), so the time to beat is the product itself; choosing the k best must
@@ -67,13 +74,27 @@ from .screen import F32_UNIT, GROUP_SIZE, _merge_candidates, _Screen
 # chunks need no preparing, blocks of queries won from 64 and tied at 32.
 FEW_QUERIES = 64
 FEW_QUERIES_PREPARED = 32
-# The corpus piece a few-query search multiplies and measures in one call each: large, so that the
-# calls are few, and bounded, since a float16 or bfloat16 corpus is copied to float32 a piece at
-# a time.
+# From this many queries a few-query search over a prepared corpus with a bfloat16 copy screens
+# with it. With fewer, the bfloat16 product saves little (a product of 1 to 4 rows with a
+# bfloat16 span took 0.7 to 0.9 times as long as with the float32 span), and the first screens
+# let through too many entries to pay: the search took 1.4 to 1.6 times as long screened at 1, 2
+# and 4 queries, and 0.8 to 0.9 times as long at 8, 16 and 32 (200,000 x 384, same machine).
+SCREENED_FEW_QUERIES = 8
+# A few-query search over a corpus stored in another dtype than float32 copies it to float32 this
+# many bytes at a time.
 PIECE_BYTES = 64 * 2**20
-# Rows of corpus whose scores a few-query search checks, filters and merges at once: each span
-# costs a few dozen torch calls, so spans are long.
-SPAN_ROWS = 2**17
+# Rows of corpus a few-query search multiplies, checks, filters and merges at once: each span
+# costs a few dozen torch calls, so spans are long. The first span is short (see `_search_few`).
+# No span is a multiple of 4096 rows long: the (Q, span) scores would then have rows 16 KB apart
+# or a power of two more, which the cache maps onto the same few sets, and a product of 4 to 12
+# query rows with 2^17 corpus rows took 2 to 2.4 times as long as with 2^17 - 64 (2-core Intel
+# Xeon with AMX, MKL 2024.2, d = 384). Spans of 2^19 - 64 rows were up to 7% faster than of
+# 2^17 - 64 at 1 query over 200,000 and 1,000,000 rows, and no slower at 16.
+SPAN_ROWS = 2**19 - GROUP_SIZE
+# ... and a span's (Q', span) float32 scores hold at most this many entries (16 MB): at 32
+# queries, spans of 2^18 rows made a screened search 1.4 times as long as spans of 2^17.
+SPAN_ENTRIES = 2**22
+FIRST_SPAN_ROWS = 4096 - GROUP_SIZE
 
 def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (Q, k) scores (ranking keys 2 q·c - |c|² for euclidean) and corpus indices, best
@@ -86,8 +107,10 @@ def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.T
         bf16_screen = inputs.device.type == "cpu" and cpu.native_bfloat16()
     few = FEW_QUERIES if inputs.prepared is None else FEW_QUERIES_PREPARED
     if inputs.queries.shape[0] <= min(few, inputs.query_chunk_size):
-        # Few queries read the corpus a span at a time; a screen pays only where its copy is kept.
-        return _search_few(inputs, kept if bf16_screen else None)
+        # Few queries read the corpus a span at a time; a screen pays only where its copy is kept,
+        # and only from SCREENED_FEW_QUERIES queries.
+        screened = bf16_screen and inputs.queries.shape[0] >= SCREENED_FEW_QUERIES
+        return _search_few(inputs, kept if screened else None)
     return _search_many(inputs, bf16_screen)
 
 
@@ -97,76 +120,129 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
     num_queries, num_docs, dim, k = queries.shape[0], inputs.corpus.shape[0], queries.shape[1], inputs.k
     top_scores = torch.full((num_queries, k), -torch.inf, device=device)  # (Q, k)
     top_indices = torch.full_like(top_scores, -1, dtype=torch.long)  # (Q, k)
-    # A span's (rows, Q) scores take no more memory than a block of the search by blocks would,
-    # (corpus_chunk_size, query_chunk_size), and it is made of whole pieces.
+    factors = _factors(inputs)  # (Q', d): the queries, then the detector row if any
+    # A span's (Q', rows) scores take no more memory than a block of the search by blocks would,
+    # (query_chunk_size, corpus_chunk_size). A corpus stored in another dtype than float32 is
+    # copied to float32 a piece at a time, so its spans are one piece long.
     block_entries = inputs.corpus_chunk_size * inputs.query_chunk_size
-    span_limit = max(1, min(SPAN_ROWS, block_entries // max(num_queries, 1)))
-    piece = min(max(GROUP_SIZE, PIECE_BYTES // (4 * dim) // GROUP_SIZE * GROUP_SIZE), span_limit)
-    span = span_limit // piece * piece
+    span = min(SPAN_ROWS, min(SPAN_ENTRIES, block_entries) // max(1, factors.shape[0]))
+    if inputs.corpus.dtype != torch.float32 or inputs.corpus.device != device:
+        span = min(span, PIECE_BYTES // (4 * dim))
+    span = _span_length(span)
     height = -(-min(span, num_docs) // GROUP_SIZE) * GROUP_SIZE
-    block_buffer = torch.empty(height, num_queries, device=device)  # (H, Q) corpus rows, queries
-    unit_buffer = None
-    if score == "cosine" and inputs.prepared is None:
-        unit_buffer = torch.empty(min(piece, num_docs), dim, device=device)
-    size_buffer = torch.empty(height, device=device)
+    block_buffer = torch.empty(factors.shape[0] * height, device=device)
     screen = None
     if kept_screen is not None and num_queries > 0:
         screen = _Screen(queries, score, num_queries, height, kept=True)
 
-    for span_start in range(0, num_docs, span):
-        span_rows = min(span, num_docs - span_start)
+    # The first span is short: its top-k is found by sorting (`_entry_floor`), which costs far more
+    # per score than the group filter that every later span goes through against its k-th best.
+    first = min(span, _span_length(max(FIRST_SPAN_ROWS, 4 * k + GROUP_SIZE)))
+    for span_start in [0, *range(first, num_docs, span)]:
+        span_rows = min(first if span_start == 0 else span, num_docs - span_start)
         if screen is not None and torch.isfinite(top_scores[:, -1]).all():
             rows, sizes = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
             screen.load_chunk(rows, _largest_norm(sizes, score, dim), sizes,
                               kept_screen[span_start : span_start + span_rows])
             if screen.merge(slice(0, num_queries), inputs.excluded, span_start, top_scores, top_indices):
                 continue
-        block = block_buffer[: -(-span_rows // GROUP_SIZE) * GROUP_SIZE]  # (H', Q)
-        if inputs.prepared is not None:  # nothing to check or normalise: one product per span
-            _score_rows(*inputs.corpus_chunk(span_start, size=span_rows), queries, score, block[:span_rows])
-        else:
-            _score_span(inputs, span_start, span_rows, piece, size_buffer, unit_buffer, block)
+        width = -(-span_rows // GROUP_SIZE) * GROUP_SIZE
+        block = block_buffer[: factors.shape[0] * width].view(-1, width)  # (Q', W) queries, corpus rows
+        _score_span(inputs, span_start, span_rows, factors, block[:, :span_rows])
         if num_queries == 0:  # the corpus is still checked, as the plain search checks it
             continue
         with _one_thread(device):
-            if span_rows < block.shape[0]:
-                block[span_rows:] = -torch.inf
+            scores = block[:num_queries]  # (Q, W)
+            if span_rows < width:
+                scores[:, span_rows:] = -torch.inf
             if inputs.excluded is not None:
-                drop_excluded(block[:span_rows].T, inputs.excluded, 0, span_start)
-            _merge_block(block, span_start, top_scores, top_indices)
+                drop_excluded(scores[:, :span_rows], inputs.excluded, 0, span_start)
+            _merge_block(scores, span_start, top_scores, top_indices)
     return top_scores, top_indices
 
 
-def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, piece: int, size_buffer: torch.Tensor,
-                unit_buffer: torch.Tensor | None, block: torch.Tensor) -> None:
-    """Check the `span_rows` corpus rows from `span_start` and write their (span_rows, Q) scores
-    (ranking keys for euclidean) into `block`.
+def _span_length(rows: int) -> int:
+    """At most `rows` (at least one group), in whole groups, and not a multiple of 4096 (see
+    SPAN_ROWS)."""
+    span = max(GROUP_SIZE, rows // GROUP_SIZE * GROUP_SIZE)
+    return span - GROUP_SIZE if span % 4096 == 0 else span
 
-    Each piece is measured (the sizes the checks need) and multiplied, and the sizes of the whole
-    span are checked at once. A cosine divides the products by the row norms, (q·c) / |c|, rather
-    than the rows before the product, q·(c / |c|), as the plain search does: the two agree to
-    float32 rounding, and dividing the (span_rows, Q) products is much less work than dividing the
-    rows. A span that fails the quick check (a row that is not finite, so small or so large that
-    its squares left float32's range, or a score that could) is done again piece by piece as the
-    plain search does it, which raises where the plain search raises.
+
+def _factors(inputs: SearchInputs) -> torch.Tensor:
+    """(Q', d) what a few-query search multiplies each corpus span with: the Q queries, and for a
+    dot product over embeddings as given one more row, the detector, which proves the corpus fit
+    for the search without measuring it (`_detector`)."""
+    if inputs.score == "dot" and inputs.prepared is None:
+        return torch.cat([inputs.queries, _detector(inputs)[None]])
+    return inputs.queries
+
+
+def _detector(inputs: SearchInputs) -> torch.Tensor:
+    """(d,) the detector row of a dot-product search over embeddings as given: every entry s =
+    max(1, 8·√d·|q|), |q| the largest query norm.
+
+    The plain search refuses a corpus row that is not finite, or whose norm |c| could make a score
+    pass float32's range (|q| |c| above LARGEST_SCORE, just under 2^127; see
+    minisbert/search_inputs.py). Finding |c| takes a second pass over the rows. The detector's
+    product with a row, s·Σ c_j, comes with the scores instead, and it is finite only when the
+    row passes: a NaN or an inf in the row makes it NaN or inf; and since every step of a float32
+    sum, fused or not, overflows when one of its terms s·c_j reaches 2^129 (twice float32's
+    largest number), a finite product means every |c_j| < 2^129 / s, so |c| < √d·2^129 / s
+    <= 2^126 / |q| and |q| |c| < 2^126. The converse need not hold: a row of very large entries
+    can make the product overflow although the row passes, and then its span is checked again
+    as the plain search checks it (`_score_span`), which only costs time.
     """
-    queries, score, sizes = inputs.queries, inputs.score, size_buffer[:span_rows]
-    for start in range(span_start, span_start + span_rows, piece):
-        rows = inputs.corpus[start : start + piece].to(device=inputs.device, dtype=torch.float32)  # (n, d)
-        part = slice(start - span_start, start - span_start + rows.shape[0])
-        quick_sizes(rows, score, out=sizes[part])  # (n,)
-        _score_rows(rows, sizes[part], queries, score, block[part])
-    if not sizes_are_ordinary(sizes, score, inputs.largest_query_size):
-        for start in range(span_start, span_start + span_rows, piece):
-            rows, sizes = inputs.corpus_chunk(start, out=unit_buffer, size=piece)  # checked, unit rows for cosine
-            _score_rows(rows, sizes, queries, score, block[start - span_start : start - span_start + rows.shape[0]])
-    elif score == "cosine":
-        block[:span_rows] /= sizes[:, None]
+    largest = 0.0 if inputs.largest_query_size is None else inputs.largest_query_size[1]
+    scale = max(1.0, 8 * inputs.queries.shape[1] ** 0.5 * largest)
+    return torch.full((inputs.queries.shape[1],), scale, device=inputs.device)
 
 
-def _score_rows(rows: torch.Tensor, sizes: torch.Tensor, queries: torch.Tensor, score: str, out: torch.Tensor) -> None:
-    """Write the (n, Q) scores (ranking keys 2 q·c - |c|² for euclidean) of (n, d) rows as scored,
-    with their (n,) sizes, against (Q, d) queries into `out`."""
+def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: torch.Tensor,
+                block: torch.Tensor) -> None:
+    """Check the `span_rows` corpus rows from `span_start` and write their (Q', span_rows) scores
+    (ranking keys for euclidean) into `block`: one row per query, and for a dot product over
+    embeddings as given, the detector's row last (`_detector`).
+
+    One product makes the scores. A prepared corpus needs nothing more. Over embeddings as given, a
+    dot product is checked by its detector row; cosine and euclidean need the rows' sizes, measured
+    in a second pass over the span. A cosine then divides the products by the row norms,
+    (q·c) / |c|, rather than the rows before the product, q·(c / |c|), as the plain search does:
+    the two agree to float32 rounding, and dividing the (Q, span_rows) products is much less work
+    than dividing the rows. A span that fails the quick check (a row that is not finite, so small
+    or so large that its squares left float32's range, or a score that could) is done again piece
+    by piece as the plain search does it, which raises where the plain search raises.
+    """
+    score, end = inputs.score, span_start + span_rows
+    if inputs.prepared is not None:
+        rows, sizes = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
+        _score_rows(rows, sizes, factors, score, block.T)
+        return
+    rows = inputs.corpus[span_start:end].to(device=inputs.device, dtype=torch.float32)  # (n, d)
+    if score == "dot":
+        _score_rows(rows, None, factors, score, block.T)
+        detected = block[inputs.queries.shape[0]]  # the detector's row, after the queries'
+        smallest, largest = (float(value) for value in torch.aminmax(detected))
+        ordinary = -torch.inf < smallest and largest < torch.inf  # False for NaN too
+    else:
+        sizes = quick_sizes(rows, score)  # (n,)
+        ordinary = sizes_are_ordinary(sizes, score, inputs.largest_query_size)
+        if ordinary:
+            _score_rows(rows, sizes, factors, score, block.T)
+            if score == "cosine":
+                block /= sizes
+    if not ordinary:
+        piece = inputs.corpus_chunk_size
+        for start in range(span_start, end, piece):
+            rows, sizes = inputs.corpus_chunk(start, size=min(piece, end - start))  # checked, unit rows for cosine
+            part = block[: inputs.queries.shape[0], start - span_start : start - span_start + rows.shape[0]]
+            _score_rows(rows, sizes, inputs.queries, score, part.T)
+
+
+def _score_rows(rows: torch.Tensor, sizes: torch.Tensor | None, queries: torch.Tensor, score: str,
+                out: torch.Tensor) -> None:
+    """Write the (n, Q) scores (ranking keys 2 q·c - |c|² for euclidean, which needs the (n,)
+    sizes) of (n, d) rows as scored against (Q, d) queries into `out`. `out` may be the transpose
+    of a (Q, n) block: torch then computes the product in that layout, with the same bits."""
     if score == "euclidean":
         torch.addmm(-sizes[:, None], rows, queries.T, alpha=2, out=out)
     else:
@@ -215,7 +291,7 @@ def _search_many(inputs: SearchInputs, bf16_screen: bool) -> tuple[torch.Tensor,
                     block[chunk.shape[0] :] = -torch.inf
                 if inputs.excluded is not None:
                     drop_excluded(scores.T, inputs.excluded, query_start, doc_start)
-                _merge_block(block, doc_start, top_scores[rows], top_indices[rows])
+                _merge_block(block.T, doc_start, top_scores[rows], top_indices[rows])
     return top_scores, top_indices
 
 
@@ -231,29 +307,29 @@ def _largest_norm(sizes: torch.Tensor, score: str, dim: int) -> torch.Tensor:
 
 
 def _merge_block(
-    block: torch.Tensor, doc_start: int, top_scores: torch.Tensor, top_indices: torch.Tensor
+    scores: torch.Tensor, doc_start: int, top_scores: torch.Tensor, top_indices: torch.Tensor
 ) -> None:
-    """Merge one (H, Qc) score block (corpus rows, queries; H a multiple of GROUP_SIZE) into the
-    running (Qc, k) top-k, in place.
+    """Merge one (Qc, H) block of scores (queries, corpus rows; H a multiple of GROUP_SIZE) into
+    the running (Qc, k) top-k, in place. The block may be the transpose of an (H, Qc) one.
 
     A score enters only if it is strictly above its query's current k-th best: an equal score
     cannot, because its corpus index is higher than every index already held. To find those few
-    scores without comparing every one, each column is cut into groups of GROUP_SIZE corpus rows,
-    each group reduced to its maximum, and only groups whose maximum beats the k-th best are
-    opened.
+    scores without comparing every one, each query's scores are cut into groups of GROUP_SIZE
+    corpus rows, each group reduced to its maximum, and only groups whose maximum beats the k-th
+    best are opened.
     """
     k = top_scores.shape[1]
     kth = top_scores[:, -1]  # (Qc,)
-    floor = _entry_floor(block, kth, k)  # (Qc,) or None
-    groups = block.view(-1, GROUP_SIZE, block.shape[1])  # (H / G, G, Qc)
-    group_maxima = groups.amax(dim=1)  # (H / G, Qc)
-    promising = group_maxima > kth  # (H / G, Qc)
+    floor = _entry_floor(scores, kth, k)  # (Qc,) or None
+    groups = scores.unflatten(1, (-1, GROUP_SIZE))  # (Qc, H / G, G)
+    group_maxima = groups.amax(dim=2)  # (Qc, H / G)
+    promising = group_maxima > kth[:, None]  # (Qc, H / G)
     if floor is not None:
-        promising &= group_maxima >= floor
-    rows, group = promising.T.nonzero(as_tuple=True)  # (P,), (P,) query, group
+        promising &= group_maxima >= floor[:, None]
+    rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,) query, group
     if rows.numel() == 0:
         return
-    values = groups[group, :, rows]  # (P, G)
+    values = groups[rows, group]  # (P, G)
     enters = values > kth[rows, None]  # (P, G)
     if floor is not None:
         enters &= values >= floor[rows, None]
@@ -288,18 +364,18 @@ def _one_thread(device: torch.device):
         torch.set_num_threads(threads)
 
 
-def _entry_floor(block: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor | None:
-    """(Qc,) lowest score that may enter from this (H, Qc) block, or None if there is no floor.
+def _entry_floor(scores: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor | None:
+    """(Qc,) lowest score that may enter from this (Qc, H) block, or None if there is no floor.
 
     Only needed for queries whose running top-k is not full yet (kth = -inf, in the first chunk):
     there every finite score beats kth, so the block's own k-th best bounds the candidates.
     Ties at that value all stay candidates, so the stable sort still sees every contender.
     """
     not_full = torch.isneginf(kth)
-    if block.shape[0] <= k or not not_full.any():
+    if scores.shape[1] <= k or not not_full.any():
         return None
     if not_full.all():  # the usual case: the first chunk; spares a copy of the block
-        return block.topk(k, dim=0).values[-1]
+        return scores.topk(k, dim=1).values[:, -1]
     floor = torch.full_like(kth, -torch.inf)
-    floor[not_full] = block[:, not_full].topk(k, dim=0).values[-1]
+    floor[not_full] = scores[not_full].topk(k, dim=1).values[:, -1]
     return floor
