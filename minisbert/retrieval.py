@@ -65,7 +65,7 @@ def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
     `SearchInputs.corpus_chunk`, excluded pairs dropped block by block. Returns the (Q, k) scores
     (ranking keys for euclidean) and corpus indices, best first."""
     starts = range(0, inputs.corpus.shape[0], inputs.corpus_chunk_size)
-    chunks = (inputs.corpus_chunk(start) for start in starts)  # (Nc, d) rows as scored, (Nc,) sizes
+    chunks = (inputs.corpus_chunk(start) for start in starts)  # (Nc, d) rows as scored, (Nc,) norm terms
 
     def drop(block, query_start, doc_start):  # the pairs whose ids are equal
         drop_excluded(block, inputs.excluded, query_start, doc_start)
@@ -76,18 +76,18 @@ def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 def top_k_by_blocks(queries: torch.Tensor, chunks, k: int, score: str, query_chunk_size: int,
                     drop=None) -> tuple:
-    """The loop: for each corpus chunk (rows as scored, sizes) from `chunks`, for each query chunk,
+    """The loop: for each corpus chunk (rows as scored, norm terms) from `chunks`, for each query chunk,
     score the block, take its top k, merge. Returns the (Q, k) running top-k: scores (ranking keys
     for euclidean) and corpus indices. drop(block, query_start, doc_start), if given, sets entries
     never to return to -inf (search.py's excluded ids); they come out as padding, index -1."""
     num_queries, doc_start = queries.shape[0], 0
     top_scores = torch.full((num_queries, k), -torch.inf, device=queries.device)  # (Q, k) nothing seen yet
     top_indices = torch.full_like(top_scores, -1, dtype=torch.long)  # (Q, k)
-    for chunk, sizes in chunks:  # (Nc, d), (Nc,)
+    for chunk, norm_terms in chunks:  # (Nc, d), (Nc,)
         for query_start in range(0, num_queries, query_chunk_size):
             rows = slice(query_start, query_start + query_chunk_size)
             if score == "euclidean":
-                block = torch.addmm(-sizes, queries[rows], chunk.T, alpha=2)  # (Qc, Nc) 2 q·c - |c|²
+                block = torch.addmm(-norm_terms, queries[rows], chunk.T, alpha=2)  # (Qc, Nc) 2 q·c - |c|²
             else:
                 block = queries[rows] @ chunk.T  # (Qc, Nc)
             if drop is not None:

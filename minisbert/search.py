@@ -10,9 +10,10 @@ top-k, ties included:
   work: for a few queries, a span of the corpus at a time, checked, scored and merged in a few
   calls; for many, it skips most of the plain path's step 2 and, where the CPU multiplies bfloat16
   natively, most of step 1; its docstring says how. On a CUDA device the fast path is
-  minisbert/fast/device_search.py: the same three steps, queued for the GPU without waiting on it, block after block (the plain
-  loop reads results back to the host at every chunk, to check it and to drop excluded pairs),
-  with a corpus in CPU memory copied over while the previous chunk is scored.
+  minisbert/fast/device_search.py: the same three steps, queued for the GPU without waiting on
+  it, block after block (the plain loop reads results back to the host at every chunk, to check
+  it and to drop excluded pairs), with a corpus in CPU memory copied over while the previous
+  chunk is scored.
 
 On a GPU there are two ways to hold a large corpus (see minisbert/fast/device_search.py): on the
 GPU in float16, half the memory of float32 (8.8M x 768 takes 13.5 GB): `corpus.half().to("cuda")`;
@@ -122,7 +123,7 @@ def prepare_corpus(embeddings: torch.Tensor | np.ndarray, score: str = "cosine",
     if screen is None:
         screen = prepared.rows.device.type == "cpu" and cpu.native_bfloat16()
     if screen:
-        prepared.screen = screen_rows(prepared.rows, prepared.sizes, score)
+        prepared.screen = screen_rows(prepared.rows, prepared.norm_terms, score)
     return prepared
 
 
@@ -132,5 +133,5 @@ def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
     if screen is None:
         screen = cpu.native_bfloat16()
     if screen:
-        prepared.screen = screen_rows(prepared.rows, prepared.sizes, prepared.score)
+        prepared.screen = screen_rows(prepared.rows, prepared.norm_terms, prepared.score)
     return prepared

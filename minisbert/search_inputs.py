@@ -3,8 +3,13 @@
 The plain search (minisbert/retrieval.py) and the fast one (minisbert/fast/retrieval.py) both start
 from a `SearchInputs` and end with its `results`, so they accept, refuse and return exactly the
 same things. A corpus searched many times can be checked and made ready once: a `PreparedCorpus`
-holds its rows as they are scored (unit rows for cosine) and their sizes, and is saved and loaded
+holds its rows as they are scored (unit rows for cosine) and their norm terms, and is saved and loaded
 whole (minisbert/search.py: `prepare_corpus`, `load_corpus`).
+
+A row's norm term is what its score needs of its norm: the norm |c| for cosine (which divides by
+it) and dot (whose overflow bound uses it), the squared norm |c|² for euclidean, whose ranking key
+2 q·c - |c|² holds it. The squared norm is summed from the squares, not squared from the norm, so
+that it is exact for rows of small integers.
 
 What is checked here, for the queries and the corpus alike:
 
@@ -20,8 +25,10 @@ An input that fails gets a ValueError naming the input and the row. The corpus i
 chunk as it is scored: here by `SearchInputs.corpus_chunk`, which reads each chunk's outcome back
 to the host, and on a GPU by minisbert/fast/device_search.py, which keeps it on the device and
 reads it once at the end; both raise through `not_finite_error` and `check_scores_fit`, so the
-messages are the same. A prepared corpus was checked when it was prepared; a search over it checks
-only the queries, and the score bound against its largest row. Tested through every search in tests/test_retrieval.py and
+messages are the same. (The CPU fast path's few-query dot product checks a span by a detector row
+instead, and a span that fails is checked here: minisbert/fast/retrieval.py.) A prepared corpus was
+checked when it was prepared; a search over it checks only the queries, and the score bound
+against its largest row. Tested through every search in tests/test_retrieval.py and
 tests/test_device_search.py.
 """
 
@@ -36,6 +43,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .fileio import atomic_write
+from .similarity import row_norms, squared_row_norms
 
 SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
 
@@ -63,19 +71,21 @@ class PreparedCorpus:
     """A corpus checked once and kept as the search scores it (see `prepare`)."""
 
     rows: torch.Tensor  # (N, d) float32 rows as scored: unit rows for cosine
-    sizes: torch.Tensor  # (N,) float32: squared norms for euclidean, else the rows' norms as given
+    norm_terms: torch.Tensor  # (N,) float32: squared norms for euclidean, else the rows' norms as given
     score: str  # the score function the rows were prepared for
     screen: torch.Tensor | None = None  # (N, d') bfloat16 copy for the fast path's screen, if kept
 
     def save(self, path: str | Path) -> None:
-        """Write the rows, sizes and score function to one safetensors file, atomically. The
+        """Write the rows, norm terms and score function to one safetensors file, atomically. The
         screen is not saved: `load_corpus` makes it again, one pass over the rows."""
         metadata = {"format": CORPUS_FORMAT, "score": self.score}
-        tensors = {"rows": self.rows.contiguous().cpu(), "sizes": self.sizes.contiguous().cpu()}
+        tensors = {"rows": self.rows.contiguous().cpu(), "norm_terms": self.norm_terms.contiguous().cpu()}
         atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
-CORPUS_FORMAT = "minisbert prepared corpus 1"
+CORPUS_FORMAT = "minisbert prepared corpus 2"
+# Format 1 named the norm terms "sizes"; its files are read as they are.
+OLD_FORMATS = {"minisbert prepared corpus 1": "sizes"}
 
 
 def prepare(embeddings: torch.Tensor | np.ndarray, score: str) -> PreparedCorpus:
@@ -84,23 +94,23 @@ def prepare(embeddings: torch.Tensor | np.ndarray, score: str) -> PreparedCorpus
     corpus = _as_embedding_matrix(embeddings, "corpus")
     _check_arguments(corpus[:0], corpus, 1, score, 1, None)
     rows = torch.empty(corpus.shape, dtype=torch.float32, device=corpus.device)  # (N, d)
-    sizes = torch.empty(corpus.shape[0], dtype=torch.float32, device=corpus.device)  # (N,)
+    norm_terms = torch.empty(corpus.shape[0], dtype=torch.float32, device=corpus.device)  # (N,)
     for start in range(0, corpus.shape[0], DEFAULT_CORPUS_CHUNK_SIZE):
         end = start + DEFAULT_CORPUS_CHUNK_SIZE
-        rows[start:end], sizes[start:end] = scored_rows(corpus[start:end].to(torch.float32), score, start)
-    return PreparedCorpus(rows, sizes, score)
+        rows[start:end], norm_terms[start:end] = scored_rows(corpus[start:end].to(torch.float32), score, start)
+    return PreparedCorpus(rows, norm_terms, score)
 
 
 def scored_rows(chunk: torch.Tensor, score: str, start: int, largest_query: tuple[int, float] | None = None,
                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (n, d) float32 rows of `chunk`, numbered from `start`, checked (`checked_sizes`) and as
+    """The (n, d) float32 rows of `chunk`, numbered from `start`, checked (`checked_norm_terms`) and as
     `score` scores them: unit rows for cosine (written into `out` if given), else as they are; and
-    their (n,) sizes."""
-    sizes, _ = checked_sizes(chunk, score, "corpus", start, largest_query)  # (n,)
+    their (n,) norm terms."""
+    norm_terms, _ = checked_norm_terms(chunk, score, "corpus", start, largest_query)  # (n,)
     if score == "cosine":
         out = None if out is None else out[: chunk.shape[0]]
-        chunk = torch.div(chunk, sizes.clamp_min(TINY)[:, None], out=out)
-    return chunk, sizes
+        chunk = torch.div(chunk, norm_terms.clamp_min(TINY)[:, None], out=out)
+    return chunk, norm_terms
 
 
 def read_prepared(path: str | Path) -> PreparedCorpus:
@@ -114,14 +124,15 @@ def read_prepared(path: str | Path) -> PreparedCorpus:
         raise ValueError(f"{path}: no such file") from error
     except (OSError, SafetensorError) as error:
         raise ValueError(f"{path}: not a prepared corpus file ({error})") from error
-    if metadata.get("format") != CORPUS_FORMAT or metadata.get("score") not in SCORE_FUNCTIONS:
+    norm_key = "norm_terms" if metadata.get("format") == CORPUS_FORMAT else OLD_FORMATS.get(metadata.get("format"))
+    if norm_key is None or metadata.get("score") not in SCORE_FUNCTIONS:
         raise ValueError(f"{path}: not a prepared corpus file (metadata {json.dumps(metadata)}); write one "
                          "with minisbert.search.prepare_corpus(...).save(path)")
-    rows, sizes = tensors.get("rows"), tensors.get("sizes")
-    if rows is None or sizes is None or rows.ndim != 2 or sizes.shape != rows.shape[:1]:
-        raise ValueError(f"{path}: a prepared corpus needs 'rows' (N, d) and 'sizes' (N,), got "
+    rows, norm_terms = tensors.get("rows"), tensors.get(norm_key)
+    if rows is None or norm_terms is None or rows.ndim != 2 or norm_terms.shape != rows.shape[:1]:
+        raise ValueError(f"{path}: a prepared corpus needs 'rows' (N, d) and '{norm_key}' (N,), got "
                          f"{ {name: tuple(t.shape) for name, t in tensors.items()} }")
-    return PreparedCorpus(rows, sizes, metadata["score"])
+    return PreparedCorpus(rows, norm_terms, metadata["score"])
 
 
 @dataclass
@@ -129,7 +140,7 @@ class SearchInputs:
     """One search, checked: what `check_inputs` returns."""
 
     queries: torch.Tensor  # (Q, d) float32 on `device`; unit rows for cosine
-    query_sizes: torch.Tensor  # (Q,) float32 squared norms for euclidean, else norms (as given)
+    query_norm_terms: torch.Tensor  # (Q,) float32 squared norms for euclidean, else norms (as given)
     corpus: torch.Tensor  # (N, d) as given: any floating dtype, any device; read chunk by chunk
     k: int  # results per query: min(k asked for, N)
     score: str
@@ -139,22 +150,23 @@ class SearchInputs:
     device: torch.device
     return_numpy: bool  # both inputs were numpy arrays
     prepared: PreparedCorpus | None = None  # the corpus as prepared, when it was (corpus = its rows)
-    # (row, size) of the query with the largest size, for the score bound of dot and euclidean;
+    # (row, norm term) of the query with the largest norm term, for the score bound of dot and euclidean;
     # None where no bound applies (cosine, or no queries).
-    largest_query_size: tuple[int, float] | None = None
+    largest_query_norm_term: tuple[int, float] | None = None
 
     def corpus_chunk(
         self, doc_start: int, out: torch.Tensor | None = None, size: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The corpus chunk of `size` rows (default corpus_chunk_size) starting at row
         `doc_start`, checked: (Nc, d) float32 rows on the device, as they are scored (unit rows
-        for cosine, written into `out` if given), and their (Nc,) sizes: squared norms for
+        for cosine, written into `out` if given), and their (Nc,) norm terms: squared norms for
         euclidean (the ranking key needs them), else norms. A prepared corpus's are read as kept."""
         end = doc_start + (size or self.corpus_chunk_size)
         if self.prepared is not None:
-            return self.prepared.rows[doc_start:end].to(self.device), self.prepared.sizes[doc_start:end].to(self.device)
+            prepared = self.prepared
+            return prepared.rows[doc_start:end].to(self.device), prepared.norm_terms[doc_start:end].to(self.device)
         chunk = self.corpus[doc_start:end].to(device=self.device, dtype=torch.float32)  # (Nc, d)
-        return scored_rows(chunk, self.score, doc_start, self.largest_query_size, out)
+        return scored_rows(chunk, self.score, doc_start, self.largest_query_norm_term, out)
 
     def results(
         self, top_scores: torch.Tensor, top_indices: torch.Tensor
@@ -162,7 +174,7 @@ class SearchInputs:
         """Turn the running (Q, k) top-k (ranking keys 2 q·c - |c|² for euclidean) into what
         `search` returns: distances for euclidean, numpy arrays for numpy inputs."""
         if self.score == "euclidean":
-            squared = self.query_sizes[:, None] - top_scores  # (Q, k) |q|² - 2 q·c + |c|²
+            squared = self.query_norm_terms[:, None] - top_scores  # (Q, k) |q|² - 2 q·c + |c|²
             top_scores = squared.clamp_min(0).sqrt()
         if self.return_numpy:
             return top_scores.cpu().numpy(), top_indices.cpu().numpy()
@@ -200,16 +212,16 @@ def check_inputs(
         corpus_chunk_size = DEFAULT_CUDA_CORPUS_CHUNK_SIZE if cuda else DEFAULT_CORPUS_CHUNK_SIZE
 
     queries = queries.to(device=device, dtype=torch.float32)  # (Q, d)
-    query_sizes = row_sizes(queries, score)  # (Q,)
-    check_finite_rows(query_sizes, "queries", 0)
-    largest_query = _largest(query_sizes) if score != "cosine" and queries.shape[0] > 0 else None
+    query_norm_terms = row_norm_terms(queries, score)  # (Q,)
+    check_finite_rows(query_norm_terms, "queries", 0)
+    largest_query = _largest(query_norm_terms) if score != "cosine" and queries.shape[0] > 0 else None
     if score == "cosine":
-        queries = queries / query_sizes.clamp_min(TINY)[:, None]
+        queries = queries / query_norm_terms.clamp_min(TINY)[:, None]
     elif prepared is not None and largest_query is not None:  # checked against the prepared rows once
-        check_scores_fit(score, *largest_query, *_largest(prepared.sizes))
+        check_scores_fit(score, *largest_query, *_largest(prepared.norm_terms))
     return SearchInputs(
         queries=queries,
-        query_sizes=query_sizes,
+        query_norm_terms=query_norm_terms,
         corpus=corpus,
         k=min(k, corpus.shape[0]),
         score=score,
@@ -219,56 +231,58 @@ def check_inputs(
         device=device,
         return_numpy=return_numpy,
         prepared=prepared,
-        largest_query_size=largest_query,
+        largest_query_norm_term=largest_query,
     )
 
 
-def _largest(sizes: torch.Tensor) -> tuple[int, float]:
-    """(row, size) of the first largest of the (n,) sizes."""
-    row = int(sizes.argmax())
-    return row, float(sizes[row])
+def _largest(norm_terms: torch.Tensor) -> tuple[int, float]:
+    """(row, norm term) of the first largest of the (n,) norm terms."""
+    row = int(norm_terms.argmax())
+    return row, float(norm_terms[row])
 
 
-def row_sizes(matrix: torch.Tensor, score: str) -> torch.Tensor:
+def row_norm_terms(matrix: torch.Tensor, score: str) -> torch.Tensor:
     """(n,) what each score function needs of a row: its squared norm for euclidean, else its
     norm. NaN or inf exactly when the row holds a NaN or an inf, or is too large for float32."""
     return squared_row_norms(matrix) if score == "euclidean" else row_norms(matrix)
 
 
-def checked_sizes(
+def checked_norm_terms(
     chunk: torch.Tensor, score: str, name: str, start: int, largest_query: tuple[int, float] | None = None
 ) -> tuple[torch.Tensor, bool]:
-    """(n,) sizes of the (n, d) float32 rows of `chunk` (see `row_sizes`), numbered from `start`,
-    after checking them: every size finite and, given the (row, size) of the largest query, no
+    """(n,) norm terms of the (n, d) float32 rows of `chunk` (see `row_norm_terms`), numbered from `start`,
+    after checking them: every norm term finite and, given the (row, norm term) of the largest query, no
     score beyond float32's range; and whether every norm came out in float32's comfortable range
     (no row so small or so large that its squares underflow or overflow: see `row_norms`). One
     reduction and one read in the usual case; the rows that need care are found after."""
-    sizes = quick_sizes(chunk, score)
-    ordinary = sizes_are_ordinary(sizes, score)
+    norm_terms = quick_norm_terms(chunk, score)
+    ordinary = norm_terms_are_ordinary(norm_terms, score)
     if not ordinary:
-        sizes = row_sizes(chunk, score)
-        check_finite_rows(sizes, name, start)
-    if largest_query is not None and sizes.numel():
-        largest = float(sizes.max())
+        norm_terms = row_norm_terms(chunk, score)
+        check_finite_rows(norm_terms, name, start)
+    if largest_query is not None and norm_terms.numel():
+        largest = float(norm_terms.max())
         if score_bound(score, largest_query[1], largest) > LARGEST_SCORE:
-            check_scores_fit(score, largest_query[0], largest_query[1], start + int(sizes.argmax()), largest)
-    return sizes, ordinary
+            check_scores_fit(score, largest_query[0], largest_query[1], start + int(norm_terms.argmax()), largest)
+    return norm_terms, ordinary
 
 
-def quick_sizes(rows: torch.Tensor, score: str, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`row_sizes` in one pass, right for every row that `sizes_are_ordinary` passes."""
+def quick_norm_terms(rows: torch.Tensor, score: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`row_norm_terms` in one pass, right for every row that `norm_terms_are_ordinary` passes."""
     if score == "euclidean":
         return torch.linalg.vecdot(rows, rows, out=out)
     return torch.linalg.vector_norm(rows, dim=1, out=out)
 
 
-def sizes_are_ordinary(sizes: torch.Tensor, score: str, largest_query: tuple[int, float] | None = None) -> bool:
-    """Whether the (n,) sizes from `quick_sizes` need no second look: all finite, no norm so small
-    that its squares may have underflowed (below 2^-60), and, given the (row, size) of the largest
+def norm_terms_are_ordinary(
+    norm_terms: torch.Tensor, score: str, largest_query: tuple[int, float] | None = None
+) -> bool:
+    """Whether the (n,) norm terms from `quick_norm_terms` need no second look: all finite, no norm so small
+    that its squares may have underflowed (below 2^-60), and, given the (row, norm term) of the largest
     query, no score that could pass float32's range. One reduction and one read."""
-    if sizes.numel() == 0:
+    if norm_terms.numel() == 0:
         return True
-    smallest, largest = (float(value) for value in torch.aminmax(sizes))
+    smallest, largest = (float(value) for value in torch.aminmax(norm_terms))
     # Written so that a NaN fails the test too.
     ordinary = largest < float("inf") and (score == "euclidean" or smallest >= 2.0**-60)
     if largest_query is not None and ordinary:
@@ -276,36 +290,15 @@ def sizes_are_ordinary(sizes: torch.Tensor, score: str, largest_query: tuple[int
     return ordinary
 
 
-def row_norms(matrix: torch.Tensor) -> torch.Tensor:
-    """(n,) Euclidean norms of the rows. Squares beyond float32's range overflow to inf or
-    underflow to zero, so a row whose norm comes out as inf or below 2^-60 is measured again after
-    dividing by its largest entry (otherwise a row of entries near 1e30 would have norm inf, one
-    of entries near 1e-30 norm 0)."""
-    norms = torch.linalg.vector_norm(matrix, dim=1)  # (n,)
-    redo = ((norms < 2.0**-60) | torch.isposinf(norms)).nonzero()[:, 0]  # (r,)
-    if redo.numel():
-        rows = matrix[redo]  # (r, d)
-        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(TINY)  # (r, 1)
-        norms[redo] = scale[:, 0] * torch.linalg.vector_norm(rows / scale, dim=1)
-    return norms
-
-
-def squared_row_norms(matrix: torch.Tensor) -> torch.Tensor:
-    """(n,) squared Euclidean norms of the rows."""
-    # Summing squares directly (not squaring a norm) keeps |c|² exact for integer-valued rows, so
-    # rows at equal distance get exactly equal ranking keys.
-    return torch.linalg.vecdot(matrix, matrix)
-
-
-def check_finite_rows(sizes: torch.Tensor, name: str, start: int) -> None:
-    """Raise naming the first of the (n,) rows, numbered from `start`, whose size is NaN or inf."""
-    finite = torch.isfinite(sizes)  # (n,)
+def check_finite_rows(norm_terms: torch.Tensor, name: str, start: int) -> None:
+    """Raise naming the first of the (n,) rows, numbered from `start`, whose norm term is NaN or inf."""
+    finite = torch.isfinite(norm_terms)  # (n,)
     if not finite.all():
         raise not_finite_error(name, start + int(finite.logical_not().nonzero()[0]))
 
 
 def not_finite_error(name: str, row: int) -> ValueError:
-    """The error for row `row` of `name` ("queries" or "corpus"), whose size is NaN or inf."""
+    """The error for row `row` of `name` ("queries" or "corpus"), whose norm term is NaN or inf."""
     return ValueError(
         f"{name} row {row} contains NaN or inf, or values too large for float32; embed it "
         f"again or drop it"
@@ -313,14 +306,14 @@ def not_finite_error(name: str, row: int) -> ValueError:
 
 
 def check_scores_fit(
-    score: str, query_row: int, query_size: float, doc_row: int, doc_size: float
+    score: str, query_row: int, query_term: float, doc_row: int, doc_term: float
 ) -> None:
-    """Raise if the query row and the corpus row with the largest sizes (norms, or squared norms
-    for euclidean; see `row_sizes`) could score beyond float32. Plain numbers, read from the
+    """Raise if the query row and the corpus row with the largest norm terms (norms, or squared norms
+    for euclidean; see `row_norm_terms`) could score beyond float32. Plain numbers, read from the
     device by the caller: `SearchInputs.corpus_chunk` reads them chunk by chunk, the device
     search (minisbert/fast/device_search.py) all at once at the end."""
-    if score_bound(score, query_size, doc_size) > LARGEST_SCORE:
-        query_norm, doc_norm = (query_size**0.5, doc_size**0.5) if score == "euclidean" else (query_size, doc_size)
+    if score_bound(score, query_term, doc_term) > LARGEST_SCORE:
+        query_norm, doc_norm = (query_term**0.5, doc_term**0.5) if score == "euclidean" else (query_term, doc_term)
         raise ValueError(
             f"queries row {query_row} (norm {query_norm:.3g}) and corpus row {doc_row} "
             f"(norm {doc_norm:.3g}) may score beyond float32 with score={score!r}; scale the "
@@ -328,11 +321,11 @@ def check_scores_fit(
         )
 
 
-def score_bound(score: str, query_size: float, doc_size: float) -> float:
-    """The largest |score| a query and a row of these sizes (see `row_sizes`) can have."""
+def score_bound(score: str, query_term: float, doc_term: float) -> float:
+    """The largest |score| a query and a row of these norm terms (see `row_norm_terms`) can have."""
     if score == "euclidean":
-        return (query_size**0.5 + doc_size**0.5) ** 2
-    return query_size * doc_size
+        return (query_term**0.5 + doc_term**0.5) ** 2
+    return query_term * doc_term
 
 
 def drop_excluded(

@@ -14,8 +14,10 @@ an (n, m) matrix in which larger means more similar:
 `similarity_pairwise` compares a_i with b_i only, an (n,) vector of the same functions.
 
 The cosine and the distances are computed here and nowhere else: the training objectives
-(losses.py), the STS evaluation (evaluation.py) and the search's checks call `cosine_matrix`,
-`pairwise_cosine` and `pairwise_distance` on tensors, differentiably.
+(losses.py) and the STS evaluation (evaluation.py) call `cosine_matrix`, `pairwise_cosine` and
+`pairwise_distance` on tensors, differentiably. The search (search_inputs.py) measures its rows
+with `row_norms` and `squared_row_norms`, which stay right for rows whose squares leave float32's
+range, and divides by the norms or uses the squares in its ranking key.
 
 These are sentence-transformers' `SentenceTransformer.similarity` and `similarity_pairwise`
 functions; tests/test_similarity.py checks each against its definition computed entry by entry in
@@ -44,6 +46,27 @@ def pairwise_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def pairwise_distance(a: torch.Tensor, b: torch.Tensor, ord: float = 2.0) -> torch.Tensor:
     """(n,) ||a_i - b_i|| of a and b (n, D): euclidean (ord 2) or manhattan (ord 1)."""
     return torch.linalg.vector_norm(a - b, ord=ord, dim=-1)  # (n,)
+
+
+def row_norms(matrix: torch.Tensor) -> torch.Tensor:
+    """(n,) Euclidean norms of the rows. Squares beyond float32's range overflow to inf or
+    underflow to zero, so a row whose norm comes out as inf or below 2^-60 is measured again after
+    dividing by its largest entry (otherwise a row of entries near 1e30 would have norm inf, one
+    of entries near 1e-30 norm 0)."""
+    norms = torch.linalg.vector_norm(matrix, dim=1)  # (n,)
+    redo = ((norms < 2.0**-60) | torch.isposinf(norms)).nonzero()[:, 0]  # (r,)
+    if redo.numel():
+        rows = matrix[redo]  # (r, d)
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(matrix.dtype).tiny)  # (r, 1)
+        norms[redo] = scale[:, 0] * torch.linalg.vector_norm(rows / scale, dim=1)
+    return norms
+
+
+def squared_row_norms(matrix: torch.Tensor) -> torch.Tensor:
+    """(n,) squared Euclidean norms of the rows."""
+    # Summing squares directly (not squaring a norm) keeps |c|² exact for integer-valued rows, so
+    # rows at equal distance get exactly equal ranking keys.
+    return torch.linalg.vecdot(matrix, matrix)
 
 
 def similarity(a, b, function: str = "cosine") -> torch.Tensor:

@@ -828,6 +828,20 @@ def test_a_file_that_is_not_a_prepared_corpus_is_named(tmp_path):
         load_corpus(path)
 
 
+def test_a_prepared_corpus_file_of_the_first_format_still_loads(tmp_path):
+    # Format 1 stored the norm terms under the name "sizes".
+    from safetensors.torch import save_file
+
+    corpus = prepare_corpus(torch.randn(40, 8), score="euclidean", screen=False)
+    path = tmp_path / "corpus.safetensors"
+    save_file({"rows": corpus.rows, "sizes": corpus.norm_terms}, str(path),
+              metadata={"format": "minisbert prepared corpus 1", "score": "euclidean"})
+    loaded = load_corpus(path, screen=False)
+    assert torch.equal(loaded.rows, corpus.rows) and torch.equal(loaded.norm_terms, corpus.norm_terms)
+    queries = torch.randn(3, 8)
+    assert all(torch.equal(a, b) for a, b in zip(search(queries, loaded, 5), search(queries, corpus, 5)))
+
+
 def test_the_readmes_search_example_runs(tmp_path, monkeypatch, minilm):
     # The README's "Searching your own corpus" code, as written, with `documents` defined.
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

@@ -20,12 +20,12 @@ Here every step has a size known in advance, so a whole search is queued in one 
   keys picks exactly the entries the plain path's stable sort puts first. The running top-k is
   kept as keys too: merging is a topk over [running, block's best]. `_decode` turns the keys back
   into scores and rows at the end.
-- Checks without reading each chunk's outcome: per chunk, the first row whose size is not finite
-  and the row with the largest size are kept on the device (`_CorpusChecks`), read back once, and
+- Checks without reading each chunk's outcome: per chunk, the first row whose norm term is not
+  finite and the row with the largest norm term are kept on the device (`_CorpusChecks`), read back once, and
   raised in the plain path's order with its messages.
 - Row norms without the plain path's second pass for rows whose squares overflow or underflow
   (which must find those rows first): norms are summed in float64, where the square of any
-  float32 value fits, and rounded to float32 (`_row_sizes`).
+  float32 value fits, and rounded to float32 (`_row_norm_terms`).
 - Excluded (query id == corpus id) pairs are grouped by block once, before the loop
   (`_ExcludedPairs`); each block sets its own pairs to -inf with index tensors.
 
@@ -47,13 +47,8 @@ the absence of host reads per chunk in tests/test_device_search.py.
 
 import torch
 
-from ..search_inputs import (
-    TINY,
-    SearchInputs,
-    check_scores_fit,
-    not_finite_error,
-    squared_row_norms,
-)
+from ..search_inputs import TINY, SearchInputs, check_scores_fit, not_finite_error
+from ..similarity import squared_row_norms
 
 # The low half of a key holds 2^32 - 1 - corpus row, so rows up to 2^32 - 1 fit.
 LOW_BITS = 2**32 - 1
@@ -88,17 +83,17 @@ def device_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
     for chunk_number, doc_start in enumerate(range(0, num_docs, corpus_chunk_size)):
         chunk = chunks.get(chunk_number).float()  # (Nc, d) float32, upcast on the device
         doc_rows = columns[: chunk.shape[0]] + doc_start  # (Nc,) corpus rows
-        sizes = _row_sizes(chunk, score)  # (Nc,)
-        checks.add(sizes, doc_rows, doc_start)
+        norm_terms = _row_norm_terms(chunk, score)  # (Nc,)
+        checks.add(norm_terms, doc_rows, doc_start)
         if score == "cosine":
-            chunk = chunk / sizes.clamp_min(TINY)[:, None]  # (Nc, d) unit rows
+            chunk = chunk / norm_terms.clamp_min(TINY)[:, None]  # (Nc, d) unit rows
         low_bits = LOW_BITS - doc_rows  # (Nc,) the low halves of this chunk's keys
         for query_number, query_start in enumerate(range(0, num_queries, query_chunk_size)):
             rows = slice(query_start, query_start + query_chunk_size)
             query_chunk = queries[rows]  # (Qc, d)
             # The plain path's products, so the scores are the same.
             if score == "euclidean":
-                block = torch.addmm(-sizes, query_chunk, chunk.T, alpha=2)  # (Qc, Nc) 2 q·c - |c|²
+                block = torch.addmm(-norm_terms, query_chunk, chunk.T, alpha=2)  # (Qc, Nc) 2 q·c - |c|²
             else:
                 block = query_chunk @ chunk.T  # (Qc, Nc)
             if excluded is not None:
@@ -142,13 +137,13 @@ def _decode(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scores, torch.where(scores == -torch.inf, -1, rows)
 
 
-def _row_sizes(chunk: torch.Tensor, score: str) -> torch.Tensor:
-    """(Nc,) sizes of the (Nc, d) float32 rows, as `minisbert.search_inputs.row_sizes` defines
-    them: squared norms for euclidean (the same function), else norms, computed without any read
-    back to the host.
+def _row_norm_terms(chunk: torch.Tensor, score: str) -> torch.Tensor:
+    """(Nc,) norm terms of the (Nc, d) float32 rows, as `minisbert.search_inputs.row_norm_terms`
+    defines them: squared norms for euclidean (the same function), else norms, computed without
+    any read back to the host.
 
-    The plain path's `row_norms` sums squares in float32, finds the rows whose sums overflowed or
-    underflowed, and measures them again: finding them reads the device. Summed in float64, no
+    The plain path's `row_norms` (minisbert/similarity.py) sums squares in float32, finds the rows
+    whose sums overflowed or underflowed, and measures them again: finding them reads the device. Summed in float64, no
     square of a float32 overflows (3.4e38² = 1.2e77) or underflows (the smallest float32,
     1.4e-45, squares to 2e-90), so one pass gives every norm, and rounding it to float32 gives
     inf exactly for rows too large for float32 (or holding inf or NaN), as the checks expect.
@@ -162,7 +157,7 @@ def _row_sizes(chunk: torch.Tensor, score: str) -> torch.Tensor:
 class _CorpusChecks:
     """The corpus checks of `SearchInputs.corpus_chunk`, kept on the device and read once.
 
-    For each chunk: the first row whose size is NaN or inf, and the row with the largest size.
+    For each chunk: the first row whose norm term is NaN or inf, and the row with the largest norm term.
     `raise_if_failed` reads them all back at once and goes through the chunks in order, as the
     plain path would have, so the first failure it raises is the one the plain path raises.
     """
@@ -172,12 +167,12 @@ class _CorpusChecks:
         self.num_docs = inputs.corpus.shape[0]
         # Cosine scores lie in [-1, 1]; with no queries nothing is scored.
         self.fit_checked = inputs.score != "cosine" and inputs.queries.shape[0] > 0
-        self.per_chunk = []  # (3,) float64 each: first bad row (num_docs if none), largest size, its row
+        self.per_chunk = []  # (3,) float64 each: first bad row (num_docs if none), largest norm term, its row
 
-    def add(self, sizes: torch.Tensor, doc_rows: torch.Tensor, doc_start: int) -> None:
-        """Note a chunk: its (Nc,) sizes and (Nc,) corpus rows."""
-        first_bad = torch.where(torch.isfinite(sizes), self.num_docs, doc_rows).amin()
-        largest, column = sizes.max(dim=0)  # the first of equal maxima, as argmax gives
+    def add(self, norm_terms: torch.Tensor, doc_rows: torch.Tensor, doc_start: int) -> None:
+        """Note a chunk: its (Nc,) norm terms and (Nc,) corpus rows."""
+        first_bad = torch.where(torch.isfinite(norm_terms), self.num_docs, doc_rows).amin()
+        largest, column = norm_terms.max(dim=0)  # the first of equal maxima, as argmax gives
         # float64 holds every row number below 2^53 and every float32 exactly.
         self.per_chunk.append(
             torch.stack([first_bad.double(), largest.double(), (column + doc_start).double()])
@@ -187,18 +182,18 @@ class _CorpusChecks:
         """Read the checks back to the host (one transfer) and raise the plain path's error."""
         read = [torch.stack(self.per_chunk).flatten()]  # (3 C,)
         if self.fit_checked:
-            query_size, query_row = self.inputs.query_sizes.max(dim=0)
-            read.append(torch.stack([query_size.double(), query_row.double()]))  # (2,)
+            query_term, query_row = self.inputs.query_norm_terms.max(dim=0)
+            read.append(torch.stack([query_term.double(), query_row.double()]))  # (2,)
         values = torch.cat(read).tolist()
         per_chunk = [values[start : start + 3] for start in range(0, 3 * len(self.per_chunk), 3)]
         if self.fit_checked:
-            query_size, query_row = values[-2:]
+            query_term, query_row = values[-2:]
         for first_bad, largest, largest_row in per_chunk:
             if first_bad < self.num_docs:
                 raise not_finite_error("corpus", int(first_bad))
             if self.fit_checked:
                 check_scores_fit(
-                    self.inputs.score, int(query_row), query_size, int(largest_row), largest
+                    self.inputs.score, int(query_row), query_term, int(largest_row), largest
                 )
 
 

@@ -63,7 +63,7 @@ import contextlib
 import torch
 
 from .. import cpu
-from ..search_inputs import SearchInputs, drop_excluded, quick_sizes, sizes_are_ordinary
+from ..search_inputs import SearchInputs, drop_excluded, quick_norm_terms, norm_terms_are_ordinary
 from .device_search import device_search
 from .screen import F32_UNIT, GROUP_SIZE, _merge_candidates, _Screen
 
@@ -141,8 +141,8 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
     for span_start in [0, *range(first, num_docs, span)]:
         span_rows = min(first if span_start == 0 else span, num_docs - span_start)
         if screen is not None and torch.isfinite(top_scores[:, -1]).all():
-            rows, sizes = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
-            screen.load_chunk(rows, _largest_norm(sizes, score, dim), sizes,
+            rows, norm_terms = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
+            screen.load_chunk(rows, _largest_norm(norm_terms, score, dim), norm_terms,
                               kept_screen[span_start : span_start + span_rows])
             if screen.merge(slice(0, num_queries), inputs.excluded, span_start, top_scores, top_indices):
                 continue
@@ -192,7 +192,7 @@ def _detector(inputs: SearchInputs) -> torch.Tensor:
     can make the product overflow although the row passes, and then its span is checked again
     as the plain search checks it (`_score_span`), which only costs time.
     """
-    largest = 0.0 if inputs.largest_query_size is None else inputs.largest_query_size[1]
+    largest = 0.0 if inputs.largest_query_norm_term is None else inputs.largest_query_norm_term[1]
     scale = max(1.0, 8 * inputs.queries.shape[1] ** 0.5 * largest)
     return torch.full((inputs.queries.shape[1],), scale, device=inputs.device)
 
@@ -204,7 +204,7 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: 
     embeddings as given, the detector's row last (`_detector`).
 
     One product makes the scores. A prepared corpus needs nothing more. Over embeddings as given, a
-    dot product is checked by its detector row; cosine and euclidean need the rows' sizes, measured
+    dot product is checked by its detector row; cosine and euclidean need the rows' norm terms, measured
     in a second pass over the span. A cosine then divides the products by the row norms,
     (q·c) / |c|, rather than the rows before the product, q·(c / |c|), as the plain search does:
     the two agree to float32 rounding, and dividing the (Q, span_rows) products is much less work
@@ -214,8 +214,8 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: 
     """
     score, end = inputs.score, span_start + span_rows
     if inputs.prepared is not None:
-        rows, sizes = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
-        _score_rows(rows, sizes, factors, score, block.T)
+        rows, norm_terms = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
+        _score_rows(rows, norm_terms, factors, score, block.T)
         return
     rows = inputs.corpus[span_start:end].to(device=inputs.device, dtype=torch.float32)  # (n, d)
     if score == "dot":
@@ -224,27 +224,27 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: 
         smallest, largest = (float(value) for value in torch.aminmax(detected))
         ordinary = -torch.inf < smallest and largest < torch.inf  # False for NaN too
     else:
-        sizes = quick_sizes(rows, score)  # (n,)
-        ordinary = sizes_are_ordinary(sizes, score, inputs.largest_query_size)
+        norm_terms = quick_norm_terms(rows, score)  # (n,)
+        ordinary = norm_terms_are_ordinary(norm_terms, score, inputs.largest_query_norm_term)
         if ordinary:
-            _score_rows(rows, sizes, factors, score, block.T)
+            _score_rows(rows, norm_terms, factors, score, block.T)
             if score == "cosine":
-                block /= sizes
+                block /= norm_terms
     if not ordinary:
         piece = inputs.corpus_chunk_size
         for start in range(span_start, end, piece):
-            rows, sizes = inputs.corpus_chunk(start, size=min(piece, end - start))  # checked, unit rows for cosine
+            rows, norm_terms = inputs.corpus_chunk(start, size=min(piece, end - start))  # checked, unit rows for cosine
             part = block[: inputs.queries.shape[0], start - span_start : start - span_start + rows.shape[0]]
-            _score_rows(rows, sizes, inputs.queries, score, part.T)
+            _score_rows(rows, norm_terms, inputs.queries, score, part.T)
 
 
-def _score_rows(rows: torch.Tensor, sizes: torch.Tensor | None, queries: torch.Tensor, score: str,
+def _score_rows(rows: torch.Tensor, norm_terms: torch.Tensor | None, queries: torch.Tensor, score: str,
                 out: torch.Tensor) -> None:
     """Write the (n, Q) scores (ranking keys 2 q·c - |c|² for euclidean, which needs the (n,)
-    sizes) of (n, d) rows as scored against (Q, d) queries into `out`. `out` may be the transpose
+    norm_terms) of (n, d) rows as scored against (Q, d) queries into `out`. `out` may be the transpose
     of a (Q, n) block: torch then computes the product in that layout, with the same bits."""
     if score == "euclidean":
-        torch.addmm(-sizes[:, None], rows, queries.T, alpha=2, out=out)
+        torch.addmm(-norm_terms[:, None], rows, queries.T, alpha=2, out=out)
     else:
         torch.mm(rows, queries.T, out=out)
 
@@ -271,10 +271,10 @@ def _search_many(inputs: SearchInputs, bf16_screen: bool) -> tuple[torch.Tensor,
 
     for doc_start in range(0, num_docs, corpus_chunk_size):
         with _one_thread(device):
-            chunk, sizes = inputs.corpus_chunk(doc_start, out=unit_buffer)  # (Nc, d), (Nc,)
+            chunk, norm_terms = inputs.corpus_chunk(doc_start, out=unit_buffer)  # (Nc, d), (Nc,)
         if screen is not None:
             kept = None if kept_screen is None else kept_screen[doc_start : doc_start + chunk.shape[0]]
-            screen.load_chunk(chunk, _largest_norm(sizes, score, chunk.shape[1]), sizes, kept)
+            screen.load_chunk(chunk, _largest_norm(norm_terms, score, chunk.shape[1]), norm_terms, kept)
         for query_start in range(0, num_queries, query_chunk_size):
             query_chunk = queries[query_start : query_start + query_chunk_size]  # (Qc, d)
             rows = slice(query_start, query_start + query_chunk.shape[0])
@@ -285,7 +285,7 @@ def _search_many(inputs: SearchInputs, bf16_screen: bool) -> tuple[torch.Tensor,
             block = block_buffer[: height * query_chunk.shape[0]].view(height, -1)  # (H, Qc)
             scores = block[: chunk.shape[0]]  # (Nc, Qc), a view into the block
             # (Nc, d) @ (d, Qc) rather than (Qc, d) @ (d, Nc): see the module docstring.
-            _score_rows(chunk, sizes, query_chunk, score, scores)
+            _score_rows(chunk, norm_terms, query_chunk, score, scores)
             with _one_thread(device):
                 if chunk.shape[0] < height:
                     block[chunk.shape[0] :] = -torch.inf
@@ -295,15 +295,15 @@ def _search_many(inputs: SearchInputs, bf16_screen: bool) -> tuple[torch.Tensor,
     return top_scores, top_indices
 
 
-def _largest_norm(sizes: torch.Tensor, score: str, dim: int) -> torch.Tensor:
-    """An upper bound on the norms of a chunk's rows as scored, from their (Nc,) sizes."""
+def _largest_norm(norm_terms: torch.Tensor, score: str, dim: int) -> torch.Tensor:
+    """An upper bound on the norms of a chunk's rows as scored, from their (Nc,) norm terms."""
     if score == "cosine":
         # Unit rows (or zero), up to the float32 rounding of the norm and of the division.
-        return torch.tensor(1 + 2 * (dim + 2) * F32_UNIT, device=sizes.device)
+        return torch.tensor(1 + 2 * (dim + 2) * F32_UNIT, device=norm_terms.device)
     if score == "euclidean":
-        # The sizes are squared norms; 2^-100 stands in for squares that underflowed to zero.
-        return (sizes.amax() + 2.0**-100).sqrt()
-    return sizes.amax()
+        # The norm terms are squared norms; 2^-100 stands in for squares that underflowed to zero.
+        return (norm_terms.amax() + 2.0**-100).sqrt()
+    return norm_terms.amax()
 
 
 def _merge_block(

@@ -15,7 +15,8 @@ test_error_bound_holds_and_is_nearly_reached).
 
 import torch
 
-from ..search_inputs import TINY, drop_excluded, row_norms
+from ..search_inputs import TINY, drop_excluded
+from ..similarity import row_norms
 
 # Columns per group in the first, coarse filter of each block (fast/retrieval.py's _merge_block, and
 # the screen's group maxima).
@@ -28,12 +29,12 @@ BF16_UNIT = 2.0**-8
 F32_UNIT = 2.0**-24
 
 
-def screen_rows(rows: torch.Tensor, sizes: torch.Tensor, score: str) -> torch.Tensor:
+def screen_rows(rows: torch.Tensor, norm_terms: torch.Tensor, score: str) -> torch.Tensor:
     """The (N, d') bfloat16 copy of (N, d) rows as scored that the screen multiplies (see _Screen):
     the rows themselves, and for euclidean their (N,) squared norms as one more column."""
     if score != "euclidean":
         return rows.to(torch.bfloat16)
-    return torch.cat([rows, sizes[:, None]], dim=1).to(torch.bfloat16)
+    return torch.cat([rows, norm_terms[:, None]], dim=1).to(torch.bfloat16)
 
 
 def _merge_candidates(
