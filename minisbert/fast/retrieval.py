@@ -322,7 +322,12 @@ def _merge_block(
     kth = top_scores[:, -1]  # (Qc,)
     floor = _entry_floor(scores, kth, k)  # (Qc,) or None
     groups = scores.unflatten(1, (-1, GROUP_SIZE))  # (Qc, H / G, G)
-    group_maxima = groups.amax(dim=2)  # (Qc, H / G)
+    # Reduced along the block's rows in memory: across the other direction torch's reduction
+    # took 34 times as long on a (1024, 8192) block.
+    if scores.stride(1) == 1:
+        group_maxima = groups.amax(dim=2)  # (Qc, H / G)
+    else:  # the transpose of an (H, Qc) block
+        group_maxima = scores.T.unflatten(0, (-1, GROUP_SIZE)).amax(dim=1).T  # (Qc, H / G)
     promising = group_maxima > kth[:, None]  # (Qc, H / G)
     if floor is not None:
         promising &= group_maxima >= floor[:, None]
