@@ -5,6 +5,8 @@ What "correct" means for evaluation:
 - scoring a hand-written TREC run gives hand-computed numbers, and a model whose embeddings rank
   the documents the same way gives the same numbers;
 - a run written with --run-file, scored back with --run/--qrels, gives the model's numbers exactly;
+- without --output the JSON is named after the data, the split and the models of the run, so a run
+  of other models on the same data leaves the earlier results in place;
 - a second evaluation of the same model on the same corpus reads the corpus embeddings from the
   cache instead of encoding them, and gives identical numbers; an entry that does not fit (a row
   short, another width or dtype, a NaN, a file cut in half) is encoded again with a warning;
@@ -24,6 +26,7 @@ import math
 import re
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -222,6 +225,32 @@ def test_models_side_by_side_on_the_example_data(tmp_path):
     # One TREC run per model, next to the JSON.
     assert sorted(p.name for p in tmp_path.glob("example-*.trec")) == sorted(
         f"example-{evaluate.file_label(name)}.trec" for name in results)
+
+
+def test_runs_of_other_models_on_the_same_data_keep_their_own_files(tmp_path, monkeypatch):
+    # Without --output the results are named after the data, the split and the models, as the run files are:
+    # a second model evaluated on data/example leaves the first one's results where they were.
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(TINY, tmp_path / "models" / "tiny")
+    evaluate.main(["--model", "models/tiny", "--k", "1"])
+    evaluate.main(["--model", "bm25", "--k", "1"])
+    evaluate.main(["--model", "models/tiny", "bm25", "--k", "1"])
+    written = tmp_path / "runs" / "eval"
+    assert sorted(p.name for p in written.glob("*.json")) == [
+        "example-test-bm25.json", "example-test-models_tiny+bm25.json", "example-test-models_tiny.json"]
+    assert sorted(p.name for p in written.glob("*.trec")) == ["example-test-bm25.trec", "example-test-models_tiny.trec"]
+    alone, together = (json.loads((written / name).read_text()) for name in
+                       ("example-test-bm25.json", "example-test-models_tiny+bm25.json"))
+    assert list(alone) == ["bm25"] and list(together) == ["models/tiny", "bm25"]
+    assert together["bm25"] == alone["bm25"]
+
+
+def test_a_long_list_of_models_is_named_by_the_first_and_a_digest_of_all():
+    models = [f"runs/learning-rate-sweep/lr-{i}e-5/final" for i in range(1, 9)]
+    name = evaluation.results_file("scifact", "test", models).name
+    assert re.fullmatch(r"scifact-test-runs_learning-rate-sweep_lr-1e-5_final\+7-more-[0-9a-f]{8}\.json", name), name
+    assert evaluation.results_file("scifact", "test", models[:-1] + ["bm25"]).name != name  # another list
+    assert evaluation.results_file("scifact", "test", []).name == "scifact-test.json"  # a scored --run file
 
 
 def test_trec_definitions_add_mrr_without_cutoff(tmp_path):
