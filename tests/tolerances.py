@@ -75,9 +75,20 @@ def scale(tensor) -> float:
     return max(1.0, float(abs(values).max()))
 
 
-def embeddings_apart(model) -> float:
-    """The bound for a SentenceModel's embeddings (relative to scale): its encoder at max_seq_length
-    tokens, then a Dense layer's product over H and the normalisation's sum over D where it has them."""
+def embedding_roundings(model) -> int:
+    """n for a SentenceModel's embeddings: its encoder at max_seq_length tokens, then a Dense layer's
+    product over H and the normalisation's sum over D where it has them."""
     extra = (model.encoder.config.hidden_size if model.dense is not None else 0) + \
         (model.dimension if model.normalize_embeddings else 0)
-    return float32_apart(encoder_roundings(model.encoder.config, model.max_seq_length) + extra)
+    return encoder_roundings(model.encoder.config, model.max_seq_length) + extra
+
+
+def embeddings_apart(model) -> float:
+    """The bound for a SentenceModel's embeddings (relative to scale)."""
+    return float32_apart(embedding_roundings(model))
+
+
+def scores_apart(model) -> float:
+    """The bound for a score of two of a SentenceModel's embeddings, each computed apart (relative to
+    scale): the embeddings' path, then the score's sums over D (normalising for cosine, the product)."""
+    return float32_apart(embedding_roundings(model) + 2 * model.dimension)
