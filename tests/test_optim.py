@@ -195,7 +195,7 @@ def test_weight_decay_changes_the_result():
     decayed = TinyMLP(seed=0)
     optimizer = AdamW(weight_decay_groups(decayed.named_parameters(), WEIGHT_DECAY), lr=LR)
     train(decayed, optimizer, LinearWarmupDecay(optimizer, WARMUP_STEPS, TOTAL_STEPS), clip_grad_norm_, range(100))
-    assert max_abs_diff(model, decayed) > 1e-4
+    assert max_abs_diff(model, decayed) > 1e-4  # by 1.9e-2 here: decay's effect, not a rounding's
 
 
 # --- checkpoint and resume --------------------------------------------------------------------
