@@ -4,9 +4,9 @@ The commands are read from the documents themselves: the code in README.md, benc
 weights/README.md and data/README.md, and the usage lines of the module docstring of train.py,
 evaluate.py, bench/*.py and every module of minisbert/ (lines that start with `python`, `torchrun`,
 `VARIABLE=value python`, `$PEER_PYTHON` or `peer/bin/`; `.venv/bin/` is dropped, continued lines are
-joined, comments cut). COMMANDS below says
-how each one is run: the flags that only shorten it (fewer steps, documents, rounds or processes,
-or --quick, the studies' small preset), named in the table; an empty string runs it as written.
+joined, comments cut). COMMANDS below says how each one is run: the flags that only shorten it (fewer
+steps, documents, rounds or processes, or --quick, the studies' small preset), named in the table; an
+empty string runs it as written.
 A documented command that COMMANDS lacks fails `test_every_documented_command_is_in_the_table`, which
 names it and the file it is in: a command cannot be added to the documents without a test. An entry
 no document names any more fails it too.
