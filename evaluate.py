@@ -12,10 +12,10 @@
     torchrun --nproc_per_node 8 evaluate.py --data DIR             # each process encodes and searches 1/8
 
 Prints Precision, Accuracy, Recall, MRR, NDCG and MAP at each k for every model; writes the numbers to
-a JSON file (--output), with each query's own values under "per_query" ({metric@k: {query id: value}},
-which average to the reported numbers exactly), and each model's ranking to a TREC run file. Metric
-definitions: --definitions st (sentence-transformers, binary relevance; the default) or trec
-(trec_eval, graded), see minisbert/metrics.py.
+runs/eval/<data>-<split>-<models>.json (models joined by "+"; or --output), with each query's own
+values under "per_query" ({metric@k: {query id: value}}, which average to the reported numbers
+exactly), and each model's ranking to a TREC run file. Metric definitions: --definitions st
+(sentence-transformers, binary relevance; the default) or trec (trec_eval, graded), see minisbert/metrics.py.
 
 --significance compares every model with the first, query by query (minisbert/significance.py): for
 each metric@k the mean difference, its bootstrap 95% interval, and the p-values of Fisher's
@@ -35,12 +35,12 @@ from pathlib import Path
 import minisbert
 from minisbert import datasets, distributed
 from minisbert.correlation import pearson, spearman
-from minisbert.evaluation import CACHE_DIR, LEXICAL, rank, retrieval_split, score_run, sts_pairs, sts_similarities
+from minisbert.evaluation import (CACHE_DIR, LEXICAL, rank, results_file, retrieval_split, score_run, sts_pairs,
+                                 sts_similarities)
 from minisbert.fileio import check_writable_folder, file_label, write_json
 from minisbert.precision import AMP_SPELLINGS, dtype_from_flags
 from minisbert.significance import compare_with_first
 from minisbert.tables import print_significance, print_table
-
 
 
 def parse_args(argv=None):
@@ -64,9 +64,9 @@ def parse_args(argv=None):
     p.add_argument("--amp", choices=sorted(AMP_SPELLINGS), default=None,
                    help="mixed precision, as --dtype: bf16 = bfloat16, fp16 = float16")
     p.add_argument("--device", default=None)
-    p.add_argument("--output", type=Path, default=None, help="JSON results (default: runs/eval/<data>-<split>.json)")
-    p.add_argument("--run-file", type=Path, default=None,
-                   help="TREC run file of the first model (default: next to the JSON, one per model)")
+    p.add_argument("--output", type=Path, default=None, help="JSON (default: runs/eval/<data>-<split>-<models>.json)")
+    p.add_argument("--run-file", type=Path, default=None, help="TREC run file of the first model (default: next "
+                   "to the JSON, one per model: runs/eval/<data>-<split>-<model>.trec, or <output>-<model>.trec)")
     p.add_argument("--run", type=Path, default=None, help="score this TREC run file instead of a model")
     p.add_argument("--qrels", type=Path, default=None,
                    help="qrels for --run: TREC format (qid 0 docid grade) or a BEIR qrels/*.tsv")
@@ -110,7 +110,8 @@ def main(argv=None):
     main_process = distributed.is_main()
     results, runs = {}, {}  # results: {name: evaluation.score_run's shape}; runs: {run file: (model name, ranking)}
     label = file_label(Path(args.data).name if args.run is None else args.run.stem)
-    output = args.output or Path("runs") / "eval" / f"{label}-{args.split}.json"
+    output = args.output or results_file(label, args.split, [] if args.run else args.model)
+    run_files = output.with_name(output.stem if args.output else f"{label}-{args.split}")  # then -<model>.trec
     for folder in {output.parent, (args.run_file or output).parent}:
         check_writable_folder(folder)  # before the work, not after it
 
@@ -121,14 +122,13 @@ def main(argv=None):
     elif args.task == "sts":
         results = score_sts(args)
     else:
-        results, runs = score_retrieval(args, output, main_process)
+        results, runs = score_retrieval(args, run_files, main_process)
     if args.significance and main_process:
         compare_with_first(results)
 
     if not main_process:  # rank 0 holds the merged rankings and reports
         return
-    # The report: run files and the JSON (each written whole, datasets.write_trec_run and write_json),
-    # then the numbers.
+    # The report: run files and the JSON, each written whole (write_trec_run, write_json), then the numbers.
     for run_file, (name, run) in runs.items():
         datasets.write_trec_run(run_file, run, tag=Path(name).name)
     write_json(output, {name: {**result["scores"], **{key: value for key, value in result.items()
@@ -170,7 +170,7 @@ def score_sts(args) -> dict:
     return results
 
 
-def score_retrieval(args, output: Path, main_process: bool) -> tuple:
+def score_retrieval(args, run_files: Path, main_process: bool) -> tuple:
     """({model: its metrics}, {run file: (model, ranking)}) on rank 0; empty elsewhere."""
     results, runs = {}, {}
     retrieval = retrieval_split(args.data, args.split, CACHE_DIR)
@@ -186,7 +186,7 @@ def score_retrieval(args, output: Path, main_process: bool) -> tuple:
             continue
         results[name] = score_run(run, retrieval.qrels, args.k, args.definitions)
         run_file = args.run_file if args.run_file and position == 0 else \
-            output.with_name(f"{output.stem}-{file_label(name)}.trec")
+            run_files.with_name(f"{run_files.name}-{file_label(name)}.trec")
         runs[run_file] = (name, run)
     return results, runs
 

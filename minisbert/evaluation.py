@@ -28,11 +28,12 @@ from . import distributed, metrics
 from .lexical import BM25, Jaccard
 from .correlation import pearson, spearman
 from .search import search
-from .fileio import atomic_write, home_folder
+from .fileio import atomic_write, file_label, home_folder
 from .similarity import pairwise_cosine
 
 CACHE_DIR = Path(os.environ.get("MINISBERT_CACHE") or home_folder(".cache"))
 LEXICAL = {"bm25": BM25, "jaccard": Jaccard}
+MODELS_IN_A_FILE_NAME = 120  # characters: a file name may have 255 bytes, and data and split come first
 
 
 def model_fingerprint(model) -> str:
@@ -208,6 +209,23 @@ def score_run(run: dict, qrels: dict, ks, definitions: str = "st") -> dict:
     values averaging to the scores exactly (metrics.per_query_scores, metrics.average_scores)."""
     per_query = metrics.per_query_scores(run, qrels, ks, definitions)
     return {"scores": metrics.average_scores(per_query), "per_query": per_query}
+
+
+def results_file(data_label: str, split: str, models: Sequence[str]) -> Path:
+    """evaluate.py's JSON when no --output is given: runs/eval/<data>-<split>-<models>.json, so that
+    another model evaluated on the same data writes a file of its own instead of replacing this one.
+    The models are named as their TREC run files are (fileio.file_label) and joined by "+", which
+    file_label never leaves in a name: scifact-test-all-MiniLM-L6-v2+bm25.json. Several models whose
+    names together would make too long a file name are written as the first, how many more, and a
+    digest of all the names, which tells one list from another: scifact-test-runs_a_final+7-more-1f2e3d4c.json.
+    A scored --run file has no model (models empty): <run file>-<split>.json."""
+    labels = [file_label(name) for name in models]
+    name = "+".join(labels)
+    if len(labels) > 1 and len(name) > MODELS_IN_A_FILE_NAME:
+        digest = hashlib.sha256("\n".join(models).encode("utf-8")).hexdigest()[:8]
+        name = f"{labels[0]}+{len(labels) - 1}-more-{digest}"
+    parts = [data_label, split, name] if labels else [data_label, split]
+    return Path("runs") / "eval" / ("-".join(parts) + ".json")
 
 
 def retrieval_split(data: str, split: str, cache_dir: Path = CACHE_DIR) -> datasets.RetrievalData:

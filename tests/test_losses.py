@@ -1,6 +1,12 @@
 """What "correct" means for each training objective: hand-computed values on tiny batches (the
 arithmetic is in the comments), analytic gradients equal to finite differences (gradcheck, float64),
-the regimes where a clamp or a hinge switches the gradient off, and clear errors for bad inputs."""
+the regimes where a clamp or a hinge switches the gradient off, and clear errors for bad inputs.
+
+Everything is float64. A hand value and the loss are a dozen operations each, a few ulps (1.1e-16
+each near 1) apart: FLOAT64_APART (1e-12) is far outside that and far inside what a wrong formula
+changes (1e-3 and more: the clamp, the margin, the mean). gradcheck keeps torch's tolerances (atol
+1e-5, rtol 1e-3): a central difference with step 1e-6 errs by about step² (1e-12) from truncation and
+u / step (1e-10) from rounding; measured here, gradients and differences agree within 1.1e-9."""
 
 import math
 from functools import partial
@@ -21,6 +27,7 @@ from minisbert.losses import (
 
 SQRT3 = math.sqrt(3.0)
 INV_SQRT2 = 1 / math.sqrt(2.0)
+FLOAT64_APART = 1e-12  # see the module docstring
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.py
@@ -46,7 +53,7 @@ def test_siamese_cosine_hand_computed():
     # cos = 1/2          -> (0.25 - 0.5)^2 = 0.0625
     # cos = -1, ReLU -> 0 -> (0.2 - 0)^2   = 0.04   (unclamped would be (0.2 + 1)^2 = 1.44)
     # mean = 0.3525 / 3 = 0.1175
-    assert siamese_cosine_mse_loss(u, v, labels).item() == pytest.approx(0.1175, abs=1e-12)
+    assert siamese_cosine_mse_loss(u, v, labels).item() == pytest.approx(0.1175, abs=FLOAT64_APART)
 
 
 def test_siamese_cosine_negative_similarity_is_clamped_and_gets_no_gradient():
@@ -54,7 +61,7 @@ def test_siamese_cosine_negative_similarity_is_clamped_and_gets_no_gradient():
     v = t([[-1.0, 0.5]]).requires_grad_()  # cos < 0
     loss = siamese_cosine_mse_loss(u, v, t([0.3]))
     # ReLU(cos) = 0 -> loss = 0.3^2 = 0.09, whatever the angle beyond 90 degrees
-    assert loss.item() == pytest.approx(0.09, abs=1e-12)
+    assert loss.item() == pytest.approx(0.09, abs=FLOAT64_APART)
     loss.backward()
     assert torch.count_nonzero(u.grad) == 0 and torch.count_nonzero(v.grad) == 0
 
@@ -76,7 +83,7 @@ def test_siamese_euclidean_hand_computed():
     # d = 0,   y = 1    -> (1 - 1 - 0)^2      = 0      (a fully relevant pair belongs at distance 0)
     # d = 0.5, y = 0.25 -> (1 - 0.25 - 0.5)^2 = 0.0625
     # mean = 16.0625 / 3 = 5.3541666...
-    assert siamese_euclidean_mse_loss(u, v, labels).item() == pytest.approx(16.0625 / 3, abs=1e-12)
+    assert siamese_euclidean_mse_loss(u, v, labels).item() == pytest.approx(16.0625 / 3, abs=FLOAT64_APART)
 
 
 def test_siamese_euclidean_gradcheck():
@@ -102,7 +109,7 @@ TRIPLET_NEGATIVES = t([[0.0, 3.0], [3.0, 0.0]])  # d_an = 3, 3
 )
 def test_triplet_euclidean_hand_computed(margin, expected):
     loss = triplet_euclidean_loss(TRIPLET_ANCHORS, TRIPLET_POSITIVES, TRIPLET_NEGATIVES, margin=margin)
-    assert loss.item() == pytest.approx(expected, abs=1e-12)
+    assert loss.item() == pytest.approx(expected, abs=FLOAT64_APART)
 
 
 def test_triplet_euclidean_margin_never_reached_gives_zero_loss_and_zero_gradient():
@@ -123,10 +130,10 @@ def test_triplet_euclidean_margin_always_reached_is_distance_gap_plus_margin():
     negatives = TRIPLET_NEGATIVES.clone()
     loss = triplet_euclidean_loss(anchors, positives, negatives, margin=5.0)
     # mean(d_ap - d_an + 5) = mean(1 - 3 + 5, 4 - 3 + 5) = 4.5
-    assert loss.item() == pytest.approx(4.5, abs=1e-12)
+    assert loss.item() == pytest.approx(4.5, abs=FLOAT64_APART)
     loss.backward()
     # d(loss)/d(p_i) = (p_i - a_i) / ||p_i - a_i|| / B: unit vectors (1, 0) and (0, 1), halved
-    torch.testing.assert_close(positives.grad, t([[0.5, 0.0], [0.0, 0.5]]))
+    torch.testing.assert_close(positives.grad, t([[0.5, 0.0], [0.0, 0.5]]), rtol=0, atol=FLOAT64_APART)
 
 
 def test_triplet_euclidean_gradcheck():
@@ -145,7 +152,7 @@ def test_triplet_cosine_hand_computed():
     negatives = t([[0.0, 2.0]])  # cos = 0       -> d_an = 1
     # margin 5 (Rygaard et al.): 0.29289322 - 1 + 5 = 4.29289322
     loss = triplet_cosine_loss(anchors, positives, negatives, margin=5.0)
-    assert loss.item() == pytest.approx(1 - INV_SQRT2 - 1 + 5, abs=1e-12)
+    assert loss.item() == pytest.approx(1 - INV_SQRT2 - 1 + 5, abs=FLOAT64_APART)
     # margin 0.5: 0.29289322 - 1 + 0.5 = -0.2071 -> 0 (never reached)
     assert triplet_cosine_loss(anchors, positives, negatives, margin=0.5).item() == 0.0
 
@@ -156,7 +163,7 @@ def test_triplet_cosine_clamps_negative_cosine_at_zero():
     opposite = t([[-1.0, 0.0]]).requires_grad_()  # cos = -1 -> clamped to 0 -> d_an = 1, not 2
     loss = triplet_cosine_loss(anchors, positives, opposite, margin=5.0)
     # same as an orthogonal negative: 0.29289322 - 1 + 5 = 4.29289322 (unclamped: 3.29289322)
-    assert loss.item() == pytest.approx(1 - INV_SQRT2 - 1 + 5, abs=1e-12)
+    assert loss.item() == pytest.approx(1 - INV_SQRT2 - 1 + 5, abs=FLOAT64_APART)
     loss.backward()
     assert torch.count_nonzero(opposite.grad) == 0
 
@@ -167,12 +174,13 @@ def test_triplet_cosine_margin_always_reached_gradient():
     negatives = t([[1.0, 0.0], [1.0, 1.0]])  # d_an = 0, 0.29289322
     loss = triplet_cosine_loss(anchors, positives, negatives, margin=1.0)
     # mean(0.29289322 - 0 + 1, 0 - 0.29289322 + 1) = 2 / 2 = 1
-    assert loss.item() == pytest.approx(1.0, abs=1e-12)
+    assert loss.item() == pytest.approx(1.0, abs=FLOAT64_APART)
     loss.backward()
     # d(1 - cos(a, p))/dp = -(a/|a| - cos·p/|p|) / |p|, times 1/B = 1/2:
     # row 0: a = (1,0), p = (1,1), cos = 1/sqrt2, |p| = sqrt2 -> -((1,0) - (1/2, 1/2)) / sqrt2 / 2 = (-1, 1)/(4 sqrt2)
     # row 1: p parallel to a -> 0
-    torch.testing.assert_close(positives.grad, t([[-1.0, 1.0], [0.0, 0.0]]) / (4 * math.sqrt(2.0)))
+    torch.testing.assert_close(positives.grad, t([[-1.0, 1.0], [0.0, 0.0]]) / (4 * math.sqrt(2.0)), rtol=0,
+                               atol=FLOAT64_APART)
 
 
 def test_triplet_cosine_gradcheck():
@@ -204,7 +212,7 @@ def test_softmax_loss_hand_computed():
     # label 0: -log(e^-1 / (e^-1 + e^3)) = log(1 + e^4)  = 4.01814993
     # mean = 2.01814993
     loss = softmax_loss(u, v, labels, classifier)
-    assert loss.item() == pytest.approx((math.log(1 + math.exp(-4)) + math.log(1 + math.exp(4))) / 2, abs=1e-12)
+    assert loss.item() == pytest.approx((math.log(1 + math.exp(-4)) + math.log(1 + math.exp(4))) / 2, abs=FLOAT64_APART)
 
 
 def test_softmax_classifier_shape_and_gradcheck():
@@ -221,7 +229,8 @@ def test_softmax_classifier_shape_and_gradcheck():
         return torch.nn.functional.cross_entropy(logits, labels)
 
     # the helper above is an independent statement of the objective; first check they agree
-    assert softmax_loss(u, v, labels, classifier).item() == pytest.approx(loss_of(u, v, weight, bias).item(), abs=1e-12)
+    assert softmax_loss(u, v, labels, classifier).item() == pytest.approx(loss_of(u, v, weight, bias).item(),
+                                                                           abs=FLOAT64_APART)
     assert torch.autograd.gradcheck(lambda a, b: softmax_loss(a, b, labels, classifier), (u, v))
     assert torch.autograd.gradcheck(loss_of, (u, v, weight, bias))
 
@@ -240,11 +249,12 @@ def test_mnrl_hand_computed_2x2():
     # mean = 0.47910965
     loss = multiple_negatives_ranking_loss(MNRL_ANCHORS, MNRL_POSITIVES, scale=1.0)
     expected = (math.log(1 + math.exp(INV_SQRT2 - 1)) + math.log(1 + math.exp(-INV_SQRT2))) / 2
-    assert loss.item() == pytest.approx(expected, abs=1e-12)
+    assert loss.item() == pytest.approx(expected, abs=FLOAT64_APART)
     # default scale 20: log(1 + e^(20·(0.70711 - 1))) = 0.00285326 and log(1 + e^(-20·0.70711)) = 7.2135e-7
     loss = multiple_negatives_ranking_loss(MNRL_ANCHORS, MNRL_POSITIVES)
     expected = (math.log(1 + math.exp(20 * (INV_SQRT2 - 1))) + math.log(1 + math.exp(-20 * INV_SQRT2))) / 2
-    assert loss.item() == pytest.approx(expected, rel=1e-9)  # 0.00142699
+    # 0.00142699: the loss subtracts 20 from a log-sum-exp near 20, so its roundings (~4e-15) are 3e-12 of it
+    assert loss.item() == pytest.approx(expected, rel=1e-9)
 
 
 def test_mnrl_hard_negatives_extend_the_candidates():
@@ -256,7 +266,7 @@ def test_mnrl_hard_negatives_extend_the_candidates():
     # mean = 0.84818706 (> 0.47910965 without the hard negative)
     row0 = math.log(2 * math.e + math.exp(INV_SQRT2)) - 1
     row1 = math.log(2 + math.exp(INV_SQRT2)) - INV_SQRT2
-    assert loss.item() == pytest.approx((row0 + row1) / 2, abs=1e-12)
+    assert loss.item() == pytest.approx((row0 + row1) / 2, abs=FLOAT64_APART)
 
 
 def test_mnrl_gradcheck_with_and_without_hard_negatives():

@@ -47,6 +47,7 @@ def test_exact_randomization_p_equals_scipy(case):
     # ">" the n = 8 case gives 0.1875, without the tolerance the n = 12 case gives 0.3125, not
     # 0.3359 (ties in twentieths that rounding breaks).
     assert 2 ** len(case["a"]) <= 10_000
+    # A count over 2**n, exact in float64 here and in scipy: 1e-12 only lets the two sums of counts round apart.
     assert randomization_test(case["a"], case["b"]) == pytest.approx(case["p_permutation"], abs=1e-12)
 
 
@@ -62,13 +63,16 @@ def test_random_randomization_p_within_monte_carlo_error(case):
 
 @pytest.mark.parametrize("case", CASES, ids=names(CASES))
 def test_paired_t_test_equals_scipy(case):
+    # The t tail is a continued fraction stopped at 1e-15 times exp of a sum up to 105 in size (p ~ 1e-46),
+    # so about 1e-14 relative, as scipy's is (measured 6e-14): 1e-9 holds on any CPU, and a t-test with
+    # another df or a one-sided p misses by 1e-2 and more.
     assert paired_t_test(case["a"], case["b"]) == pytest.approx(case["p_t_test"], rel=1e-9)
 
 
 def test_strong_shift_t_test_p_is_tiny_and_still_exact():
     case = next(case for case in CASES if case["name"] == "normal_n50_strong_shift")
     assert case["p_t_test"] < 1e-40
-    assert paired_t_test(case["a"], case["b"]) == pytest.approx(case["p_t_test"], rel=1e-9)
+    assert paired_t_test(case["a"], case["b"]) == pytest.approx(case["p_t_test"], rel=1e-9)  # as above
 
 
 @pytest.mark.parametrize("case", CASES, ids=names(CASES))
@@ -125,7 +129,8 @@ def test_randomization_on_5000_queries_is_reproducible_and_seeded():
 
 def test_t_test_with_one_and_two_degrees_of_freedom():
     # n = 2, d = [1, 3]: mean 2, sd sqrt(2), t = 2 / (sqrt(2) / sqrt(2)) = 2.
-    # With 1 df Student's t is Cauchy: P(|T| >= t) = 1 - (2 / pi) atan(t).
+    # With 1 df Student's t is Cauchy: P(|T| >= t) = 1 - (2 / pi) atan(t). The continued fraction against
+    # a closed form of a few float64 operations: about 1e-15 relative apart (measured 2e-16).
     assert paired_t_test([1, 3], [0, 0]) == pytest.approx(1 - 2 / math.pi * math.atan(2), rel=1e-12)
     # n = 3, d = [1, 2, 3]: mean 2, sd 1, t = 2 * sqrt(3). With 2 df: P(|T| >= t) = 1 - t / sqrt(2 + t²).
     t = 2 * math.sqrt(3)
@@ -144,7 +149,7 @@ def test_equivalence_p_is_alpha_where_the_90_percent_interval_touches_the_margin
     # which is 0.05 at t = sqrt(1.62 / 0.19). At margin 2 + t se the upper test has p = 0.05 and the
     # lower one (t = (2 + margin) / se) far less, so the TOST p is 0.05: the 90% interval's top end
     # lies exactly on the margin.
-    margin = 2 + math.sqrt(1.62 / 0.19) / math.sqrt(3)
+    margin = 2 + math.sqrt(1.62 / 0.19) / math.sqrt(3)  # closed forms, as in the t-test by hand above
     assert equivalence_test([1, 2, 3], [0, 0, 0], margin) == pytest.approx(0.05, rel=1e-12)
     assert equivalence_test([0, 0, 0], [1, 2, 3], margin) == pytest.approx(0.05, rel=1e-12)  # symmetric
     assert equivalence_test([1, 2, 3], [0, 0, 0], 2 * margin) < 0.05 < equivalence_test([1, 2, 3], [0, 0, 0], 3)
@@ -159,6 +164,7 @@ def test_equivalence_edge_cases():
 
 def test_randomization_error_is_zero_when_exact_and_the_seeds_spread_when_sampled():
     assert randomization_error(0.3125, n=8) == 0.0  # 2**8 sign vectors enumerated: p is exact
+    # the same float64 expression: pytest.approx's default (relative 1e-6) only allows it to round apart
     assert randomization_error(0.25, n=300, trials=10_000) == pytest.approx(math.sqrt(0.25 * 0.75 / 10_000))
     rng = np.random.default_rng(8)
     b = rng.uniform(size=300)
@@ -178,13 +184,14 @@ def test_identical_models_give_p_1():
 
 def test_holm_by_hand():
     # sorted: 0.01, 0.03, 0.04, 0.2, times 4, 3, 2, 1: 0.04, 0.09, 0.08, 0.2; the running maximum
-    # lifts 0.08 to 0.09. Returned in the input order.
+    # lifts 0.08 to 0.09. Returned in the input order. Products of float64 values: an ulp from the decimal
+    # literals, which pytest.approx's default (relative 1e-6) allows.
     assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
     assert holm([0.5, 0.6]) == [1.0, 1.0]  # 2 * 0.5 and 1 * 0.6, raised to 1.0, capped at 1
     assert holm([]) == []
 
 
-def test_bonferroni_by_hand():
+def test_bonferroni_by_hand():  # approx: the products round, as in Holm's
     assert bonferroni([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.16, 0.12, 0.8])
     assert bonferroni([0.3, 0.001]) == pytest.approx([0.6, 0.002])
     assert bonferroni([0.7, 0.9]) == [1.0, 1.0]  # capped at 1
@@ -202,7 +209,7 @@ def test_compare_pairs_queries_by_id_and_returns_plain_floats():
     result = compare(a, b, seed=9, margin=0.1)
     p = randomization_test(values_a, values_b, seed=9)
     assert result == {
-        "difference": pytest.approx(np.mean(values_a - values_b)),
+        "difference": pytest.approx(np.mean(values_a - values_b)),  # float64 means of 40 in two orders: ulps
         "ci95": list(bootstrap_ci(values_a, values_b, seed=9)),
         "p_randomization": p,
         "p_randomization_error": randomization_error(p, 40),
@@ -260,6 +267,7 @@ def test_spearman_difference_survives_two_pairs():
     # rest draw both pairs: the interval is [2, 2]. Swapping one pair's ranks leaves both columns
     # constant (correlation 0, diff* 0); swapping none or both gives |diff*| = 2: p about 1/2.
     result = spearman_difference([1, 2], [2, 1], [1, 2], trials=1_000, resamples=200)
+    # correlations of two pairs are ±1 up to an ulp of their square roots: pytest.approx's default allows that
     assert result["difference"] == pytest.approx(2.0)
     assert result["ci95"] == pytest.approx([2.0, 2.0])
     assert 0.4 < result["p_randomization"] < 0.6

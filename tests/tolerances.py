@@ -27,6 +27,7 @@ import math
 
 UNIT_ROUNDOFF = 2.0 ** -24  # float32
 LAMBDA = 8  # the probabilistic bound fails with probability about 2n·exp(-32) < 1e-10
+ADAMW_ROUNDINGS = 7  # per entry and step: the decay, two for each moment, √v, + ε, the division, the update
 
 
 def encoder_roundings(config, tokens: int) -> int:
@@ -47,6 +48,22 @@ def gradient_roundings(config, tokens: int, batch_tokens: int) -> int:
     return 2 * encoder_roundings(config, tokens) + batch_tokens
 
 
+def training_roundings(config, tokens: int, batch_tokens: int, steps: int, head: int = 0) -> int:
+    """n for a value logged at step `steps` of a training run (its loss, its gradient norm). Each step
+    starts from the weights the step before made with its forward and backward passes and AdamW's
+    update, so the roundings of every step lie in sequence on the path to the value. Each step is
+    counted whole (gradient_roundings, a head's products there and back, AdamW), the last one's
+    backward pass standing in for the loss's own sums (similarities over D, a softmax and a mean over
+    the batch), which are fewer. `head`: what a model adds after pooling (a Dense layer's H, the
+    normalisation's D).
+
+    AdamW scales each entry's step by the running size of that entry's gradient, so an entry whose
+    gradient is near 0 carries more than u of its size into the update: for such entries this n is
+    the length of the chain, not a proof. The tests that use it say how far inside it the differences
+    measured on AVX-512 with AMX, AVX2 and SSE kernels stay."""
+    return steps * (gradient_roundings(config, tokens, batch_tokens) + 2 * head + ADAMW_ROUNDINGS)
+
+
 def float32_apart(roundings: int) -> float:
     """The most two float32 computations of `roundings` roundings each differ by, relative to scale."""
     return 2 * LAMBDA * math.sqrt(roundings) * UNIT_ROUNDOFF
@@ -58,9 +75,20 @@ def scale(tensor) -> float:
     return max(1.0, float(abs(values).max()))
 
 
-def embeddings_apart(model) -> float:
-    """The bound for a SentenceModel's embeddings (relative to scale): its encoder at max_seq_length
-    tokens, then a Dense layer's product over H and the normalisation's sum over D where it has them."""
+def embedding_roundings(model) -> int:
+    """n for a SentenceModel's embeddings: its encoder at max_seq_length tokens, then a Dense layer's
+    product over H and the normalisation's sum over D where it has them."""
     extra = (model.encoder.config.hidden_size if model.dense is not None else 0) + \
         (model.dimension if model.normalize_embeddings else 0)
-    return float32_apart(encoder_roundings(model.encoder.config, model.max_seq_length) + extra)
+    return encoder_roundings(model.encoder.config, model.max_seq_length) + extra
+
+
+def embeddings_apart(model) -> float:
+    """The bound for a SentenceModel's embeddings (relative to scale)."""
+    return float32_apart(embedding_roundings(model))
+
+
+def scores_apart(model) -> float:
+    """The bound for a score of two of a SentenceModel's embeddings, each computed apart (relative to
+    scale): the embeddings' path, then the score's sums over D (normalising for cosine, the product)."""
+    return float32_apart(embedding_roundings(model) + 2 * model.dimension)
