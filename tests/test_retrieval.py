@@ -753,7 +753,9 @@ def prepared_saved_and_loaded(corpus, score, folder):
 @pytest.fixture
 def small_spans(monkeypatch):
     """Spans and pieces of a few rows, so that the few-query search crosses many of both on a
-    test's small corpus (at the real sizes one span holds 65,536 rows)."""
+    test's small corpus (at the real sizes a span holds up to 524,224 rows): a first span of one
+    group, then spans of three, reached by growing when the search screens."""
+    monkeypatch.setattr(fast_retrieval, "FIRST_SPAN_ROWS", 64)
     monkeypatch.setattr(fast_retrieval, "SPAN_ROWS", 3 * 64)
     monkeypatch.setattr(fast_retrieval, "PIECE_BYTES", 64 * 4 * 24)
 

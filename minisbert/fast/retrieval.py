@@ -25,7 +25,8 @@ block. What else it reads depends on the score:
   SCREENED_FEW_QUERIES queries, its bfloat16 copy, where one is kept, screens each span (below)
   and reads half the bytes.
 The first span is short, so that the running k-th best is known early: every later span is
-filtered against it rather than sorted.
+filtered against it rather than sorted. A screened search's spans then grow step by step
+(SPAN_GROWTH), so that each meets a k-th best high enough to screen it.
 
 Many queries. The matrix product costs 2·Q·N·d FLOP and is compute-bound when the
 query chunk is large (BLAS-3), so the time to beat is the product itself; choosing the k best must
@@ -67,19 +68,19 @@ from ..search_inputs import SearchInputs, drop_excluded, quick_norm_terms, norm_
 from .device_search import device_search
 from .screen import F32_UNIT, GROUP_SIZE, _merge_candidates, _Screen
 
-# Up to this many queries the corpus is read once, piece by piece (`_search_few`); past it, blocks
-# of queries against chunks of corpus are faster (`_search_many`). Measured on a 2-core Intel Xeon
-# with AMX (bench/retrieval.py; tried at 8 to 128 queries over 200,000 x 384): over embeddings as
-# given, reading them once won up to 64 queries and lost at 128; over a prepared corpus, whose
-# chunks need no preparing, blocks of queries won from 64 and tied at 32.
-FEW_QUERIES = 64
-FEW_QUERIES_PREPARED = 32
+# Up to this many queries the corpus is read a span at a time (`_search_few`); past it, blocks of
+# queries against chunks of corpus are faster (`_search_many`). Measured on a 2-core Intel Xeon with
+# AMX over 200,000 and 1,000,000 x 384 (tried at 16 to 512 queries): over embeddings as given,
+# spans won up to 128 queries (by 1.2-1.5 times) and lost from 192; over a prepared corpus with
+# its bfloat16 copy, spans won up to 384 queries (by 1.05-1.3 times) and tied at 512.
+FEW_QUERIES = 128
+FEW_QUERIES_PREPARED = 384
 # From this many queries a few-query search over a prepared corpus with a bfloat16 copy screens
-# with it. With fewer, the bfloat16 product saves little (a product of 1 to 4 rows with a
-# bfloat16 span took 0.7 to 0.9 times as long as with the float32 span), and the first screens
-# let through too many entries to pay: the search took 1.4 to 1.6 times as long screened at 1, 2
-# and 4 queries, and 0.8 to 0.9 times as long at 8, 16 and 32 (200,000 x 384, same machine).
-SCREENED_FEW_QUERIES = 8
+# with it. With fewer, the bfloat16 product saves little (a product of 1 or 2 rows with a
+# bfloat16 span took 0.7 to 0.9 times as long as with the float32 span): screened, the search
+# took 1.0-1.1 times as long at 1 and 2 queries, and 0.55-0.8 times as long from 4 to 32 (same
+# machine and sizes).
+SCREENED_FEW_QUERIES = 4
 # A few-query search over a corpus stored in another dtype than float32 copies it to float32 this
 # many bytes at a time.
 PIECE_BYTES = 64 * 2**20
@@ -95,6 +96,11 @@ SPAN_ROWS = 2**19 - GROUP_SIZE
 # queries, spans of 2^18 rows made a screened search 1.4 times as long as spans of 2^17.
 SPAN_ENTRIES = 2**22
 FIRST_SPAN_ROWS = 4096 - GROUP_SIZE
+# A screened search's spans grow this many times at each step: a span much longer than all the
+# rows before it meets a k-th best too low to screen it, so it fails the screen and is done in
+# float32 (spans of full length after the first made screened searches up to 2 times as long at
+# 2 to 32 queries; growing 4 times at a time, the screen passed).
+SPAN_GROWTH = 4
 
 def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (Q, k) scores (ranking keys 2 q·c - |c|² for euclidean) and corpus indices, best
@@ -137,9 +143,7 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
 
     # The first span is short: its top-k is found by sorting (`_entry_floor`), which costs far more
     # per score than the group filter that every later span goes through against its k-th best.
-    first = min(span, _span_length(max(FIRST_SPAN_ROWS, 4 * k + GROUP_SIZE)))
-    for span_start in [0, *range(first, num_docs, span)]:
-        span_rows = min(first if span_start == 0 else span, num_docs - span_start)
+    for span_start, span_rows in _spans(num_docs, span, k, SPAN_GROWTH if screen is not None else None):
         if screen is not None and torch.isfinite(top_scores[:, -1]).all():
             rows, norm_terms = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
             screen.load_chunk(rows, _largest_norm(norm_terms, score, dim), norm_terms,
@@ -159,6 +163,16 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
                 drop_excluded(scores[:, :span_rows], inputs.excluded, 0, span_start)
             _merge_block(scores, span_start, top_scores, top_indices)
     return top_scores, top_indices
+
+
+def _spans(num_docs: int, span: int, k: int, growth: int | None):
+    """(start, rows) of each span of a few-query search: a short first span, then spans of `span`
+    rows, or spans growing `growth` times at each step up to `span` rows."""
+    start, rows = 0, min(span, _span_length(max(FIRST_SPAN_ROWS, 4 * k + GROUP_SIZE)))
+    while start < num_docs:
+        yield start, min(rows, num_docs - start)
+        start += rows
+        rows = span if growth is None else min(span, _span_length(rows * growth))
 
 
 def _span_length(rows: int) -> int:
