@@ -25,6 +25,7 @@ from minisbert.search_inputs import check_inputs
 
 from .host_reads import HostReads
 from .test_retrieval import AWKWARD_CHUNKINGS, SCORES, brute_force, ids_problem, tied_problem, two_norm_embeddings
+from .tolerances import search_scores_apart
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -39,12 +40,24 @@ def both_searches(queries, corpus, k, score, query_chunk_size, corpus_chunk_size
     return inputs.results(*chunked_search(inputs)), inputs.results(*device_search(inputs))
 
 
-def assert_same_top_k(plain, device, exact=False):
+def assert_same_top_k(plain, device, problem=None, roundings=0):
+    """The same rows; and the same scores where every score is exact in float32 (problem None), else,
+    for problem = (queries, corpus, score), scores as far apart as two float32 computations of them may
+    be (tests/tolerances.py's search_scores_apart): the device search sums the norms for cosine in float64,
+    the plain path in float32, and on a GPU every sum is another kernel's. `roundings` as there. On a
+    2-core Xeon (AVX-512 and AVX2 kernels) cosines came out 57 times inside the bound or more, dot
+    products and distances bit for bit equal."""
     assert torch.equal(device[1].cpu(), plain[1].cpu())
-    if exact:
+    if problem is None:
         assert torch.equal(device[0].cpu(), plain[0].cpu())
-    else:  # the norms for cosine are summed in float64 here, in float32 by the plain path
-        torch.testing.assert_close(device[0].cpu(), plain[0].cpu())
+        return
+    queries, corpus, score = problem
+    plain_scores, device_scores, rows = plain[0].cpu().double(), device[0].cpu().double(), plain[1].cpu()
+    padding = rows == -1
+    assert torch.equal(device_scores[padding], plain_scores[padding])
+    bound = search_scores_apart(queries, corpus, rows, score, plain_scores, roundings)  # (Q, k)
+    difference = (device_scores - plain_scores).abs()  # (Q, k)
+    assert (difference <= bound)[~padding].all(), f"off by up to {float((difference / bound).max()):.3g} bounds"
 
 
 # ---- the keys ------------------------------------------------------------------------------
@@ -88,7 +101,7 @@ def test_random_data_matches_plain_path(score, k, query_chunk_size, corpus_chunk
     queries, corpus = torch.randn(23, 16, generator=generator), torch.randn(101, 16, generator=generator)
     plain, device = both_searches(queries, corpus, k, score, query_chunk_size, corpus_chunk_size)
     assert device[1].shape == (23, min(k, 101))
-    assert_same_top_k(plain, device)
+    assert_same_top_k(plain, device, (queries, corpus, score))
 
 
 @pytest.mark.parametrize("score", SCORES)
@@ -97,14 +110,14 @@ def test_random_data_matches_plain_path(score, k, query_chunk_size, corpus_chunk
 def test_ties_go_to_the_lower_row_as_on_the_plain_path(score, k, chunk_sizes):
     queries, corpus = tied_problem(score, torch.Generator().manual_seed(2))
     plain, device = both_searches(queries, corpus, k, score, *chunk_sizes)
-    assert_same_top_k(plain, device, exact=True)
+    assert_same_top_k(plain, device)
     assert torch.equal(device[1], brute_force(queries, corpus, k, score)[1])
 
 
 def test_all_equal_scores_return_the_first_rows_in_order():
     plain, device = both_searches(torch.ones(3, 4), torch.ones(50, 4), 10, "dot", 2, 7)
     assert device[1].tolist() == [list(range(10))] * 3
-    assert_same_top_k(plain, device, exact=True)
+    assert_same_top_k(plain, device)
 
 
 @pytest.mark.parametrize("score", SCORES)
@@ -112,7 +125,7 @@ def test_all_equal_scores_return_the_first_rows_in_order():
 def test_excluded_ids_match_plain_path(score, chunk_sizes):
     queries, corpus, ids = ids_problem(score, torch.Generator().manual_seed(3))
     plain, device = both_searches(queries, corpus, 12, score, *chunk_sizes, ids=ids)
-    assert_same_top_k(plain, device, exact=True)
+    assert_same_top_k(plain, device)
 
 
 @pytest.mark.parametrize("score", SCORES)
@@ -126,7 +139,7 @@ def test_too_few_rows_left_are_padded_as_on_the_plain_path(score):
     assert device[1][0, 2:].tolist() == [-1, -1]
     padding = torch.inf if score == "euclidean" else -torch.inf
     assert device[0][0, 2:].tolist() == [padding, padding]
-    assert_same_top_k(plain, device)
+    assert_same_top_k(plain, device, (queries, corpus, score))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -137,7 +150,7 @@ def test_half_precision_corpus_matches_plain_path(dtype, score):
     corpus = torch.randn(70, 32, generator=generator).to(dtype)
     plain, device = both_searches(queries, corpus, 5, score, 4, 17)
     assert device[0].dtype == torch.float32
-    assert_same_top_k(plain, device)
+    assert_same_top_k(plain, device, (queries, corpus, score))
 
 
 def test_empty_query_set_gives_empty_results():
@@ -163,7 +176,10 @@ def test_a_bad_row_in_a_later_chunk_is_named_as_on_the_plain_path(score, bad_val
     queries, corpus = torch.randn(5, 384), torch.randn(300, 384)
     corpus[250, 7:] = bad_value
     if score != "euclidean" and bad_value == 1e30:
-        assert_same_top_k(*both_searches(queries, corpus, 3, score, 16, 64))
+        # The plain path measures the row's norm again after dividing it by its largest entry, and
+        # multiplies back (similarity.row_norms): two roundings more for cosine.
+        plain, device = both_searches(queries, corpus, 3, score, 16, 64)
+        assert_same_top_k(plain, device, (queries, corpus, score), roundings=2)
         return
     message = error_message(device_search, queries, corpus, score)
     assert message.startswith("corpus row 250 contains NaN or inf")
@@ -258,7 +274,7 @@ def test_cuda_matches_plain_path_on_the_cpu_for_every_corpus_placement(score):
     for name, placed in cuda_corpora(corpus).items():
         _, device = both_searches(queries, placed, 12, score, 16, 20, ids=ids, device="cuda")
         assert device[1].device.type == "cuda", name
-        assert_same_top_k(plain, device, exact=True)
+        assert_same_top_k(plain, device)
 
 
 @needs_cuda

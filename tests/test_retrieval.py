@@ -23,6 +23,8 @@ from minisbert.fast import screen
 from minisbert.retrieval import merge_top_k
 from minisbert.search import load_corpus, prepare_corpus, search
 
+from .tolerances import search_scores_apart
+
 SCORES = ("cosine", "dot", "euclidean")
 PATHS = {
     "plain": {"fast": False},
@@ -53,11 +55,36 @@ def brute_force(queries, corpus, k, score):
     return scores.gather(1, order), order
 
 
+def assert_within_rounding(scores, expected_scores, queries, corpus, indices, score, roundings=0):
+    """Each float32 score lies within float32 rounding of brute force's exact one: the bound of
+    tests/tolerances.py's search_scores_apart, entry by entry (relative to the magnitudes of the terms
+    that made that score, since a score that cancels to near 0 keeps the rounding of those terms). It
+    holds whatever order a CPU's or GPU's kernels add in. Measured on a 2-core Xeon, with its AVX-512 and
+    AMX kernels and again with AVX2 ones (ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2), every
+    difference stays 16.8 times inside it or more (the closest: dot over 24 dimensions)."""
+    difference = (torch.as_tensor(scores).double() - expected_scores).abs()  # (Q, k)
+    bound = search_scores_apart(queries, corpus, indices, score, expected_scores, roundings)  # (Q, k)
+    assert (difference <= bound).all(), f"{score}: off by up to {float((difference / bound).max()):.3g} bounds"
+
+
 def assert_matches_brute_force(queries, corpus, k, score, **kwargs):
     scores, indices = search(queries, corpus, k, score=score, **kwargs)
     expected_scores, expected_indices = brute_force(queries, corpus, k, score)
     assert torch.equal(indices, expected_indices)
-    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
+    assert_within_rounding(scores, expected_scores, queries, corpus, indices, score)
+
+
+# A square root rounds once: IEEE 754 rounds it correctly, to within u = 2^-24 = 6.0e-8 of the root
+# (float64's root is off by 1.1e-16), so a distance whose squared distance is exact in float32 is off by
+# at most that much of itself. SQRT_RTOL is 17 times u; measured up to 5.9e-8.
+SQRT_RTOL = 1e-6
+
+
+def assert_exact_scores(scores, expected_scores, score):
+    """For problems whose every score (every squared distance, for euclidean) is exact in float32: the
+    scores are brute force's, but for the one rounding of a distance's square root."""
+    torch.testing.assert_close(scores.double(), expected_scores, rtol=SQRT_RTOL if score == "euclidean" else 0,
+                               atol=0)
 
 
 def integer_embeddings(rows, dim, generator):
@@ -83,18 +110,20 @@ def two_norm_embeddings(rows, dim, generator):
 def test_worked_example_each_score(path):
     queries = torch.tensor([[1.0, 0.0]])
     corpus = torch.tensor([[3.0, 4.0], [2.0, 0.0], [0.0, -1.0]])
+    # Exact: the norms (5, 2, 1) and the sums are exact in float32, and a division and a square root
+    # round once, correctly (IEEE 754), to the float32 nearest 3/5, sqrt(2) and sqrt(20).
     # cosine: (3*1 + 4*0) / 5 = 0.6;  2 / 2 = 1.0;  0 / 1 = 0.0  -> rows 1, 0, 2
     scores, indices = search(queries, corpus, 3, score="cosine", **path)
     assert indices.tolist() == [[1, 0, 2]]
-    torch.testing.assert_close(scores, torch.tensor([[1.0, 0.6, 0.0]]))
+    torch.testing.assert_close(scores, torch.tensor([[1.0, 0.6, 0.0]]), rtol=0, atol=0)
     # dot: 3, 2, 0 -> rows 0, 1, 2
     scores, indices = search(queries, corpus, 3, score="dot", **path)
     assert indices.tolist() == [[0, 1, 2]]
-    torch.testing.assert_close(scores, torch.tensor([[3.0, 2.0, 0.0]]))
+    torch.testing.assert_close(scores, torch.tensor([[3.0, 2.0, 0.0]]), rtol=0, atol=0)
     # euclidean: |(1,0)-(3,4)| = sqrt(4+16) = 4.472;  |(1,0)-(2,0)| = 1;  |(1,0)-(0,-1)| = sqrt(2)
     scores, indices = search(queries, corpus, 3, score="euclidean", **path)
     assert indices.tolist() == [[1, 2, 0]]
-    torch.testing.assert_close(scores, torch.tensor([[1.0, 2.0**0.5, 20.0**0.5]]))
+    torch.testing.assert_close(scores, torch.tensor([[1.0, 2.0**0.5, 20.0**0.5]]), rtol=0, atol=0)
 
 
 # ---- agreement with brute force ------------------------------------------------------------
@@ -161,7 +190,7 @@ def test_ties_go_to_lower_index_across_chunks(score, k, chunk_sizes, path):
     )
     expected_scores, expected_indices = brute_force(queries, corpus, k, score)
     assert torch.equal(indices, expected_indices)
-    torch.testing.assert_close(scores.double(), expected_scores)
+    assert_exact_scores(scores, expected_scores, score)
 
 
 def test_all_equal_scores_return_first_rows_in_order(path):
@@ -184,7 +213,7 @@ def test_half_precision_corpus_scored_in_float32(dtype, score, path):
     # The reference sees the same half-precision values, upcast.
     expected_scores, expected_indices = brute_force(queries, corpus.float(), 5, score)
     assert torch.equal(indices, expected_indices)
-    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
+    assert_within_rounding(scores, expected_scores, queries, corpus, indices, score)
 
 
 def test_numpy_in_numpy_out_torch_otherwise(path):
@@ -197,7 +226,7 @@ def test_numpy_in_numpy_out_torch_otherwise(path):
     torch_scores, torch_indices = search(torch.from_numpy(queries), corpus, 3, **path)
     assert isinstance(torch_scores, torch.Tensor)
     np.testing.assert_array_equal(torch_indices.numpy(), indices)
-    np.testing.assert_allclose(torch_scores.numpy(), scores)
+    np.testing.assert_array_equal(torch_scores.numpy(), scores)  # the same rows through the same kernels
 
 
 def test_empty_query_set_gives_empty_results(path):
@@ -275,7 +304,7 @@ def test_the_plain_search_matches_brute_force_and_the_library_search(score, k, q
     scores, indices = retrieval.search(queries, corpus, k, score=score, **chunks)
     expected_scores, expected_indices = brute_force(queries, corpus, k, score)
     assert torch.equal(indices, expected_indices)
-    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
+    assert_within_rounding(scores, expected_scores, queries, corpus, indices, score)
     # On embeddings of ordinary size it is the library's plain path, bit for bit: the same loop.
     library_scores, library_indices = search(queries, corpus, k, score=score, fast=False, **chunks)
     assert torch.equal(scores, library_scores) and torch.equal(indices, library_indices)
@@ -355,7 +384,8 @@ def test_merging_shard_results_equals_searching_the_whole_corpus(score):
                 largest=score != "euclidean",
             )
     assert torch.equal(merged_indices, expected[1])
-    torch.testing.assert_close(merged_scores, expected[0])
+    # tied_problem's scores are exact in float32, and each distance the same rounded root: the same bits.
+    assert torch.equal(merged_scores, expected[0])
 
 
 # ---- screening with a bfloat16 product --------------------------------------------------------
@@ -396,7 +426,9 @@ def test_error_bound_holds_and_is_nearly_reached():
     assert ((approximate - exact).abs() <= bound + u / (1 - u) * approximate.abs()).all()
 
     # In the worst case the error is nearly 2u |q| |c|. The bound, with the norms of this pair,
-    # (2u + u^2 + 4 gamma)(1 + 2 gamma)^2 (1.01) |q| |c|, holds and is at most 5% above it.
+    # (2u + u^2 + 4 gamma)(1 + 2 gamma)^2 (1.01) |q| |c|, holds and is at most 5% above it. The pair's
+    # bfloat16 products (1 and -(1 + 2^-6 + 2^-14)) and every partial sum of them are exact in float32,
+    # so worst_error is the same whatever order a CPU adds in, AMX or not: 0.974 of the bound.
     worst_norm = torch.linalg.vector_norm(worst_q)
     worst_bound = screen._error_bounds(worst_norm, worst_norm, d, False)
     worst_approximate = (worst_q.bfloat16() @ worst_c.bfloat16().T).double()
@@ -477,7 +509,9 @@ def test_tiny_rows_have_true_cosines(path):
     scores, indices = search(queries * 1e-30, scaled, 7, corpus_chunk_size=64, **path)
     expected_scores, expected_indices = brute_force(queries, corpus, 7, "cosine")
     assert torch.equal(indices, expected_indices)
-    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
+    # Six roundings more than brute force's rows see: each row's scaling by 1e-30, and its norm measured
+    # again (similarity.row_norms), dividing by its largest entry and multiplying back.
+    assert_within_rounding(scores, expected_scores, queries, corpus, indices, "cosine", roundings=6)
 
 
 def test_huge_rows_have_true_cosines(path):
@@ -491,7 +525,8 @@ def test_huge_rows_have_true_cosines(path):
     scores, indices = search(huge_queries, huge_corpus, 9, corpus_chunk_size=64, **path)
     expected_scores, expected_indices = brute_force(queries, corpus, 9, "cosine")
     assert torch.equal(indices, expected_indices)
-    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
+    # Six roundings more, as in test_tiny_rows_have_true_cosines.
+    assert_within_rounding(scores, expected_scores, queries, corpus, indices, "cosine", roundings=6)
 
 
 def test_huge_query_rows_with_dot_scores_in_range_are_exact(path):
@@ -503,7 +538,9 @@ def test_huge_query_rows_with_dot_scores_in_range_are_exact(path):
     scores, indices = search(queries, corpus, 6, score="dot", corpus_chunk_size=40, **path)
     expected_scores, expected_indices = brute_force(queries, corpus, 6, "dot")
     assert torch.equal(indices, expected_indices)
-    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=0.0)
+    # Relative to sum |q_i c_i| (about 2.4e32 for the rows of 1e30): the bound scales with the rows, as
+    # float32's rounding does.
+    assert_within_rounding(scores, expected_scores, queries, corpus, indices, "dot")
 
 
 @pytest.mark.parametrize("huge", ["queries", "corpus"])
@@ -733,7 +770,10 @@ def test_cuda_matches_cpu(score, path):
     expected_scores, expected_indices = brute_force(queries, corpus.half().float(), 10, score)
     assert gpu_indices.device.type == "cuda"
     assert torch.equal(gpu_indices.cpu(), expected_indices)
-    torch.testing.assert_close(gpu_scores.cpu().double(), expected_scores, rtol=1e-4, atol=1e-4)
+    # The GPU sums in float32 too (conftest.py turns TF32 off; fused multiply-adds round less, not more),
+    # so the same bound holds. Not measured: the machine these tolerances were measured on has no GPU.
+    assert_within_rounding(gpu_scores.cpu(), expected_scores, queries, corpus.half().float(), expected_indices,
+                           score)
     assert torch.equal(cpu_indices, brute_force(queries, corpus, 10, score)[1])
 
 
@@ -783,9 +823,8 @@ def test_every_path_at_every_number_of_queries_matches_brute_force(score, num_qu
             kept = [column for column, row in enumerate(expected[query].tolist()) if row != own][:k]
             assert indices[query, : len(kept)].tolist() == expected[query, kept].tolist()
             assert (indices[query, len(kept):] == -1).all()  # a self-match left out leaves padding
-            # Distances go through a square root; the other scores are exact (see ids_problem).
-            torch.testing.assert_close(scores[query, : len(kept)].double(), expected_scores[query, kept],
-                                       rtol=1e-6 if score == "euclidean" else 0, atol=0)
+            # Exact scores (see ids_problem), but for a distance's square root: assert_exact_scores.
+            assert_exact_scores(scores[query, : len(kept)], expected_scores[query, kept], score)
 
 
 @pytest.mark.parametrize("score", SCORES)
@@ -799,7 +838,7 @@ def test_random_embeddings_at_every_number_of_queries(score, num_queries, small_
     scores, indices = search(queries, prepared(corpus, score), 10, score=score)
     expected_scores, expected_indices = brute_force(queries, corpus, 10, score)
     assert torch.equal(indices, expected_indices)
-    torch.testing.assert_close(scores.double(), expected_scores, rtol=1e-5, atol=1e-5)
+    assert_within_rounding(scores, expected_scores, queries, corpus, indices, score)
 
 
 def test_a_prepared_corpus_keeps_its_score_and_refuses_another():

@@ -25,6 +25,8 @@ N(0, 1) loss weights), so a value near 0 is a sum of terms of order one that can
 
 import math
 
+import torch
+
 UNIT_ROUNDOFF = 2.0 ** -24  # float32
 LAMBDA = 8  # the probabilistic bound fails with probability about 2n·exp(-32) < 1e-10
 ADAMW_ROUNDINGS = 7  # per entry and step: the decay, two for each moment, √v, + ε, the division, the update
@@ -92,3 +94,46 @@ def scores_apart(model) -> float:
     """The bound for a score of two of a SentenceModel's embeddings, each computed apart (relative to
     scale): the embeddings' path, then the score's sums over D (normalising for cosine, the product)."""
     return float32_apart(embedding_roundings(model) + 2 * model.dimension)
+
+
+def search_roundings(d: int, score: str) -> int:
+    """n for a float32 search score of two d-long rows (minisbert/retrieval.py, minisbert/fast/):
+    - dot, q·c: one sum of d products;
+    - cosine, (q/|q|)·(c/|c|), or (q/|q|)·c / |c| on the fast path's few-query spans: the dot product's
+      d, and for each row its norm (d squares summed, a square root) and the division by it;
+    - euclidean, |q|² - (2 q·c - |c|²), the ranking key made by one addmm (or as (2q - c)·c when a
+      screened entry is scored again: one rounding more): the longest of the sums of d terms, then the
+      additions and subtractions after it."""
+    return {"dot": d, "cosine": 3 * d + 4, "euclidean": d + 3}[score]
+
+
+def search_scores_apart(queries, corpus, indices, score: str, distances=None, roundings: int = 0):
+    """(Q, k) float64: the most each float32 search score of the (Q, d) `queries` against the corpus
+    rows `indices` (Q, k) differs from the exact score, or from another float32 computation of it (an
+    AVX2 kernel's against an AVX-512 or AMX one's, a GPU's against a CPU's). `distances`: the (Q, k)
+    exact distances, for euclidean. `roundings`: what the rows went through before the search (a
+    scaling, a norm measured again: one rounding more each).
+
+    Each bound is float32_apart(search_roundings) times the sum of the magnitudes of the terms that
+    made the score, the quantity Higham's bound is relative to (see above):
+    - dot: sum_i |q_i c_i|, at most |q| |c|, and larger than |q·c| where the products cancel;
+    - cosine: 1, since the products of two unit rows sum to at most 1 in magnitude and the norms'
+      relative errors multiply a cosine of at most 1;
+    - euclidean: |q|² + 2 sum_i |q_i c_i| + |c|², the terms of the squared distance D². Float32 gets
+      D² off by at most that times float32_apart, e; the distance sqrt(D² + e) is then off from D by
+      |e| / (sqrt(D² + e) + D), at most |e| / D, and at most sqrt(|e|), which is what is left where D
+      is near 0 (a row close to the query: its D² is a difference of much larger terms). The square
+      root rounds once more, by u of D.
+    Padding (row -1) gets a bound too; its scores are infinite, and callers compare them exactly."""
+    queries = torch.as_tensor(queries).double()  # (Q, d)
+    corpus = torch.as_tensor(corpus).double()  # (N, d)
+    indices = indices.clamp_min(0)  # (Q, k)
+    apart = float32_apart(search_roundings(queries.shape[1], score) + roundings)
+    if score == "cosine":
+        return torch.full(indices.shape, apart, dtype=torch.float64)
+    products = (queries.abs() @ corpus.abs().T).gather(1, indices)  # (Q, k) sum_i |q_i c_i|
+    if score == "dot":
+        return apart * products
+    squared = apart * (queries.pow(2).sum(1)[:, None] + 2 * products + corpus.pow(2).sum(1)[indices])  # (Q, k)
+    # fmin skips a NaN: a zero query against a zero row gives 0 / 0, and its bound is then sqrt(0) = 0.
+    return torch.fmin(squared / distances, squared.sqrt()) + 2 * UNIT_ROUNDOFF * distances
