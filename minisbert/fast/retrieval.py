@@ -217,9 +217,9 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: 
     (ranking keys for euclidean) into `block`: one row per query, and for a dot product over
     embeddings as given, the detector's row last (`_detector`).
 
-    One product makes the scores. A prepared corpus needs nothing more. Over embeddings as given, a
-    dot product is checked by its detector row; cosine and euclidean need the rows' norm terms, measured
-    in a second pass over the span. A cosine then divides the products by the row norms,
+    One product makes the scores. A prepared corpus needs nothing more. Over embeddings as given,
+    a dot product is checked by its detector row; cosine and euclidean need the rows' norm terms,
+    measured in a second pass over the span. A cosine then divides the products by the row norms,
     (q·c) / |c|, rather than the rows before the product, q·(c / |c|), as the plain search does:
     the two agree to float32 rounding, and dividing the (Q, span_rows) products is much less work
     than dividing the rows. A span that fails the quick check (a row that is not finite, so small
@@ -247,7 +247,8 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: 
     if not ordinary:
         piece = inputs.corpus_chunk_size
         for start in range(span_start, end, piece):
-            rows, norm_terms = inputs.corpus_chunk(start, size=min(piece, end - start))  # checked, unit rows for cosine
+            # Checked rows (unit rows for cosine), as the plain search reads them.
+            rows, norm_terms = inputs.corpus_chunk(start, size=min(piece, end - start))
             part = block[: inputs.queries.shape[0], start - span_start : start - span_start + rows.shape[0]]
             _score_rows(rows, norm_terms, inputs.queries, score, part.T)
 
@@ -255,8 +256,9 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: 
 def _score_rows(rows: torch.Tensor, norm_terms: torch.Tensor | None, queries: torch.Tensor, score: str,
                 out: torch.Tensor) -> None:
     """Write the (n, Q) scores (ranking keys 2 q·c - |c|² for euclidean, which needs the (n,)
-    norm_terms) of (n, d) rows as scored against (Q, d) queries into `out`. `out` may be the transpose
-    of a (Q, n) block: torch then computes the product in that layout, with the same bits."""
+    norm terms) of (n, d) rows as scored against (Q, d) queries into `out`. `out` may be the
+    transpose of a (Q, n) block: torch then computes the product in that layout, with the same
+    bits."""
     if score == "euclidean":
         torch.addmm(-norm_terms[:, None], rows, queries.T, alpha=2, out=out)
     else:
