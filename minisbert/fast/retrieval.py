@@ -336,7 +336,6 @@ def _merge_block(
     """
     k = top_scores.shape[1]
     kth = top_scores[:, -1]  # (Qc,)
-    floor = _entry_floor(scores, kth, k)  # (Qc,) or None
     groups = scores.unflatten(1, (-1, GROUP_SIZE))  # (Qc, H / G, G)
     # Reduced along the block's rows in memory: across the other direction torch's reduction
     # took 34 times as long on a (1024, 8192) block.
@@ -344,6 +343,7 @@ def _merge_block(
         group_maxima = groups.amax(dim=2)  # (Qc, H / G)
     else:  # the transpose of an (H, Qc) block
         group_maxima = scores.T.unflatten(0, (-1, GROUP_SIZE)).amax(dim=1).T  # (Qc, H / G)
+    floor = _entry_floor(scores, group_maxima, kth, k)  # (Qc,) or None
     promising = group_maxima > kth[:, None]  # (Qc, H / G)
     if floor is not None:
         promising &= group_maxima >= floor[:, None]
@@ -385,18 +385,26 @@ def _one_thread(device: torch.device):
         torch.set_num_threads(threads)
 
 
-def _entry_floor(scores: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor | None:
-    """(Qc,) lowest score that may enter from this (Qc, H) block, or None if there is no floor.
+def _entry_floor(
+    scores: torch.Tensor, group_maxima: torch.Tensor, kth: torch.Tensor, k: int
+) -> torch.Tensor | None:
+    """(Qc,) a score below which nothing in this (Qc, H) block can enter, or None if there is no
+    such floor.
 
     Only needed for queries whose running top-k is not full yet (kth = -inf, in the first chunk):
-    there every finite score beats kth, so the block's own k-th best bounds the candidates.
-    Ties at that value all stay candidates, so the stable sort still sees every contender.
+    there every finite score beats kth. The k-th largest of a query's (H / G) group maxima is
+    such a floor: k groups reach it, so the block holds at least k scores that high, and its own
+    k-th best is no lower. Taken from the maxima rather than the scores, it costs a top-k over
+    G = 64 times fewer numbers (over a (1000, 8192) block laid out (corpus rows, queries), the
+    top-k of the scores took 62 ms on one thread). Ties at that value all stay candidates, so
+    the stable sort still sees every contender. With k groups or fewer there is no such floor
+    but the block's own k-th best score, found the slow way.
     """
     not_full = torch.isneginf(kth)
     if scores.shape[1] <= k or not not_full.any():
         return None
-    if not_full.all():  # the usual case: the first chunk; spares a copy of the block
-        return scores.topk(k, dim=1).values[:, -1]
-    floor = torch.full_like(kth, -torch.inf)
-    floor[not_full] = scores[not_full].topk(k, dim=1).values[:, -1]
-    return floor
+    if group_maxima.shape[1] > k:
+        floors = group_maxima.topk(k, dim=1).values[:, -1]  # (Qc,)
+    else:
+        floors = scores.topk(k, dim=1).values[:, -1]  # (Qc,)
+    return torch.where(not_full, floors, -torch.inf)
