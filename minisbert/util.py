@@ -49,5 +49,6 @@ def semantic_search(query_embeddings, corpus_embeddings, query_chunk_size: int =
                          f"{score_function!r}; for another score call minisbert.search.search(score=...)")
     queries, corpus = as_rows(query_embeddings, "query_embeddings"), as_rows(corpus_embeddings, "corpus_embeddings")
     scores, indices = search(queries, corpus, min(top_k, len(corpus)), score=SCORE_NAMES[score_function])
-    return [[{"corpus_id": int(row), "score": float(score)} for row, score in zip(query_rows, query_scores)]
+    # tolist() gives Python ints and floats, as sentence-transformers' hits hold.
+    return [[{"corpus_id": row, "score": score} for row, score in zip(query_rows, query_scores)]
             for query_rows, query_scores in zip(indices.tolist(), scores.tolist())]

@@ -919,3 +919,5 @@ def test_util_semantic_search_is_the_fast_search_written_out(num_queries, small_
         scores, indices = search(queries, corpus, 7, score=score)
         assert [[hit["corpus_id"] for hit in row] for row in hits] == indices.tolist()
         assert [[hit["score"] for hit in row] for row in hits] == scores.tolist()
+        # Plain Python numbers, as sentence-transformers' hits hold (f"{score:.3f}", json.dumps).
+        assert all(type(hit["corpus_id"]) is int and type(hit["score"]) is float for row in hits for hit in row)
