@@ -395,7 +395,7 @@ def _entry_floor(
     there every finite score beats kth. The k-th largest of a query's (H / G) group maxima is
     such a floor: k groups reach it, so the block holds at least k scores that high, and its own
     k-th best is no lower. Taken from the maxima rather than the scores, it costs a top-k over
-    G = 64 times fewer numbers (over a (1000, 8192) block laid out (corpus rows, queries), the
+    G = 64 times fewer numbers (over an 8,192 x 1,024 block laid out (corpus rows, queries), the
     top-k of the scores took 62 ms on one thread). Ties at that value all stay candidates, so
     the stable sort still sees every contender. With k groups or fewer there is no such floor
     but the block's own k-th best score, found the slow way.
