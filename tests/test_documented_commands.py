@@ -55,6 +55,8 @@ QUICK, STEPS = "--quick", "--max-steps 2"
 BENCH = "--limit 8 --rounds 1"  # 8 documents, one round
 # NDCG@10 over data/example's 48 documents instead of SciFact's 5,183 (the scripts take any BEIR folder)
 SMALL_CORPUS = f"--data {REPO / 'data' / 'example'}"
+# bench/retrieval.py's commands, shortened alike: a 2,000-row corpus, one round, 1 and 40 queries a call.
+SMALL_SEARCH = Run("--sizes 2000 --queries 1 40 --repeats 1", needs="peer")
 # The documented command (as extracted) -> how it is run. Keep one line per command.
 COMMANDS = {
     # README.md
@@ -86,10 +88,8 @@ COMMANDS = {
         Run(BENCH, slow=True, data=True, needs="peer"),
     "python bench/int8.py --limit 320 --rounds 3": Run(BENCH, slow=True, data=True),
     "python bench/int8.py --limit 64 --rounds 1 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
-    "python bench/retrieval.py --peer-python PEER/bin/python":
-        Run("--sizes 2000 --queries 1 40 --repeats 1", needs="peer"),
-    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 1000000":
-        Run("--sizes 2000 --queries 1 40 --repeats 1", needs="peer"),
+    "python bench/retrieval.py --peer-python PEER/bin/python": SMALL_SEARCH,
+    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 1000000": SMALL_SEARCH,
     "python bench/retrieval.py --sizes 1000000 --queries 1 16 1000 --devices cuda --methods minisbert-dot "
     "minisbert-cosine minisbert-prepared plain": Run("--sizes 2000 --queries 1 --repeats 1", needs="gpu"),
     "python bench/train.py --peer-python PEER/bin/python --repeats 3": Run("--pairs 32 --repeats 1", slow=True,
@@ -136,10 +136,9 @@ COMMANDS = {
     "python bench/gpu.py --model runs/x/final --corpus-rows 8841823 --dim 768": Run("--corpus-rows 10000",
                                                                                      needs="gpu"),
     "python bench/int8.py --limit 320 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
-    "python bench/retrieval.py --peer-python /path/to/peer-env/bin/python":
-        Run("--sizes 2000 --queries 1 40 --repeats 1", needs="peer"),
+    "python bench/retrieval.py --peer-python /path/to/peer-env/bin/python": SMALL_SEARCH,
     "MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/retrieval.py --sizes 200000 --queries 1 16 1000 "
-    "10000": Run("--sizes 2000 --queries 1 40 --repeats 1", needs="peer"),
+    "10000": SMALL_SEARCH,
     "python bench/train.py --peer-python /path/to/peer-env/bin/python": Run("--pairs 32 --repeats 1", slow=True,
                                                                            data=True, needs="peer"),
     "MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/train.py --pairs 160 --repeats 2":
