@@ -74,7 +74,9 @@ def search(
         score: "cosine" (the default), "dot" or "euclidean" (see minisbert/retrieval.py). For a
             prepared corpus, the score it was prepared for (another is refused).
         query_chunk_size, corpus_chunk_size: block shape. Only speed and memory depend on them,
-            never the results. corpus_chunk_size defaults to 8192 on CPU, 32768 on CUDA.
+            never the results. corpus_chunk_size defaults to 8192 on CPU; on CUDA, 32768 for
+            a corpus streamed from CPU memory, and for one on the GPU as many rows as make a
+            block of 2^25 scores (at least 32768, at most 512 MB of float32 rows).
         query_ids, corpus_ids: optional ids (any hashable values), one per query and one per
             corpus row. When given, a corpus row whose id equals the query's id is never returned
             for that query (BEIR drops such self-matches), and the next best row takes its place.

@@ -56,11 +56,17 @@ SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
 # (1024, 8192) float32 blocks, 32 MB, balance the two.
 DEFAULT_QUERY_CHUNK_SIZE = 1024
 DEFAULT_CORPUS_CHUNK_SIZE = 8192
-# On a GPU each block costs a few kernel launches (and no host synchronisation: see
-# minisbert/fast/device_search.py), so fewer, wider blocks are better; this value was chosen by
-# that argument, not measured. At 1024 queries a block takes 128 MB of float32 scores and, for
-# the device search's top-k, 256 MB of int64 keys.
+# On a GPU each chunk costs a few dozen kernel launches, about 0.5 ms in all (and no host
+# synchronisation: see minisbert/fast/device_search.py), so fewer, wider chunks are better. A
+# corpus on the GPU is read in chunks of CUDA_BLOCK_ENTRIES // Qc rows, at least 32768, so a
+# (Qc, Nc) block holds 2^25 entries: 128 MB of float32 scores and 256 MB of int64 keys. A chunk's
+# rows take at most CUDA_CHUNK_BYTES in float32. Measured on an H200 (2026-11-26), one query over
+# 1,000,000 x 384 rows: 16.3 ms in 32768-row chunks, 3.3 ms in one chunk. A corpus streamed from
+# CPU memory keeps 32768-row chunks: the copies take longer than the launches, and its two
+# pinned staging buffers stay small.
 DEFAULT_CUDA_CORPUS_CHUNK_SIZE = 32768
+CUDA_BLOCK_ENTRIES = 2**25
+CUDA_CHUNK_BYTES = 2**29
 # Cosine divides by max(|v|, TINY): a zero vector scores 0 instead of NaN.
 TINY = torch.finfo(torch.float32).tiny
 # The largest score allowed, with a factor 2 to spare for the rounding of the float32 sums.
@@ -183,7 +189,11 @@ class SearchInputs:
         `search` returns: distances for euclidean, numpy arrays for numpy inputs."""
         if self.score == "euclidean":
             squared = self.query_norm_terms[:, None] - top_scores  # (Q, k) |q|² - 2 q·c + |c|²
-            top_scores = squared.clamp_min(0).sqrt()
+            # The square root is taken in float64 and rounded to float32, which gives the
+            # correctly rounded float32 root (53 >= 2·24 + 2 bits: the double rounding is
+            # harmless) on every device: torch's float32 sqrt on CUDA is not correctly rounded
+            # (on an H200 it differed from the CPU's in 0.6% of 10^7 random floats).
+            top_scores = squared.clamp_min(0).double().sqrt().float()
         if self.return_numpy:
             return top_scores.cpu().numpy(), top_indices.cpu().numpy()
         return top_scores, top_indices
@@ -216,8 +226,7 @@ def check_inputs(
     _check_arguments(queries, corpus, k, score, query_chunk_size, corpus_chunk_size)
     device = torch.device(device) if device is not None else corpus.device
     if corpus_chunk_size is None:
-        cuda = device.type == "cuda"
-        corpus_chunk_size = DEFAULT_CUDA_CORPUS_CHUNK_SIZE if cuda else DEFAULT_CORPUS_CHUNK_SIZE
+        corpus_chunk_size = default_corpus_chunk_size(queries.shape, corpus.shape[1], corpus.device, query_chunk_size, device)
 
     queries = queries.to(device=device, dtype=torch.float32)  # (Q, d)
     query_norm_terms = row_norm_terms(queries, score)  # (Q,)
@@ -241,6 +250,20 @@ def check_inputs(
         prepared=prepared,
         largest_query_norm_term=largest_query,
     )
+
+
+def default_corpus_chunk_size(
+    queries_shape: tuple[int, int], dim: int, corpus_device: torch.device, query_chunk_size: int, device: torch.device
+) -> int:
+    """Rows per corpus chunk when the caller gives none (see DEFAULT_CUDA_CORPUS_CHUNK_SIZE), for
+    (Q, d) queries and a corpus of `dim` columns stored on `corpus_device`, searched on `device`."""
+    if device.type != "cuda":
+        return DEFAULT_CORPUS_CHUNK_SIZE
+    if corpus_device.type != "cuda":
+        return DEFAULT_CUDA_CORPUS_CHUNK_SIZE
+    query_rows = max(1, min(queries_shape[0], query_chunk_size))
+    widest = CUDA_CHUNK_BYTES // (4 * max(1, dim))
+    return max(DEFAULT_CUDA_CORPUS_CHUNK_SIZE, min(CUDA_BLOCK_ENTRIES // query_rows, widest))
 
 
 def _largest(norm_terms: torch.Tensor) -> tuple[int, float]:

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from minisbert import retrieval
 from minisbert.fast import retrieval as fast_retrieval
-from minisbert.fast import screen
+from minisbert.fast import screen, span_product
 from minisbert.retrieval import merge_top_k
 from minisbert.search import load_corpus, prepare_corpus, search
 
@@ -853,6 +853,51 @@ def test_random_embeddings_at_every_number_of_queries(score, num_queries, small_
     expected_scores, expected_indices = brute_force(queries, corpus, 10, score)
     assert torch.equal(indices, expected_indices)
     assert_within_rounding(scores, expected_scores, queries, corpus, indices, score)
+
+
+@pytest.mark.parametrize("way", span_product.WAYS)
+@pytest.mark.parametrize("score", ["cosine", "dot"])
+@pytest.mark.parametrize("num_queries", [1, 2, 16])
+def test_every_way_of_multiplying_spans_finds_what_brute_force_finds(way, score, num_queries, small_spans,
+                                                                      monkeypatch):
+    # Each way forced (minisbert/fast/span_product.py), over embeddings as given and a prepared
+    # corpus: exact scores (ids_problem) must come out exactly, random ones to float32 rounding.
+    if not span_product.runs(way, torch.device("cpu")):
+        pytest.skip(f"{way} does not run on this CPU")
+    monkeypatch.setenv(span_product.WAY_VARIABLE, way)
+    queries, corpus, ids = ids_problem(score, torch.Generator().manual_seed(14))
+    queries, ids["query_ids"] = queries[:num_queries], ids["query_ids"][:num_queries]
+    for search_corpus in (corpus, prepared(corpus, score)):
+        scores, indices = search(queries, search_corpus, 12, score=score, **ids)
+        plain_scores, plain_indices = search(queries, corpus, 12, score=score, **ids, fast=False)
+        assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
+    generator = torch.Generator().manual_seed(num_queries)
+    queries, corpus = torch.randn(num_queries, 24, generator=generator), torch.randn(1000, 24, generator=generator)
+    assert_matches_brute_force(queries, corpus, 10, score)
+    scores, indices = search(queries, prepared(corpus, score), 10, score=score)
+    expected_scores, expected_indices = brute_force(queries, corpus, 10, score)
+    assert torch.equal(indices, expected_indices)
+    assert_within_rounding(scores, expected_scores, queries, corpus, indices, score)
+
+
+def test_the_way_of_multiplying_spans_is_measured_once_per_shape(monkeypatch):
+    monkeypatch.delenv(span_product.WAY_VARIABLE, raising=False)
+    monkeypatch.setattr(span_product, "_chosen", {})
+    monkeypatch.setattr(span_product, "PROBE_BYTES", 2**20)  # a small probe: only the count matters here
+    measured = []
+    quickest = span_product._quickest
+    monkeypatch.setattr(span_product, "_quickest", lambda *shape: measured.append(shape) or quickest(*shape))
+    corpus = torch.randn(500, 24)
+    for num_queries in (3, 4, 3, 5):  # with the detector row: 4, 5 (rounded up to 8), 4, 6 (8)
+        search(torch.randn(num_queries, 24), corpus, 5, score="dot")
+    assert measured == [(4, 24, torch.device("cpu")), (8, 24, torch.device("cpu"))]
+    assert set(span_product._chosen.values()) <= set(span_product.WAYS)
+
+
+def test_an_unknown_way_of_multiplying_spans_is_named(monkeypatch):
+    monkeypatch.setenv(span_product.WAY_VARIABLE, "fastest")
+    with pytest.raises(ValueError, match="MINISBERT_SPAN_PRODUCT='fastest': choose one of"):
+        search(torch.randn(2, 8), torch.randn(50, 8), 3)
 
 
 def test_a_prepared_corpus_keeps_its_score_and_refuses_another():

@@ -23,9 +23,11 @@ Here every step has a size known in advance, so a whole search is queued in one 
 - Checks without reading each chunk's outcome: per chunk, the first row whose norm term is not
   finite and the row with the largest norm term are kept on the device (`_CorpusChecks`), read back once, and
   raised in the plain path's order with its messages.
-- Row norms without the plain path's second pass for rows whose squares overflow or underflow
-  (which must find those rows first): norms are summed in float64, where the square of any
-  float32 value fits, and rounded to float32 (`_row_norm_terms`).
+- Row norms without the plain path's second look at rows whose squares overflow or underflow
+  (which must find those rows first, reading the device). Norms are summed in float32, as the
+  plain path does, and the checks note on the device whether any came out inf, NaN or below
+  2^-60. If one did (read with the checks, after the loop), the whole search runs again with
+  norms summed in float64, where the square of any float32 value fits (`_row_norm_terms`).
 - Excluded (query id == corpus id) pairs are grouped by block once, before the loop
   (`_ExcludedPairs`); each block sets its own pairs to -inf with index tensors.
 
@@ -38,8 +40,8 @@ the host waits for the copy out of it, two chunks earlier, to end. A pinned corp
 
 Memory on the device, besides the corpus and the (Q, k) results: per block, the (Qc, Nc) float32
 scores, their int64 keys and int32 temporaries, about 20 bytes an entry (670 MB at the CUDA
-default 1024 x 32768); per chunk, its float32 copy and, while its norms are summed, a float64
-one; for a streamed corpus, two chunks in its own dtype.
+default block of 2^25); per chunk, its float32 copy (and for cosine its unit rows); for a
+streamed corpus, two chunks in its own dtype.
 
 Tested identical to the plain path (ties, excluded ids, half-precision corpora, errors) and for
 the absence of host reads per chunk in tests/test_device_search.py.
@@ -59,11 +61,12 @@ NEG_INF_ORDERED = -(2**31) + 2**23 - 1
 EMPTY_KEY = NEG_INF_ORDERED * 2**32
 
 
-def device_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def device_search(inputs: SearchInputs, float64_norms: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The (Q, k) scores (ranking keys 2 q·c - |c|² for euclidean) and corpus indices, best
     first, as `minisbert.retrieval.chunked_search` returns them. Reads the device from the host
     before the loop (to group excluded pairs, if any) and once after it (the checks), never in
-    it. Works on any device."""
+    it. Works on any device. Runs again with `float64_norms` if a float32 norm was not to be
+    trusted (see `_row_norm_terms`)."""
     queries, score, device = inputs.queries, inputs.score, inputs.device
     num_queries, num_docs, k = queries.shape[0], inputs.corpus.shape[0], inputs.k
     query_chunk_size, corpus_chunk_size = inputs.query_chunk_size, inputs.corpus_chunk_size
@@ -77,13 +80,13 @@ def device_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
     top_keys = torch.full((num_queries, k), EMPTY_KEY, dtype=torch.int64, device=device)  # (Q, k)
     columns = torch.arange(min(corpus_chunk_size, num_docs), device=device)  # (Nc,)
     chunks = _CorpusChunks(inputs.corpus, corpus_chunk_size, device)
-    checks = _CorpusChecks(inputs)
+    checks = _CorpusChecks(inputs, checks_norms=not float64_norms)
     excluded = None if inputs.excluded is None else _ExcludedPairs(inputs)
 
     for chunk_number, doc_start in enumerate(range(0, num_docs, corpus_chunk_size)):
         chunk = chunks.get(chunk_number).float()  # (Nc, d) float32, upcast on the device
         doc_rows = columns[: chunk.shape[0]] + doc_start  # (Nc,) corpus rows
-        norm_terms = _row_norm_terms(chunk, score)  # (Nc,)
+        norm_terms = _row_norm_terms(chunk, score, float64_norms)  # (Nc,)
         checks.add(norm_terms, doc_rows, doc_start)
         if score == "cosine":
             chunk = chunk / norm_terms.clamp_min(TINY)[:, None]  # (Nc, d) unit rows
@@ -103,7 +106,8 @@ def device_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
             top_keys[rows] = both.topk(k, dim=1).values  # (Qc, k), sorted: best first
         chunks.scored(chunk_number)
 
-    checks.raise_if_failed()  # the one read back to the host
+    if checks.raise_if_failed():  # the one read back to the host
+        return device_search(inputs, float64_norms=True)
     return _decode(top_keys)
 
 
@@ -137,64 +141,80 @@ def _decode(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scores, torch.where(scores == -torch.inf, -1, rows)
 
 
-def _row_norm_terms(chunk: torch.Tensor, score: str) -> torch.Tensor:
+def _row_norm_terms(chunk: torch.Tensor, score: str, float64_norms: bool) -> torch.Tensor:
     """(Nc,) norm terms of the (Nc, d) float32 rows, as `minisbert.search_inputs.row_norm_terms`
     defines them: squared norms for euclidean (the same function), else norms, computed without
     any read back to the host.
 
     The plain path's `row_norms` (minisbert/similarity.py) sums squares in float32, finds the rows
-    whose sums overflowed or underflowed, and measures them again: finding them reads the device. Summed in float64, no
-    square of a float32 overflows (3.4e38² = 1.2e77) or underflows (the smallest float32,
-    1.4e-45, squares to 2e-90), so one pass gives every norm, and rounding it to float32 gives
-    inf exactly for rows too large for float32 (or holding inf or NaN), as the checks expect.
-    The price is a float64 copy of the chunk while it is measured (200 MB at 32768 x 768).
+    whose sums overflowed or underflowed (norm inf or below 2^-60), and measures them again:
+    finding them reads the device. Here the float32 norms are kept, and `_CorpusChecks` notes
+    whether any such row was met; if one was, the search is run again with `float64_norms`.
+    Summed in float64, no square of a float32 overflows (3.4e38² = 1.2e77) or underflows (the
+    smallest float32, 1.4e-45, squares to 2e-90), so one pass gives every norm, and rounding it to
+    float32 gives inf exactly for rows too large for float32 (or holding inf or NaN), as the
+    checks expect. That costs a float64 copy of the chunk and, on an H200, 5 times the float32
+    pass's time (2.3 against 0.46 ms over 1,000,000 x 384 rows).
     """
     if score == "euclidean":
         return squared_row_norms(chunk)
-    return torch.linalg.vector_norm(chunk, dim=1, dtype=torch.float64).float()
+    if float64_norms:
+        return torch.linalg.vector_norm(chunk, dim=1, dtype=torch.float64).float()
+    return torch.linalg.vector_norm(chunk, dim=1)
 
 
 class _CorpusChecks:
     """The corpus checks of `SearchInputs.corpus_chunk`, kept on the device and read once.
 
-    For each chunk: the first row whose norm term is NaN or inf, and the row with the largest norm term.
-    `raise_if_failed` reads them all back at once and goes through the chunks in order, as the
-    plain path would have, so the first failure it raises is the one the plain path raises.
+    For each chunk: the first row whose norm term is NaN or inf, the row with the largest norm
+    term, and the smallest norm term. `raise_if_failed` reads them all back at once and goes
+    through the chunks in order, as the plain path would have, so the first failure it raises is
+    the one the plain path raises. With `checks_norms` (norms summed in float32), a norm that is
+    inf, NaN or below 2^-60 asks for the search again with float64 norms instead.
     """
 
-    def __init__(self, inputs: SearchInputs):
+    def __init__(self, inputs: SearchInputs, checks_norms: bool):
         self.inputs = inputs
         self.num_docs = inputs.corpus.shape[0]
         # Cosine scores lie in [-1, 1]; with no queries nothing is scored.
         self.fit_checked = inputs.score != "cosine" and inputs.queries.shape[0] > 0
-        self.per_chunk = []  # (3,) float64 each: first bad row (num_docs if none), largest norm term, its row
+        # Squared norms for euclidean are float32 sums in the plain path too: nothing to redo.
+        self.checks_norms = checks_norms and inputs.score != "euclidean"
+        self.per_chunk = []  # (4,) float64 each: first bad row (num_docs if none), largest norm term, its row, smallest
 
     def add(self, norm_terms: torch.Tensor, doc_rows: torch.Tensor, doc_start: int) -> None:
         """Note a chunk: its (Nc,) norm terms and (Nc,) corpus rows."""
         first_bad = torch.where(torch.isfinite(norm_terms), self.num_docs, doc_rows).amin()
         largest, column = norm_terms.max(dim=0)  # the first of equal maxima, as argmax gives
+        smallest = norm_terms.min()
         # float64 holds every row number below 2^53 and every float32 exactly.
         self.per_chunk.append(
-            torch.stack([first_bad.double(), largest.double(), (column + doc_start).double()])
+            torch.stack([first_bad.double(), largest.double(), (column + doc_start).double(), smallest.double()])
         )
 
-    def raise_if_failed(self) -> None:
-        """Read the checks back to the host (one transfer) and raise the plain path's error."""
-        read = [torch.stack(self.per_chunk).flatten()]  # (3 C,)
+    def raise_if_failed(self) -> bool:
+        """Read the checks back to the host (one transfer) and raise the plain path's error.
+        True if the search must run again with float64 norms (nothing was raised then)."""
+        read = [torch.stack(self.per_chunk).flatten()]  # (4 C,)
         if self.fit_checked:
             query_term, query_row = self.inputs.query_norm_terms.max(dim=0)
             read.append(torch.stack([query_term.double(), query_row.double()]))  # (2,)
         values = torch.cat(read).tolist()
-        per_chunk = [values[start : start + 3] for start in range(0, 3 * len(self.per_chunk), 3)]
+        per_chunk = [values[start : start + 4] for start in range(0, 4 * len(self.per_chunk), 4)]
         if self.fit_checked:
             query_term, query_row = values[-2:]
-        for first_bad, largest, largest_row in per_chunk:
+        if self.checks_norms and any(
+            first_bad < self.num_docs or not smallest >= 2.0**-60 for first_bad, _, _, smallest in per_chunk
+        ):
+            return True
+        for first_bad, largest, largest_row, _ in per_chunk:
             if first_bad < self.num_docs:
                 raise not_finite_error("corpus", int(first_bad))
             if self.fit_checked:
                 check_scores_fit(
                     self.inputs.score, int(query_row), query_term, int(largest_row), largest
                 )
+        return False
 
 
 class _ExcludedPairs:

@@ -67,6 +67,7 @@ from .. import cpu
 from ..search_inputs import SearchInputs, drop_excluded, quick_norm_terms, norm_terms_are_ordinary
 from .device_search import device_search
 from .screen import F32_UNIT, GROUP_SIZE, _merge_candidates, _Screen
+from .span_product import SpanProduct
 
 # Up to this many queries the corpus is read a span at a time (`_search_few`); past it, blocks of
 # queries against chunks of corpus are faster (`_search_many`). Measured on a 2-core Intel Xeon with
@@ -137,6 +138,7 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
     span = _span_length(span)
     height = -(-min(span, num_docs) // GROUP_SIZE) * GROUP_SIZE
     block_buffer = torch.empty(factors.shape[0] * height, device=device)
+    product = SpanProduct(factors, height)  # the quickest way to multiply spans here
     screen = None
     if kept_screen is not None and num_queries > 0:
         screen = _Screen(queries, score, num_queries, height, kept=True)
@@ -152,7 +154,7 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
                 continue
         width = -(-span_rows // GROUP_SIZE) * GROUP_SIZE
         block = block_buffer[: factors.shape[0] * width].view(-1, width)  # (Q', W) queries, corpus rows
-        _score_span(inputs, span_start, span_rows, factors, block[:, :span_rows])
+        _score_span(inputs, span_start, span_rows, product, block[:, :span_rows])
         if num_queries == 0:  # the corpus is still checked, as the plain search checks it
             continue
         with _one_thread(device):
@@ -211,13 +213,14 @@ def _detector(inputs: SearchInputs) -> torch.Tensor:
     return torch.full((inputs.queries.shape[1],), scale, device=inputs.device)
 
 
-def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: torch.Tensor,
+def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, product: SpanProduct,
                 block: torch.Tensor) -> None:
     """Check the `span_rows` corpus rows from `span_start` and write their (Q', span_rows) scores
     (ranking keys for euclidean) into `block`: one row per query, and for a dot product over
     embeddings as given, the detector's row last (`_detector`).
 
-    One product makes the scores. A prepared corpus needs nothing more. Over embeddings as given,
+    One product makes the scores (`product`, minisbert/fast/span_product.py, with the factor rows
+    of `_factors`). A prepared corpus needs nothing more. Over embeddings as given,
     a dot product is checked by its detector row; cosine and euclidean need the rows' norm terms,
     measured in a second pass over the span. A cosine then divides the products by the row norms,
     (q·c) / |c|, rather than the rows before the product, q·(c / |c|), as the plain search does:
@@ -229,11 +232,11 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: 
     score, end = inputs.score, span_start + span_rows
     if inputs.prepared is not None:
         rows, norm_terms = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
-        _score_rows(rows, norm_terms, factors, score, block.T)
+        _score_span_rows(rows, norm_terms, product, score, block)
         return
     rows = inputs.corpus[span_start:end].to(device=inputs.device, dtype=torch.float32)  # (n, d)
     if score == "dot":
-        _score_rows(rows, None, factors, score, block.T)
+        _score_span_rows(rows, None, product, score, block)
         detected = block[inputs.queries.shape[0]]  # the detector's row, after the queries'
         smallest, largest = (float(value) for value in torch.aminmax(detected))
         ordinary = -torch.inf < smallest and largest < torch.inf  # False for NaN too
@@ -241,7 +244,7 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: 
         norm_terms = quick_norm_terms(rows, score)  # (n,)
         ordinary = norm_terms_are_ordinary(norm_terms, score, inputs.largest_query_norm_term)
         if ordinary:
-            _score_rows(rows, norm_terms, factors, score, block.T)
+            _score_span_rows(rows, norm_terms, product, score, block)
             if score == "cosine":
                 block /= norm_terms
     if not ordinary:
@@ -251,6 +254,16 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, factors: 
             rows, norm_terms = inputs.corpus_chunk(start, size=min(piece, end - start))
             part = block[: inputs.queries.shape[0], start - span_start : start - span_start + rows.shape[0]]
             _score_rows(rows, norm_terms, inputs.queries, score, part.T)
+
+
+def _score_span_rows(rows: torch.Tensor, norm_terms: torch.Tensor | None, product: SpanProduct, score: str,
+                     block: torch.Tensor) -> None:
+    """Write the (Q', n) scores of (n, d) rows against the product's factor rows into `block`
+    (ranking keys for euclidean, which needs the (n,) norm terms)."""
+    if score == "euclidean":
+        _score_rows(rows, norm_terms, product.factors, score, block.T)
+    else:
+        product(rows, block)
 
 
 def _score_rows(rows: torch.Tensor, norm_terms: torch.Tensor | None, queries: torch.Tensor, score: str,
