@@ -320,9 +320,12 @@ def test_cuda_synchronisations_do_not_grow_with_the_number_of_chunks(placement):
     queries, corpus, ids = ids_problem("dot", torch.Generator().manual_seed(9))
     corpus = cuda_corpora(corpus)[placement]
     counts = {}
-    # A first search on a new machine synchronises once more (torch's own first use of pinned
-    # memory, seen on an H200): it is not counted.
-    device_search(check_inputs(queries, corpus, 5, "dot", 16, 3, ids["query_ids"], ids["corpus_ids"], "cuda"))
+    # The first call of set_sync_debug_mode in a process warns too (seen on an H200, torch 2.11):
+    # made here, uncounted.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.cuda.set_sync_debug_mode("warn")
+        torch.cuda.set_sync_debug_mode("default")
     for corpus_chunk_size in (1000, 3):  # 1 and 68 chunks
         inputs = check_inputs(
             queries, corpus, 5, "dot", 16, corpus_chunk_size, ids["query_ids"], ids["corpus_ids"], "cuda"

@@ -129,7 +129,8 @@ def _keys(block: torch.Tensor, low_bits: torch.Tensor) -> torch.Tensor:
     to +0.0."""
     ordered = _flip_negatives(block.add_(0.0).view(torch.int32))  # (Qc, Nc); -0.0 + 0.0 = +0.0
     # high * 2^32 + low with 0 <= low < 2^32: the high halves decide, the low ones break ties.
-    return ordered.to(torch.int64).mul_(2**32).add_(low_bits)  # (Qc, Nc)
+    # One call, computed in int64 (the type both are promoted to): one pass over the block.
+    return torch.add(low_bits, ordered, alpha=2**32)  # (Qc, Nc)
 
 
 def _decode(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
