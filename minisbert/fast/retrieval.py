@@ -18,9 +18,10 @@ block. What else it reads depends on the score:
   the detector, is multiplied with the span beside the queries, and its scores are finite only
   if every row is fit to search (`_detector`). One read of the corpus;
 - cosine and euclidean need every row's norm (the scores are divided by it, or use its square),
-  and measuring the rows is a second read of them: torch has no call that multiplies and
-  measures in one pass, and measuring a piece while it was still in the cache measured no faster
-  (bench/retrieval.py, 2-core Intel Xeon). About two reads;
+  and torch has no call that multiplies and measures in one pass. A cosine measures each piece
+  of NORM_PIECE_ROWS rows right after its product, while the piece is still in the cache; a
+  euclidean search needs the squares before its product, and measures the span first: about two
+  reads;
 - a prepared corpus (minisbert/search.py) has nothing left to check or measure: one read. From
   SCREENED_FEW_QUERIES queries, its bfloat16 copy, where one is kept, screens each span (below)
   and reads half the bytes.
@@ -97,6 +98,12 @@ SPAN_ROWS = 2**19 - GROUP_SIZE
 # queries, spans of 2^18 rows made a screened search 1.4 times as long as spans of 2^17.
 SPAN_ENTRIES = 2**22
 FIRST_SPAN_ROWS = 4096 - GROUP_SIZE
+# A cosine search over embeddings as given measures each piece of this many rows of a span just
+# after multiplying it. Over 200,000 x 384 rows with 2 factor rows, on a 2-core AMD EPYC (Zen 4):
+# the product and the norms took 18.8 ms one after the other over the whole corpus, 13.4 ms piece
+# by piece at 4096 rows (13.8 at 2048 and at 8192, 16.5 at 1024, 17.0 at 32768). On a 2-core Intel
+# Xeon with AMX, measuring in pieces was no faster (nor slower).
+NORM_PIECE_ROWS = 4096
 # A screened search's spans grow this many times at each step: a span much longer than all the
 # rows before it meets a k-th best too low to screen it, so it fails the screen and is done in
 # float32 (spans of full length after the first made screened searches up to 2 times as long at
@@ -221,8 +228,9 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, product: 
 
     One product makes the scores (`product`, minisbert/fast/span_product.py, with the factor rows
     of `_factors`). A prepared corpus needs nothing more. Over embeddings as given,
-    a dot product is checked by its detector row; cosine and euclidean need the rows' norm terms,
-    measured in a second pass over the span. A cosine then divides the products by the row norms,
+    a dot product is checked by its detector row; cosine and euclidean need the rows' norm terms:
+    a cosine measures each piece of NORM_PIECE_ROWS rows just after its product, a euclidean
+    search measures the span before its product (its ranking keys use them). A cosine then divides the products by the row norms,
     (q·c) / |c|, rather than the rows before the product, q·(c / |c|), as the plain search does:
     the two agree to float32 rounding, and dividing the (Q, span_rows) products is much less work
     than dividing the rows. A span that fails the quick check (a row that is not finite, so small
@@ -240,13 +248,20 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, product: 
         detected = block[inputs.queries.shape[0]]  # the detector's row, after the queries'
         smallest, largest = (float(value) for value in torch.aminmax(detected))
         ordinary = -torch.inf < smallest and largest < torch.inf  # False for NaN too
+    elif score == "cosine":
+        norm_terms = torch.empty(span_rows, device=inputs.device)  # (n,)
+        for start in range(0, span_rows, NORM_PIECE_ROWS):
+            piece = slice(start, min(start + NORM_PIECE_ROWS, span_rows))
+            product(rows[piece], block[:, piece])
+            quick_norm_terms(rows[piece], score, out=norm_terms[piece])  # the piece is in the cache
+        ordinary = norm_terms_are_ordinary(norm_terms, score)
+        if ordinary:
+            block /= norm_terms
     else:
         norm_terms = quick_norm_terms(rows, score)  # (n,)
         ordinary = norm_terms_are_ordinary(norm_terms, score, inputs.largest_query_norm_term)
         if ordinary:
             _score_span_rows(rows, norm_terms, product, score, block)
-            if score == "cosine":
-                block /= norm_terms
     if not ordinary:
         piece = inputs.corpus_chunk_size
         for start in range(span_start, end, piece):
