@@ -226,7 +226,9 @@ def check_inputs(
     _check_arguments(queries, corpus, k, score, query_chunk_size, corpus_chunk_size)
     device = torch.device(device) if device is not None else corpus.device
     if corpus_chunk_size is None:
-        corpus_chunk_size = default_corpus_chunk_size(queries.shape, corpus.shape[1], corpus.device, query_chunk_size, device)
+        corpus_chunk_size = default_corpus_chunk_size(
+            queries.shape, corpus.shape[1], corpus.device, query_chunk_size, device
+        )
 
     queries = queries.to(device=device, dtype=torch.float32)  # (Q, d)
     query_norm_terms = row_norm_terms(queries, score)  # (Q,)

@@ -227,13 +227,13 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, product: 
     embeddings as given, the detector's row last (`_detector`).
 
     One product makes the scores (`product`, minisbert/fast/span_product.py, with the factor rows
-    of `_factors`). A prepared corpus needs nothing more. Over embeddings as given,
-    a dot product is checked by its detector row; cosine and euclidean need the rows' norm terms:
-    a cosine measures each piece of NORM_PIECE_ROWS rows just after its product, a euclidean
-    search measures the span before its product (its ranking keys use them). A cosine then divides the products by the row norms,
-    (q·c) / |c|, rather than the rows before the product, q·(c / |c|), as the plain search does:
-    the two agree to float32 rounding, and dividing the (Q, span_rows) products is much less work
-    than dividing the rows. A span that fails the quick check (a row that is not finite, so small
+    of `_factors`). A prepared corpus needs nothing more. Over embeddings as given, a dot product
+    is checked by its detector row; cosine and euclidean need the rows' norm terms: a cosine
+    measures each piece of NORM_PIECE_ROWS rows just after its product, a euclidean search
+    measures the span before its product (its ranking keys use them). A cosine then divides the
+    products by the row norms, (q·c) / |c|, rather than the rows before the product, q·(c / |c|),
+    as the plain search does: the two agree to float32 rounding, and dividing the (Q, span_rows)
+    products is much less work than dividing the rows. A span that fails the quick check (a row that is not finite, so small
     or so large that its squares left float32's range, or a score that could) is done again piece
     by piece as the plain search does it, which raises where the plain search raises.
     """

@@ -19,10 +19,11 @@ and writes Q' numbers per corpus row, against the d it reads to make them.
 Which is quickest depends on the processor, by large factors, so no rule is written down. Over
 200,000 x 384 rows on a 2-core AMD EPYC (Zen 4, AVX-512; torch 2.13 with MKL), 2 factor rows took
 65 ms as "queries", 9 ms as "rows" and 22 ms as "onednn"; 17 rows took 50, 47 and 22 ms; one row,
-28 ms by MKL's matrix-vector kernel. On a 2-core Intel Xeon with AMX, "queries" was the quicker for
-2 or 3 rows. The first time a search meets a number of factor rows (rounded up to a power of two),
-`span_product` times each way on a probe of 64 MB of rows, in turns, keeping each one's best of a
-few rounds, and uses the quickest for the rest of the process. The environment variable
+28 ms by MKL's matrix-vector kernel. On a 2-core Intel Xeon with AMX, an earlier measurement (before
+this choice existed) found the (Q', n) layout the quicker for 2 or 3 rows. The first time a search
+meets a number of factor rows (rounded up to a power of two), `way` times each way on a probe of
+64 MB of rows (fewer for many factor rows), in turns, keeping each one's best of a few rounds, and
+uses the quickest for the rest of the process. The environment variable
 MINISBERT_SPAN_PRODUCT=queries, rows or onednn skips the measurement and forces one; unset (or
 "auto") measures.
 
@@ -41,7 +42,8 @@ from .. import cpu
 
 WAYS = ("queries", "rows", "onednn")
 WAY_VARIABLE = "MINISBERT_SPAN_PRODUCT"  # one of WAYS forces it; unset or "auto" measures
-PROBE_BYTES = 2**26  # the probe's float32 rows: more than a 2-core machine's caches hold
+PROBE_BYTES = 2**26  # the probe's float32 rows: more than a 2-core machine's caches hold ...
+PROBE_FLOP = 2**30  # ... unless that would take more than this many FLOP per product (many rows)
 PROBE_ROUNDS = 3  # timed rounds per way, after one untimed round
 # Corpus rows per product of the "rows" and "onednn" ways. Over 200,000 x 384 rows with 16 queries
 # (17 factor rows) on a 2-core AMD EPYC (Zen 4), oneDNN took 42.7 ms in one product per span and
@@ -59,7 +61,9 @@ class SpanProduct:
         """factors (Q', d); spans of at most `span_rows` rows; `forced`: a way, else `way` picks."""
         self.factors = factors  # (Q', d)
         # With no factor rows (a search of no queries still checks its corpus) nothing is multiplied.
-        self.way = forced or ("queries" if factors.shape[0] == 0 else way(factors.shape[0], factors.shape[1], factors.device))
+        self.way = forced or "queries"
+        if forced is None and factors.shape[0] > 0:
+            self.way = way(factors.shape[0], factors.shape[1], factors.device)
         self.padded = factors
         self.scratch = None
         if self.way != "queries":
@@ -98,7 +102,9 @@ def way(factor_rows: int, dim: int, device: torch.device) -> str:
         raise ValueError(f"{WAY_VARIABLE}={forced!r}: choose one of {list(WAYS)}, or auto (the default)")
     if forced != "auto":
         if not runs(forced, device):
-            raise ValueError(f"{WAY_VARIABLE}={forced}, but oneDNN does not run here; unset it or choose queries or rows")
+            raise ValueError(
+                f"{WAY_VARIABLE}={forced}, but oneDNN does not run here; unset it or choose queries or rows"
+            )
         return forced
     if device.type != "cpu":
         return "queries"
@@ -113,7 +119,8 @@ def _quickest(factor_rows: int, dim: int, device: torch.device) -> str:
     """Time each way that runs here on a probe of PROBE_BYTES of rows, in turn; the quickest."""
     candidates = [name for name in WAYS if runs(name, device)]
     # Values do not change the time; a constant fills the probe without a random generator.
-    probe_rows = PROBE_BYTES // (4 * dim) // 64 * 64 + 32  # + 32: no power-of-two row count
+    probe_rows = min(PROBE_BYTES // (4 * dim), PROBE_FLOP // (2 * dim * factor_rows))
+    probe_rows = probe_rows // 64 * 64 + 32  # + 32: no power-of-two row count
     rows = torch.full((probe_rows, dim), 0.5, device=device)
     factors = torch.full((factor_rows, dim), 0.25, device=device)
     block = torch.empty(factor_rows, probe_rows, device=device)
