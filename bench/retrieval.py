@@ -23,8 +23,9 @@ It also measures the read-once bound: the time this machine takes to read the co
 rows once (the fastest of a few full reductions over them), which no exact search of a few
 queries over those rows can beat, and prints each method's time per call as a multiple of it.
 Timing interleaves the methods round by round (method A, B, C, A, B, C, ...), so that a change
-in the load of a shared machine hits them alike; a round makes enough calls for 32 queries at
-least; the best round is reported, with the slowest, and each ratio with the range of the
+in the load of a shared machine hits them alike; in a round each method makes enough calls for
+32 queries at least and, on a CPU, for 0.25 s, after a pause of 0.3 s in which the previous
+method's threads go idle; the best round is reported, with the slowest, and each ratio with the range of the
 same-round ratios. Peak memory is measured, at the largest number of queries, in a fresh
 subprocess per method, one search each: the peak resident set (VmHWM, reset just before the
 search) minus the resident set at that moment, or torch.cuda.max_memory_allocated on a GPU. Every
@@ -98,6 +99,13 @@ MSMARCO_DOCS, MSMARCO_DIM, MSMARCO_QUERIES = 8_841_823, 768, 200
 # Run by the peer environment's Python, in a child process (see Peer).
 PEER_METHODS = ("semantic_search", "faiss")
 WARM_UP_QUERIES = 128  # up to this many queries per call, methods warm up on the timed queries
+# A pause before each method's turn, and turns of at least MIN_TURN_SECONDS on a CPU. A BLAS
+# library's threads keep the cores busy for a while after a call (OpenBLAS's, under faiss,
+# busy-wait for more work), and the method timed next ran slower: over 10,000 rows, 16 queries a
+# call (two calls a turn), the dot search took 4.4 ms after faiss's turn and 2.5 ms without faiss
+# in the rounds, and faiss 6.8 ms after the other methods and 3.3 ms after a pause.
+SETTLE_SECONDS = 0.3
+MIN_TURN_SECONDS = 0.25
 
 
 def main() -> None:
@@ -181,14 +189,11 @@ def compare(args, size: int, num_queries: int, device: str, memory: bool) -> Non
         for _ in range(args.repeats):
             read_once.append(read_once_seconds(corpus))
             for method, search_fn in prepared.items():
-                _synchronize(corpus.device)
-                start = time.perf_counter()
-                for _ in range(1 if method in PEER_METHODS else calls):
-                    found = search_fn(queries)
-                _synchronize(corpus.device)
-                elapsed = (time.perf_counter() - start) / calls
+                time.sleep(SETTLE_SECONDS)
                 if method in PEER_METHODS:  # timed by the peer itself, without the hand-over
-                    found, elapsed = found
+                    found, elapsed = search_fn(queries)
+                else:
+                    found, elapsed = take_turn(search_fn, queries, calls, corpus.device)
                 if isinstance(found, list):  # util.semantic_search's hits
                     found = [[hit["corpus_id"] for hit in row] for row in found]
                 indices[method] = np.asarray(torch.as_tensor(found).cpu())
@@ -295,12 +300,21 @@ def serve_peer(args) -> None:
     print("peer: " + json.dumps({"notes": notes, "skipped": skipped}), flush=True)
     for line in sys.stdin:
         method, calls = line.split()
-        start = time.perf_counter()
-        for _ in range(int(calls)):
-            found = prepared[method](queries)
-        seconds = (time.perf_counter() - start) / int(calls)
+        found, seconds = take_turn(prepared[method], queries, int(calls), queries.device)
         np.save(folder / "indices.npy", np.asarray(found))
         print("peer: " + json.dumps({"seconds": seconds}), flush=True)
+
+
+def take_turn(search_fn, queries, calls: int, device: torch.device):
+    """A method's turn in a round: `calls` searches, and on a CPU more until the turn has lasted
+    MIN_TURN_SECONDS. Returns the last result and the seconds per call."""
+    _synchronize(device)
+    start, made = time.perf_counter(), 0
+    while made < calls or (device.type == "cpu" and time.perf_counter() - start < MIN_TURN_SECONDS):
+        found = search_fn(queries)
+        made += 1
+    _synchronize(device)
+    return found, (time.perf_counter() - start) / made
 
 
 def _shared_memory_folder() -> str | None:
