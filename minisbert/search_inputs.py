@@ -303,7 +303,7 @@ def checked_norm_terms(
 def quick_norm_terms(rows: torch.Tensor, score: str, out: torch.Tensor | None = None) -> torch.Tensor:
     """`row_norm_terms` in one pass, right for every row that `norm_terms_are_ordinary` passes."""
     if score == "euclidean":
-        return torch.linalg.vecdot(rows, rows, out=out)
+        return squared_row_norms(rows, out=out)
     return torch.linalg.vector_norm(rows, dim=1, out=out)
 
 

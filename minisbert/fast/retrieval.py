@@ -18,10 +18,8 @@ block. What else it reads depends on the score:
   the detector, is multiplied with the span beside the queries, and its scores are finite only
   if every row is fit to search (`_detector`). One read of the corpus;
 - cosine and euclidean need every row's norm (the scores are divided by it, or use its square),
-  and torch has no call that multiplies and measures in one pass. A cosine measures each piece
-  of NORM_PIECE_ROWS rows right after its product, while the piece is still in the cache; a
-  euclidean search needs the squares before its product, and measures the span first: about two
-  reads;
+  and torch has no call that multiplies and measures in one pass. Each piece of NORM_PIECE_ROWS
+  rows is measured right after its product, while it is still in the cache;
 - a prepared corpus (minisbert/search.py) has nothing left to check or measure: one read. From
   SCREENED_FEW_QUERIES queries, its bfloat16 copy, where one is kept, screens each span (below)
   and reads half the bytes.
@@ -98,7 +96,7 @@ SPAN_ROWS = 2**19 - GROUP_SIZE
 # queries, spans of 2^18 rows made a screened search 1.4 times as long as spans of 2^17.
 SPAN_ENTRIES = 2**22
 FIRST_SPAN_ROWS = 4096 - GROUP_SIZE
-# A cosine search over embeddings as given measures each piece of this many rows of a span just
+# A cosine or euclidean search over embeddings as given measures each piece of this many rows just
 # after multiplying it. Over 200,000 x 384 rows with 2 factor rows, on a 2-core AMD EPYC (Zen 4):
 # the product and the norms took 18.8 ms one after the other over the whole corpus, 13.4 ms piece
 # by piece at 4096 rows (13.8 at 2048 and at 8192, 16.5 at 1024, 17.0 at 32768). On a 2-core Intel
@@ -226,16 +224,16 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, product: 
     (ranking keys for euclidean) into `block`: one row per query, and for a dot product over
     embeddings as given, the detector's row last (`_detector`).
 
-    One product makes the scores (`product`, minisbert/fast/span_product.py, with the factor rows
-    of `_factors`). A prepared corpus needs nothing more. Over embeddings as given, a dot product
-    is checked by its detector row; cosine and euclidean need the rows' norm terms: a cosine
-    measures each piece of NORM_PIECE_ROWS rows just after its product, a euclidean search
-    measures the span before its product (its ranking keys use them). A cosine then divides the
-    products by the row norms, (q·c) / |c|, rather than the rows before the product, q·(c / |c|),
-    as the plain search does: the two agree to float32 rounding, and dividing the (Q, span_rows)
-    products is much less work than dividing the rows. A span that fails the quick check (a row that is not finite, so small
-    or so large that its squares left float32's range, or a score that could) is done again piece
-    by piece as the plain search does it, which raises where the plain search raises.
+    One product makes the products q·c (`product`, minisbert/fast/span_product.py, with the factor
+    rows of `_factors`), and `_finish_scores` turns them into scores. A prepared corpus needs
+    nothing more. Over embeddings as given, a dot product is checked by its detector row; cosine
+    and euclidean need the rows' norm terms, and measure each piece of NORM_PIECE_ROWS rows just
+    after its product. A cosine divides the products by the row norms, (q·c) / |c|, rather than
+    the rows before the product, q·(c / |c|), as the plain search does: the two agree to float32
+    rounding, and dividing the (Q, span_rows) products is much less work than dividing the rows.
+    A span that fails the quick check (a row that is not finite, so small or so large that its
+    squares left float32's range, or a score that could) is done again piece by piece as the
+    plain search does it, which raises where the plain search raises.
     """
     score, end = inputs.score, span_start + span_rows
     if inputs.prepared is not None:
@@ -248,20 +246,15 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, product: 
         detected = block[inputs.queries.shape[0]]  # the detector's row, after the queries'
         smallest, largest = (float(value) for value in torch.aminmax(detected))
         ordinary = -torch.inf < smallest and largest < torch.inf  # False for NaN too
-    elif score == "cosine":
+    else:
         norm_terms = torch.empty(span_rows, device=inputs.device)  # (n,)
         for start in range(0, span_rows, NORM_PIECE_ROWS):
             piece = slice(start, min(start + NORM_PIECE_ROWS, span_rows))
             product(rows[piece], block[:, piece])
             quick_norm_terms(rows[piece], score, out=norm_terms[piece])  # the piece is in the cache
-        ordinary = norm_terms_are_ordinary(norm_terms, score)
-        if ordinary:
-            block /= norm_terms
-    else:
-        norm_terms = quick_norm_terms(rows, score)  # (n,)
         ordinary = norm_terms_are_ordinary(norm_terms, score, inputs.largest_query_norm_term)
         if ordinary:
-            _score_span_rows(rows, norm_terms, product, score, block)
+            _finish_scores(block, norm_terms, score)
     if not ordinary:
         piece = inputs.corpus_chunk_size
         for start in range(span_start, end, piece):
@@ -273,12 +266,22 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, product: 
 
 def _score_span_rows(rows: torch.Tensor, norm_terms: torch.Tensor | None, product: SpanProduct, score: str,
                      block: torch.Tensor) -> None:
-    """Write the (Q', n) scores of (n, d) rows against the product's factor rows into `block`
-    (ranking keys for euclidean, which needs the (n,) norm terms)."""
+    """Write the (Q', n) scores of (n, d) prepared rows (unit rows for cosine) against the
+    product's factor rows into `block` (ranking keys for euclidean, which needs the (n,) norm
+    terms)."""
+    product(rows, block)
     if score == "euclidean":
-        _score_rows(rows, norm_terms, product.factors, score, block.T)
-    else:
-        product(rows, block)
+        _finish_scores(block, norm_terms, score)
+
+
+def _finish_scores(block: torch.Tensor, norm_terms: torch.Tensor, score: str) -> None:
+    """Turn the (Q', n) products q·c in `block` into scores, in place: for cosine divided by the
+    rows' norms, for euclidean the ranking keys 2 q·c - |c|² (doubling is exact, so this rounds
+    once, as the plain search's `addmm` does); a dot product is already its score."""
+    if score == "cosine":
+        block /= norm_terms
+    elif score == "euclidean":
+        block.mul_(2).sub_(norm_terms)
 
 
 def _score_rows(rows: torch.Tensor, norm_terms: torch.Tensor | None, queries: torch.Tensor, score: str,
