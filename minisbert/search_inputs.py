@@ -62,8 +62,8 @@ DEFAULT_CORPUS_CHUNK_SIZE = 8192
 # (Qc, Nc) block holds 2^25 entries: 128 MB of float32 scores and 256 MB of int64 keys. A chunk's
 # rows take at most CUDA_CHUNK_BYTES in float32. Measured on an H200 (2026-11-26), one query over
 # 1,000,000 x 384 rows: 16.3 ms in 32768-row chunks, 3.3 ms in one chunk. A corpus streamed from
-# CPU memory keeps 32768-row chunks: the copies take longer than the launches, and its two
-# pinned staging buffers stay small.
+# CPU memory keeps 32768-row chunks (not measured: its copies take longer than the launches, and
+# its two pinned staging buffers stay small).
 DEFAULT_CUDA_CORPUS_CHUNK_SIZE = 32768
 CUDA_BLOCK_ENTRIES = 2**25
 CUDA_CHUNK_BYTES = 2**29
@@ -255,7 +255,8 @@ def check_inputs(
 
 
 def default_corpus_chunk_size(
-    queries_shape: tuple[int, int], dim: int, corpus_device: torch.device, query_chunk_size: int, device: torch.device
+    queries_shape: tuple[int, int], dim: int, corpus_device: torch.device, query_chunk_size: int,
+    device: torch.device,
 ) -> int:
     """Rows per corpus chunk when the caller gives none (see DEFAULT_CUDA_CORPUS_CHUNK_SIZE), for
     (Q, d) queries and a corpus of `dim` columns stored on `corpus_device`, searched on `device`."""

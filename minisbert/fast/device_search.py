@@ -27,7 +27,9 @@ Here every step has a size known in advance, so a whole search is queued in one 
   (which must find those rows first, reading the device). Norms are summed in float32, as the
   plain path does, and the checks note on the device whether any came out inf, NaN or below
   2^-60. If one did (read with the checks, after the loop), the whole search runs again with
-  norms summed in float64, where the square of any float32 value fits (`_row_norm_terms`).
+  norms summed in float64, where the square of any float32 value fits (`_row_norm_terms`). A
+  row of zeros is such a row too (its norm cannot tell it from one whose squares underflowed):
+  a corpus holding one is searched twice.
 - Excluded (query id == corpus id) pairs are grouped by block once, before the loop
   (`_ExcludedPairs`); each block sets its own pairs to -inf with index tensors.
 

@@ -266,9 +266,9 @@ def _score_span(inputs: SearchInputs, span_start: int, span_rows: int, product: 
 
 def _score_span_rows(rows: torch.Tensor, norm_terms: torch.Tensor | None, product: SpanProduct, score: str,
                      block: torch.Tensor) -> None:
-    """Write the (Q', n) scores of (n, d) prepared rows (unit rows for cosine) against the
-    product's factor rows into `block` (ranking keys for euclidean, which needs the (n,) norm
-    terms)."""
+    """Write the (Q', n) scores of (n, d) rows that need no measuring (a prepared corpus's, unit
+    rows for cosine; or embeddings as given for a dot product) against the product's factor rows
+    into `block` (ranking keys for euclidean, which needs the (n,) norm terms)."""
     product(rows, block)
     if score == "euclidean":
         _finish_scores(block, norm_terms, score)
