@@ -204,11 +204,11 @@ def test_the_first_failing_chunk_decides_the_error_as_on_the_plain_path(score):
 
 
 @pytest.mark.parametrize("score", ["cosine", "dot"])
-@pytest.mark.parametrize("entry, reruns", [(1e30, 1), (1e-30, 1), (1.0, 0)])
+@pytest.mark.parametrize("entry, reruns", [(1e30, 1), (1e-30, 1), (0.0, 1), (1.0, 0)])
 def test_float64_norms_only_when_a_float32_norm_is_not_to_be_trusted(monkeypatch, score, entry, reruns):
-    # Rows of 1e30 square to inf in float32, rows of 1e-30 to 0 (norm below 2^-60): the search
-    # then runs again with float64 norms, and finds what the plain path finds. Ordinary rows
-    # keep their float32 norms: one run.
+    # Rows of 1e30 square to inf in float32, rows of 1e-30 to 0 (norm below 2^-60), as a row of
+    # zeros does: the search then runs again with float64 norms, and finds what the plain path
+    # finds. Ordinary rows keep their float32 norms: one run.
     calls = []
     unwatched = device_module.device_search
 
