@@ -25,8 +25,8 @@ queries over those rows can beat, and prints each method's time per call as a mu
 Timing interleaves the methods round by round (method A, B, C, A, B, C, ...), so that a change
 in the load of a shared machine hits them alike; in a round each method makes enough calls for
 32 queries at least and, on a CPU, for 0.25 s, after a pause of 0.3 s in which the previous
-method's threads go idle; the best round is reported, with the slowest, and each ratio with the range of the
-same-round ratios. Peak memory is measured, at the largest number of queries, in a fresh
+method's threads go idle; the best round is reported, with the slowest, and each ratio with the
+range of the same-round ratios. Peak memory is measured, at the largest number of queries, in a fresh
 subprocess per method, one search each: the peak resident set (VmHWM, reset just before the
 search) minus the resident set at that moment, or torch.cuda.max_memory_allocated on a GPU. Every
 method's top-k is compared with minisbert's for the same score function. The CPU's vector

@@ -227,7 +227,7 @@ def check_inputs(
     device = torch.device(device) if device is not None else corpus.device
     if corpus_chunk_size is None:
         corpus_chunk_size = default_corpus_chunk_size(
-            queries.shape, corpus.shape[1], corpus.device, query_chunk_size, device
+            queries.shape[0], corpus.shape[1], corpus.device, query_chunk_size, device
         )
 
     queries = queries.to(device=device, dtype=torch.float32)  # (Q, d)
@@ -255,16 +255,16 @@ def check_inputs(
 
 
 def default_corpus_chunk_size(
-    queries_shape: tuple[int, int], dim: int, corpus_device: torch.device, query_chunk_size: int,
-    device: torch.device,
+    num_queries: int, dim: int, corpus_device: torch.device, query_chunk_size: int, device: torch.device
 ) -> int:
     """Rows per corpus chunk when the caller gives none (see DEFAULT_CUDA_CORPUS_CHUNK_SIZE), for
-    (Q, d) queries and a corpus of `dim` columns stored on `corpus_device`, searched on `device`."""
+    `num_queries` queries and a corpus of `dim` columns stored on `corpus_device`, searched on
+    `device`."""
     if device.type != "cuda":
         return DEFAULT_CORPUS_CHUNK_SIZE
     if corpus_device.type != "cuda":
         return DEFAULT_CUDA_CORPUS_CHUNK_SIZE
-    query_rows = max(1, min(queries_shape[0], query_chunk_size))
+    query_rows = max(1, min(num_queries, query_chunk_size))
     widest = CUDA_CHUNK_BYTES // (4 * max(1, dim))
     return max(DEFAULT_CUDA_CORPUS_CHUNK_SIZE, min(CUDA_BLOCK_ENTRIES // query_rows, widest))
 

@@ -232,12 +232,12 @@ def test_float64_norms_only_when_a_float32_norm_is_not_to_be_trusted(monkeypatch
 def test_default_corpus_chunks_on_a_gpu_hold_blocks_of_2_to_the_25_scores():
     # Only the device objects are looked at, so this runs without a GPU.
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert default_corpus_chunk_size((1, 384), 384, cpu, 1024, cpu) == 8192
-    assert default_corpus_chunk_size((1, 384), 384, cpu, 1024, cuda) == 32768  # streamed
-    assert default_corpus_chunk_size((1, 384), 384, cuda, 1024, cuda) == 2**29 // (4 * 384)  # 512 MB of rows
-    assert default_corpus_chunk_size((1000, 384), 384, cuda, 1024, cuda) == 2**25 // 1000
-    assert default_corpus_chunk_size((5000, 384), 384, cuda, 1024, cuda) == 32768
-    assert default_corpus_chunk_size((1, 8192), 8192, cuda, 1024, cuda) == 32768  # never below
+    assert default_corpus_chunk_size(1, 384, cpu, 1024, cpu) == 8192
+    assert default_corpus_chunk_size(1, 384, cpu, 1024, cuda) == 32768  # streamed
+    assert default_corpus_chunk_size(1, 384, cuda, 1024, cuda) == 2**29 // (4 * 384)  # 512 MB of rows
+    assert default_corpus_chunk_size(1000, 384, cuda, 1024, cuda) == 2**25 // 1000
+    assert default_corpus_chunk_size(5000, 384, cuda, 1024, cuda) == 32768
+    assert default_corpus_chunk_size(1, 8192, cuda, 1024, cuda) == 32768  # never below
 
 
 def test_corpora_beyond_32_bit_row_numbers_are_refused(monkeypatch):
