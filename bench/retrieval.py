@@ -9,7 +9,7 @@ random L2-normalised float32 data (fixed seed):
         read once; for many, blocks screened in bfloat16 on a CPU with native bfloat16),
         score="dot" with bf16_screen=False, a corpus prepared once (prepare_corpus, cosine:
         checked and normalised once, with a bfloat16 copy where the CPU multiplies bfloat16
-        natively), minisbert.util.semantic_search (sentence-transformers' call, over the fast
+        natively and an int8 copy for one query where it pays), minisbert.util.semantic_search (sentence-transformers' call, over the fast
         search), and, if asked for, score="dot" with fast=False (the plain path)
     plain torch.topk(queries @ corpus.T)    (chunked over queries only if the full score matrix
                                             would not fit in --plain-budget-gb; it says so)
@@ -358,7 +358,9 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
             before = _memory_baseline_mb(corpus.device)
             prepared_corpus = prepare_corpus(corpus)
             setup_mb = _peak_memory_mb(corpus.device) - before
-            note = "memory includes the prepared copy" + (", with a bfloat16 screen" if prepared_corpus.screen is not None else "")
+            copies = [name for name, kept in (("bfloat16", prepared_corpus.screen), ("int8", prepared_corpus.int8))
+                      if kept is not None]
+            note = "memory includes the prepared copy" + (f", with {' and '.join(copies)} screens" if copies else "")
             return (lambda q: search(q, prepared_corpus, k)[1]), note, setup_mb
         if method == "minisbert-util":
             # Its hits, as a porting user gets them; turned into indices after the timing.

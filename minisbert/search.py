@@ -22,9 +22,10 @@ from pinned memory: `corpus = corpus.pin_memory()` once, then `search(..., devic
 in ordinary CPU memory is staged through pinned buffers, one more copy per chunk.
 
 A corpus searched again and again is best prepared once, `prepare_corpus`: its rows are checked
-and normalised (cosine) once, and where the CPU multiplies bfloat16 natively a bfloat16 copy is
-kept beside them, which the fast path screens with from a few queries a call on (half the bytes to
-read; the float32 rows still decide every score). `search` takes it in place of the
+and normalised (cosine) once, and smaller copies are kept beside them for the fast path's screens
+on a CPU: a bfloat16 copy where the CPU multiplies bfloat16 natively, for calls of a few queries
+or more (half the bytes to read), and for one query an int8 copy (a quarter of the bytes:
+minisbert/fast/int8_screen.py). The float32 rows still decide every score. `search` takes it in place of the
 embeddings; `.save(path)` writes it and `load_corpus(path)` reads it back, so a corpus encoded
 once is searched again without encoding it again:
 
@@ -45,6 +46,7 @@ import numpy as np
 import torch
 
 from . import cpu, retrieval
+from .fast.int8_screen import int8_product_runs, int8_rows, int8_screen_pays
 from .fast.retrieval import fast_search
 from .fast.screen import screen_rows
 from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, check_inputs, prepare, read_prepared
@@ -119,21 +121,27 @@ def prepare_corpus(embeddings: torch.Tensor | np.ndarray, score: str = "cosine",
     """(N, d) embeddings checked once and kept as `score` scores them, for many searches.
 
     Refuses what `search` refuses (rows holding NaN or inf), with the same messages. screen: keep
-    a bfloat16 copy of the rows for the fast path's screen (N·d·2 bytes more); None (the default)
-    keeps one on a CPU that multiplies bfloat16 natively. Results never depend on it."""
-    prepared = prepare(embeddings, score)
-    if screen is None:
-        screen = prepared.rows.device.type == "cpu" and cpu.native_bfloat16()
-    if screen:
-        prepared.screen = screen_rows(prepared.rows, prepared.norm_terms, score)
-    return prepared
+    the copies the fast path screens with on a CPU: a bfloat16 copy of the rows (N·d·2 bytes more)
+    for searches of several queries, and for cosine and dot an int8 copy (N·(d + 12) bytes more)
+    for one query. None (the default) keeps the bfloat16 copy on a CPU that multiplies bfloat16
+    natively, and the int8 copy where torch's int8 product is exact and, measured once per
+    process, quicker than the float32 one (minisbert/fast/int8_screen.py); True keeps both where
+    they run exactly; False neither. Results never depend on it."""
+    return _with_screens(prepare(embeddings, score), screen)
 
 
 def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
     """The prepared corpus `PreparedCorpus.save` wrote to `path`; screen as in `prepare_corpus`."""
-    prepared = read_prepared(path)
-    if screen is None:
-        screen = cpu.native_bfloat16()
-    if screen:
+    return _with_screens(read_prepared(path), screen)
+
+
+def _with_screens(prepared: PreparedCorpus, screen: bool | None) -> PreparedCorpus:
+    """`prepared` with the screens' copies that `screen` asks for (see `prepare_corpus`)."""
+    keep_bfloat16 = prepared.rows.device.type == "cpu" and cpu.native_bfloat16() if screen is None else screen
+    if keep_bfloat16:
         prepared.screen = screen_rows(prepared.rows, prepared.norm_terms, prepared.score)
+    dim, device = prepared.rows.shape[1], prepared.rows.device
+    if screen is not False and prepared.score != "euclidean" and int8_product_runs(dim, device):
+        if screen or int8_screen_pays(dim):
+            prepared.int8 = int8_rows(prepared.rows)
     return prepared

@@ -37,6 +37,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -45,6 +46,9 @@ from safetensors.torch import load_file, save_file
 
 from .fileio import atomic_write
 from .similarity import row_norms, squared_row_norms
+
+if TYPE_CHECKING:
+    from .fast.int8_screen import Int8Rows
 
 SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
 
@@ -81,6 +85,7 @@ class PreparedCorpus:
     norm_terms: torch.Tensor  # (N,) float32: squared norms for euclidean, else the rows' norms as given
     score: str  # the score function the rows were prepared for
     screen: torch.Tensor | None = None  # (N, d') bfloat16 copy for the fast path's screen, if kept
+    int8: "Int8Rows | None" = None  # int8 copy for a one-query search's screen, if kept
 
     @cached_property
     def largest_norm_term(self) -> tuple[int, float]:
@@ -91,7 +96,7 @@ class PreparedCorpus:
 
     def save(self, path: str | Path) -> None:
         """Write the rows, norm terms and score function to one safetensors file, atomically. The
-        screen is not saved: `load_corpus` makes it again, one pass over the rows."""
+        screens' copies are not saved: `load_corpus` makes them again, one pass over the rows."""
         metadata = {"format": CORPUS_FORMAT, "score": self.score}
         tensors = {"rows": self.rows.contiguous().cpu(), "norm_terms": self.norm_terms.contiguous().cpu()}
         atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))

@@ -808,8 +808,12 @@ def prepared_saved_and_loaded(corpus, score, folder):
 def small_spans(monkeypatch):
     """Spans and pieces of a few rows, so that the few-query search crosses many of both on a
     test's small corpus (at the real sizes a span holds up to 524,224 rows): a first span of one
-    group, then spans of three, reached by growing when the search screens."""
+    group, then spans of three, reached by growing when the search screens; the span product's
+    pieces are of 40 rows for one query (two factor rows), 4 for 16 queries and a detector row,
+    and a way measured meanwhile is timed on a probe as small (64 KB), in pieces as small."""
     monkeypatch.setattr(fast_retrieval, "FIRST_SPAN_ROWS", 64)
+    monkeypatch.setattr(span_product, "PIECE_ENTRIES", 80)
+    monkeypatch.setattr(span_product, "PROBE_BYTES", 2**16)
     monkeypatch.setattr(fast_retrieval, "SPAN_ROWS", 3 * 64)
     monkeypatch.setattr(fast_retrieval, "PIECE_BYTES", 64 * 4 * 24)
 

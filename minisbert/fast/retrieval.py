@@ -22,9 +22,10 @@ block. What else it reads depends on the score:
   rows is measured right after its product, while it is still in the cache;
 - a prepared corpus (minisbert/search.py) has nothing left to check or measure: one read. From
   SCREENED_FEW_QUERIES queries, its bfloat16 copy, where one is kept, screens each span (below)
-  and reads half the bytes.
+  and reads half the bytes; for one query, its int8 copy, where one is kept, screens each span
+  and reads a quarter (minisbert/fast/int8_screen.py).
 The first span is short, so that the running k-th best is known early: every later span is
-filtered against it rather than sorted. A screened search's spans then grow step by step
+filtered against it rather than sorted, or screened. A screened search's spans then grow step by step
 (SPAN_GROWTH), so that each meets a k-th best high enough to screen it.
 
 Many queries. The matrix product costs 2·Q·N·d FLOP and is compute-bound when the
@@ -65,6 +66,7 @@ import torch
 from .. import cpu
 from ..search_inputs import SearchInputs, drop_excluded, quick_norm_terms, norm_terms_are_ordinary
 from .device_search import device_search
+from .int8_screen import OneQueryScreen
 from .screen import F32_UNIT, GROUP_SIZE, _merge_candidates, _Screen
 from .span_product import SpanProduct
 
@@ -144,13 +146,23 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
     height = -(-min(span, num_docs) // GROUP_SIZE) * GROUP_SIZE
     block_buffer = torch.empty(factors.shape[0] * height, device=device)
     product = SpanProduct(factors, height)  # the quickest way to multiply spans here
-    screen = None
+    screen = one_query = None
     if kept_screen is not None and num_queries > 0:
         screen = _Screen(queries, score, num_queries, height, kept=True)
+    kept_int8 = inputs.prepared.int8 if inputs.prepared is not None else None
+    if kept_int8 is not None and num_queries == 1:
+        one_query = OneQueryScreen(queries, kept_int8, height)
+        one_query = one_query if one_query.usable() else None
+    growth = SPAN_GROWTH if screen is not None or one_query is not None else None
 
     # The first span is short: its top-k is found by sorting (`_entry_floor`), which costs far more
     # per score than the group filter that every later span goes through against its k-th best.
-    for span_start, span_rows in _spans(num_docs, span, k, SPAN_GROWTH if screen is not None else None):
+    for span_start, span_rows in _spans(num_docs, span, k, growth):
+        if one_query is not None:
+            rows, _ = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
+            if one_query.merge(rows, kept_int8.span(span_start, span_start + span_rows), inputs.excluded,
+                               span_start, top_scores, top_indices):
+                continue
         if screen is not None and torch.isfinite(top_scores[:, -1]).all():
             rows, norm_terms = inputs.corpus_chunk(span_start, size=span_rows)  # views of the prepared rows
             screen.load_chunk(rows, _largest_norm(norm_terms, score, dim), norm_terms,

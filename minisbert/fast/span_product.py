@@ -12,9 +12,10 @@ torch gives three ways to get them:
 - "onednn": that (n, Q') product by oneDNN (`torch.ops.mkldnn._linear_pointwise`), copied likewise.
 
 With one factor row, "rows" and "onednn" multiply two, the second zero: MKL then runs its
-matrix-product kernel rather than its matrix-vector one. Those two work PIECE_ROWS corpus rows at a
-time, so that the (piece, Q') product is copied while it is still in the cache; the copy reads
-and writes Q' numbers per corpus row, against the d it reads to make them.
+matrix-product kernel rather than its matrix-vector one. Those two work a piece of corpus rows at
+a time, PIECE_ENTRIES / Q' rows, so that the (piece, Q') product is copied while it is still in
+the cache; the copy reads and writes Q' numbers per corpus row, against the d it reads to make
+them.
 
 Which is quickest depends on the processor, by large factors, so no rule is written down. Over
 200,000 x 384 rows on a 2-core AMD EPYC (Zen 4, AVX-512; torch 2.13 with MKL), 2 factor rows took
@@ -46,10 +47,13 @@ WAY_VARIABLE = "MINISBERT_SPAN_PRODUCT"  # one of WAYS forces it; unset or "auto
 PROBE_BYTES = 2**26  # the probe's float32 rows: more than a 2-core machine's caches hold ...
 PROBE_FLOP = 2**30  # ... unless that would take more than this many FLOP per product (many rows)
 PROBE_ROUNDS = 3  # timed rounds per way, after one untimed round
-# Corpus rows per product of the "rows" and "onednn" ways. Over 200,000 x 384 rows with 16 queries
-# (17 factor rows) on a 2-core AMD EPYC (Zen 4), oneDNN took 42.7 ms in one product per span and
-# 33 ms in pieces of 4096 rows, the product of each in the cache when it is copied.
-PIECE_ROWS = 4096
+# Entries of the (piece, Q') product of the "rows" and "onednn" ways (256 KB of float32, which a
+# core's L2 cache holds), so a piece has PIECE_ENTRIES / Q' corpus rows. On a 2-core AMD EPYC
+# (Zen 4): over 200,000 x 384 rows with 16 queries (17 factor rows), oneDNN took 42.7 ms in one
+# product per span and 33 ms in pieces of 4096 rows, the product of each in the cache when it is
+# copied; with one query (two factor rows), spans of 524,224 rows were multiplied at 31.6 GB/s in
+# pieces of 4096 rows and 33.8 GB/s in pieces of 32,768.
+PIECE_ENTRIES = 2**16
 # The way chosen for each (factor rows rounded up to a power of two, d, threads), for the life of
 # the process.
 _chosen = {}
@@ -67,19 +71,21 @@ class SpanProduct:
             self.way = way(factors.shape[0], factors.shape[1], factors.device)
         self.padded = factors
         self.scratch = None
+        self.piece_rows = 0
         if self.way != "queries":
             if factors.shape[0] == 1:  # two rows, so that MKL runs its matrix-product kernel
                 self.padded = torch.cat([factors, torch.zeros_like(factors)])  # (2, d)
+            self.piece_rows = max(1, PIECE_ENTRIES // self.padded.shape[0])
             if self.way == "rows":
-                self.scratch = torch.empty(min(span_rows, PIECE_ROWS), self.padded.shape[0], device=factors.device)
+                self.scratch = torch.empty(min(span_rows, self.piece_rows), self.padded.shape[0], device=factors.device)
 
     def __call__(self, rows: torch.Tensor, block: torch.Tensor) -> None:
         """rows (n, d) float32, contiguous; block (Q', n), rows contiguous: block = factors rows^T."""
         if self.way == "queries":
             torch.mm(rows, self.factors.T, out=block.T)
             return
-        for start in range(0, rows.shape[0], PIECE_ROWS):
-            piece = rows[start : start + PIECE_ROWS]  # (p, d)
+        for start in range(0, rows.shape[0], self.piece_rows):
+            piece = rows[start : start + self.piece_rows]  # (p, d)
             if self.way == "rows":
                 scores = self.scratch[: piece.shape[0]]  # (p, Q'')
                 torch.mm(piece, self.padded.T, out=scores)
