@@ -89,8 +89,8 @@ COMMANDS = {
     "python bench/int8.py --limit 320 --rounds 3": Run(BENCH, slow=True, data=True),
     "python bench/int8.py --limit 64 --rounds 1 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
     "python bench/retrieval.py --peer-python PEER/bin/python": SMALL_SEARCH,
-    "python bench/retrieval.py --sizes 1000000 --queries 1000 --repeats 5 --methods minisbert-cosine "
-    "minisbert-util": SMALL_SEARCH,
+    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 --queries 1000 --repeats 5 --methods "
+    "minisbert-dot minisbert-cosine minisbert-prepared minisbert-util plain faiss": SMALL_SEARCH,
     "python bench/retrieval.py --sizes 1000000 --queries 1": SMALL_SEARCH,
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 --queries 10000 --methods minisbert-dot "
     "minisbert-cosine minisbert-prepared minisbert-util plain faiss": SMALL_SEARCH,
