@@ -88,7 +88,8 @@ def search(
         bf16_screen: fast path on a CPU only: screen each block with a bfloat16 matrix product
             (see minisbert/fast/retrieval.py). The results are the same either way; only the
             speed differs. None (the default) screens on a CPU with native bfloat16 dot
-            products. The search on a CUDA device never screens.
+            products. The search on a CUDA device never screens. (A prepared corpus's int8
+            screen for one query is chosen when it is prepared: `prepare_corpus`'s screen.)
         fast: True (the default) runs minisbert/fast/retrieval.py, False the plain loop of
             minisbert/retrieval.py. Both return the same top-k.
 

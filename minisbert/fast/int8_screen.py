@@ -4,10 +4,11 @@ One query over a corpus of float32 rows can go no faster than the rows can be re
 A prepared corpus (minisbert/search.py) can keep a second, smaller copy of its rows to read
 instead, and use it to rule out almost every row, the way the bfloat16 screen of
 minisbert/fast/screen.py rules out entries of a block for many queries. For one query bfloat16
-does not pay on a CPU (over 1,000,000 x 384 rows, a product of two rows with bfloat16 rows took 70
-ms and with float32 rows 46 ms on a 2-core AMD EPYC, Zen 4), but an integer product does: each row is kept as
-d int8 numbers and a scale, a quarter of the float32 bytes, and torch's int8 product of 1,000,000
-such rows with one query took 17 ms there, where the float32 rows take 26-45 ms to read once.
+does not pay on a CPU (over 1,000,000 x 384 rows, a product of two rows with bfloat16 rows took
+70 ms and with float32 rows 46 ms on a 2-core AMD EPYC, Zen 4), but an integer product does:
+each row is kept as d int8 numbers and a scale, a quarter of the float32 bytes, and torch's int8
+product of 1,000,000 such rows with one query took 17 ms there, where the float32 rows take 26-45
+ms to read once.
 
 Quantizing. A row c is kept as c' = round(c / s), integers in [-63, 63], with s = max_i |c_i| / 63,
 so that ĉ = s·c' is close to c; the query is quantized the same way when the search starts
@@ -15,12 +16,12 @@ so that ĉ = s·c' is close to c; the query is quantized the same way when the s
 s_q·s·(q'·c') is q̂·ĉ. Writing e_c = c - ĉ and e_q = q - q̂,
     q·c - q̂·ĉ = q·e_c + e_q·ĉ,   so   |q·c - q̂·ĉ| <= |q| |e_c| + |e_q| |ĉ|
 (Cauchy-Schwarz). For each row the copy keeps |e_c| and |ĉ|, measured when it is made, and the
-search measures |q| and |e_q|: that bound is about 3% of |q| |c| for random unit rows with d = 384,
-where the bound by the largest entries, max_i |q_i| · sum_i |e_c,i| + ..., is about 8%. Three roundings are added to it
-(`_quantize_query`): the float32 multiplications that scale q'·c' (at most 3·2^-24 of |q̂| |ĉ|), the
-float32 sum of the exact score it is compared with (γ |q| |c|, γ = d·2^-24 / (1 - d·2^-24):
-Higham, Accuracy and Stability of Numerical Algorithms, section 3.1), and the float32 arithmetic
-of the bound itself (1% of it, a thousand times more than it needs).
+search measures |q| and |e_q|. That bound is about 3% of |q| |c| for random unit rows with
+d = 384, where the bound by the largest entries, max_i |q_i| · sum_i |e_c,i| + ..., is about 8%.
+Three roundings are added to it (`_quantize_query`): the float32 multiplications that scale q'·c'
+(at most 3·2^-24 of |q̂| |ĉ|), the float32 sum of the exact score it is compared with (γ |q| |c|,
+γ = d·2^-24 / (1 - d·2^-24): Higham, Accuracy and Stability of Numerical Algorithms, section
+3.1), and the float32 arithmetic of the bound itself (1% of it, far more than it needs).
 
 So every row gets an upper bound on its float32 score, and only rows whose bound beats the
 running k-th best are scored in float32 and merged: the rest cannot enter. The top-k is the same
@@ -56,10 +57,12 @@ LEVELS = 63  # int8 copies hold integers in [-LEVELS, LEVELS]: see the module do
 SMALLEST_ENTRY = 2.0**-30  # rows (and queries) whose largest entry lies outside this range
 LARGEST_ENTRY = 2.0**50  # are never screened out (their squares stay in float32's range)
 PIECE_ROWS = 8192  # rows quantized at once when a copy is made
-# A span whose candidates pass this fraction of its rows is scored in float32 instead: scoring a
-# row on its own costs about as much as reading 64 rows in a product (2-core AMD EPYC, Zen 4).
+# A span whose candidates pass this fraction of its rows is scored in float32 instead. On a 2-core
+# AMD EPYC (Zen 4), over spans of 524,224 x 384 rows, scoring a candidate on its own (gathering its
+# row) took 70-130 ns with up to 8,000 candidates and 720 ns with 32,000, and the float32 product
+# 46 ns a row: at 1/64 of a span the candidates cost at most about a twentieth of that product.
 MOST_CANDIDATES = 1 / 64
-PROBE_ROWS = 2**16  # rows of the probe that times the int8 product against float32
+PROBE_BYTES = 2**26  # float32 rows of the probe that times the int8 product against float32
 
 
 @dataclass
@@ -112,7 +115,6 @@ class OneQueryScreen:
     def __init__(self, query: torch.Tensor, kept: Int8Rows, span_rows: int):
         """query (1, d) float32; `kept` the corpus's int8 copy; spans of at most `span_rows` rows."""
         self.query = query
-        self.kept = kept
         values, scale, self.coefficients = _quantize_query(query[0])
         self.query_values = values[:, None]  # (d, 1) int8
         self.query_scale = scale
@@ -202,16 +204,18 @@ def _int8_product_runs(dim: int) -> bool:
 
 @functools.cache
 def int8_screen_pays(dim: int) -> bool:
-    """Whether the int8 product of PROBE_ROWS rows with one query takes less than 3/4 of the time of
-    the float32 one here (best of three each, after one untimed round): below that, the screen's
-    other work (about a fifth of the float32 product on a 2-core AMD EPYC, Zen 4) eats the gain."""
+    """Whether the int8 product of a probe of PROBE_BYTES of float32 rows with one query takes less
+    than 3/4 of the time of the float32 one here (best of three each, after one untimed round):
+    the screen's other work takes about a tenth of the float32 product's time (2-core AMD EPYC,
+    Zen 4), and below that margin the gain would be small."""
     if not int8_product_runs(dim, torch.device("cpu")):
         return False
-    rows = torch.full((PROBE_ROWS, dim), 0.5)
-    values = torch.ones((PROBE_ROWS, dim), dtype=torch.int8)
+    probe_rows = PROBE_BYTES // (4 * dim) // 64 * 64 + 32  # + 32: no power-of-two row count
+    rows = torch.full((probe_rows, dim), 0.5)
+    values = torch.ones((probe_rows, dim), dtype=torch.int8)
     query, query_values = torch.full((1, dim), 0.25), torch.ones((dim, 1), dtype=torch.int8)
-    block, products = torch.empty(1, PROBE_ROWS), torch.empty(PROBE_ROWS, 1, dtype=torch.int32)
-    float_product = SpanProduct(query, PROBE_ROWS)
+    block, products = torch.empty(1, probe_rows), torch.empty(probe_rows, 1, dtype=torch.int32)
+    float_product = SpanProduct(query, probe_rows)
     best = {"int8": float("inf"), "float32": float("inf")}
     for round_number in range(4):
         for name in best:
