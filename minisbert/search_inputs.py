@@ -121,15 +121,20 @@ def prepare(embeddings: torch.Tensor | np.ndarray, score: str) -> PreparedCorpus
 
 
 def scored_rows(chunk: torch.Tensor, score: str, start: int, largest_query: tuple[int, float] | None = None,
-                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                out: torch.Tensor | None = None, unit: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The (n, d) float32 rows of `chunk`, numbered from `start`, checked (`checked_norm_terms`) and as
-    `score` scores them: unit rows for cosine (written into `out` if given), else as they are; and
-    their (n,) norm terms."""
+    `score` scores them: unit rows for cosine (written into `out` if given; with unit=False the rows
+    as they are, to be divided by `unit_divisors` later), else as they are; and their (n,) norm terms."""
     norm_terms, _ = checked_norm_terms(chunk, score, "corpus", start, largest_query)  # (n,)
-    if score == "cosine":
+    if score == "cosine" and unit:
         out = None if out is None else out[: chunk.shape[0]]
-        chunk = torch.div(chunk, norm_terms.clamp_min(TINY)[:, None], out=out)
+        chunk = torch.div(chunk, unit_divisors(norm_terms), out=out)
     return chunk, norm_terms
+
+
+def unit_divisors(norms: torch.Tensor) -> torch.Tensor:
+    """(n, 1) what cosine divides rows with (n,) `norms` by to make them unit rows: max(|c|, TINY)."""
+    return norms.clamp_min(TINY)[:, None]
 
 
 def read_prepared(path: str | Path) -> PreparedCorpus:
@@ -174,18 +179,19 @@ class SearchInputs:
     largest_query_norm_term: tuple[int, float] | None = None
 
     def corpus_chunk(
-        self, doc_start: int, out: torch.Tensor | None = None, size: int | None = None
+        self, doc_start: int, out: torch.Tensor | None = None, size: int | None = None, unit: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The corpus chunk of `size` rows (default corpus_chunk_size) starting at row
         `doc_start`, checked: (Nc, d) float32 rows on the device, as they are scored (unit rows
-        for cosine, written into `out` if given), and their (Nc,) norm terms: squared norms for
-        euclidean (the ranking key needs them), else norms. A prepared corpus's are read as kept."""
+        for cosine, written into `out` if given; unit=False leaves them undivided: see
+        `scored_rows`), and their (Nc,) norm terms: squared norms for euclidean (the ranking key
+        needs them), else norms. A prepared corpus's are read as kept."""
         end = doc_start + (size or self.corpus_chunk_size)
         if self.prepared is not None:
             prepared = self.prepared
             return prepared.rows[doc_start:end].to(self.device), prepared.norm_terms[doc_start:end].to(self.device)
         chunk = self.corpus[doc_start:end].to(device=self.device, dtype=torch.float32)  # (Nc, d)
-        return scored_rows(chunk, self.score, doc_start, self.largest_query_norm_term, out)
+        return scored_rows(chunk, self.score, doc_start, self.largest_query_norm_term, out, unit)
 
     def results(
         self, top_scores: torch.Tensor, top_indices: torch.Tensor

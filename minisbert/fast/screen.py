@@ -23,6 +23,9 @@ from ..similarity import row_norms
 GROUP_SIZE = 64
 # Candidates scored at once after screening (see _Screen): 1024 x 384 float32 rows take 1.5 MB.
 RESCORE_PIECE = 1024
+# Rows of an undivided cosine chunk made unit rows at once for the bfloat16 copy (`_Screen.load_chunk`):
+# 1.5 MB of float32 for d = 384, which stays in the cache until it is copied.
+UNIT_PIECE_ROWS = 1024
 # Unit roundoffs: rounding to bfloat16 (8 significant bits) or float32 (24) moves a value by at
 # most this fraction of itself.
 BF16_UNIT = 2.0**-8
@@ -95,6 +98,7 @@ class _Screen:
         self.block_buffer = torch.empty(rows * width, **bf16)
         # A prepared corpus keeps its own bfloat16 copy (`kept`); otherwise each chunk is copied here.
         self.chunk_buffer = None if kept else torch.empty(width, queries.shape[1], **bf16)
+        self.unit_piece = None  # float32 unit rows of a piece of an undivided chunk (`load_chunk`)
         self.width = width
         # Per query chunk (keyed by its first row): screens failed in a row, and blocks left to
         # compute in float32 before trying again. Each failure doubles the wait, so scores too
@@ -108,16 +112,32 @@ class _Screen:
         largest_norm: torch.Tensor,
         squared_norms: torch.Tensor | None,
         kept: torch.Tensor | None = None,
+        divisors: torch.Tensor | None = None,
     ) -> None:
         """Take the next (Nc, d) float32 corpus chunk, as scored (unit rows for cosine), an upper
         bound on its row norms, (for euclidean) its (Nc,) float32 squared row norms, and its
-        (Nc, d') bfloat16 copy if one is kept (`screen_rows`); else the copy is made here."""
+        (Nc, d') bfloat16 copy if one is kept (`screen_rows`); else the copy is made here.
+
+        For cosine the chunk may come undivided, with the (Nc, 1) `divisors` that make its unit
+        rows (`search_inputs.unit_divisors`): the unit rows are then made UNIT_PIECE_ROWS at a
+        time for the bfloat16 copy, in the cache, and again one by one for the rows rescored,
+        with the same bits; the search divides the whole chunk only where the screen fails."""
         self.chunk = chunk
+        self.divisors = divisors
         self.largest_norm = largest_norm
         if kept is not None:
             self.chunk_bf16 = kept
             return
         self.chunk_bf16 = self.chunk_buffer[: chunk.shape[0]]  # (Nc, d')
+        if divisors is not None:
+            if self.unit_piece is None:
+                self.unit_piece = torch.empty(min(UNIT_PIECE_ROWS, self.width), chunk.shape[1], device=chunk.device)
+            piece_rows = self.unit_piece.shape[0]
+            for start in range(0, chunk.shape[0], piece_rows):
+                rows = slice(start, start + piece_rows)
+                unit = torch.div(chunk[rows], divisors[rows], out=self.unit_piece[: chunk[rows].shape[0]])
+                self.chunk_bf16[rows] = unit
+            return
         self.chunk_bf16[:, : chunk.shape[1]] = chunk
         if self.euclidean:
             self.chunk_bf16[:, -1] = squared_norms
@@ -205,6 +225,8 @@ class _Screen:
             part = slice(start, start + RESCORE_PIECE)
             query_rows = query_chunk.index_select(0, cand_rows[part])  # (m, d)
             doc_rows = self.chunk.index_select(0, cand_cols[part])  # (m, d)
+            if self.divisors is not None:  # the unit rows of an undivided chunk, bit for bit
+                doc_rows = torch.div(doc_rows, self.divisors.index_select(0, cand_cols[part]))
             if self.euclidean:
                 query_rows = 2 * query_rows - doc_rows  # 2 q·c - |c|² = (2q - c)·c
             exact[part] = torch.linalg.vecdot(query_rows, doc_rows)
