@@ -44,14 +44,13 @@ test_int8_bound_holds.
 """
 
 import functools
-import time
 from dataclasses import dataclass
 
 import torch
 
 from ..search_inputs import drop_excluded
 from .screen import _merge_candidates
-from .span_product import SpanProduct
+from .span_product import SpanProduct, best_times
 
 LEVELS = 63  # int8 copies hold integers in [-LEVELS, LEVELS]: see the module docstring
 SMALLEST_ENTRY = 2.0**-30  # rows (and queries) whose largest entry lies outside this range
@@ -205,7 +204,8 @@ def _int8_product_runs(dim: int) -> bool:
 @functools.cache
 def int8_screen_pays(dim: int) -> bool:
     """Whether the int8 product of a probe of PROBE_BYTES of float32 rows with one query takes less
-    than 3/4 of the time of the float32 one here (best of three each, after one untimed round):
+    than 3/4 of the time of the float32 one here (best of three each, after one untimed round,
+    `span_product.best_times`):
     the screen's other work takes about a tenth of the float32 product's time (2-core AMD EPYC,
     Zen 4), and below that margin the gain would be small."""
     if not int8_product_runs(dim, torch.device("cpu")):
@@ -216,14 +216,6 @@ def int8_screen_pays(dim: int) -> bool:
     query, query_values = torch.full((1, dim), 0.25), torch.ones((dim, 1), dtype=torch.int8)
     block, products = torch.empty(1, probe_rows), torch.empty(probe_rows, 1, dtype=torch.int32)
     float_product = SpanProduct(query, probe_rows)
-    best = {"int8": float("inf"), "float32": float("inf")}
-    for round_number in range(4):
-        for name in best:
-            start = time.perf_counter()
-            if name == "int8":
-                torch._int_mm(values, query_values, out=products)
-            else:
-                float_product(rows, block)
-            if round_number > 0:
-                best[name] = min(best[name], time.perf_counter() - start)
+    best = best_times({"int8": lambda: torch._int_mm(values, query_values, out=products),
+                       "float32": lambda: float_product(rows, block)})
     return best["int8"] < 0.75 * best["float32"]

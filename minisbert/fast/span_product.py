@@ -132,11 +132,18 @@ def _quickest(factor_rows: int, dim: int, device: torch.device) -> str:
     factors = torch.full((factor_rows, dim), 0.25, device=device)
     block = torch.empty(factor_rows, probe_rows, device=device)
     products = {name: SpanProduct(factors, probe_rows, forced=name) for name in candidates}
-    best = dict.fromkeys(candidates, math.inf)
-    for round_number in range(PROBE_ROUNDS + 1):
-        for name in candidates:
-            start = time.perf_counter()
-            products[name](rows, block)
-            if round_number > 0:  # the first round only warms up
-                best[name] = min(best[name], time.perf_counter() - start)
+    best = best_times({name: lambda product=product: product(rows, block) for name, product in products.items()})
     return min(best, key=best.get)
+
+
+def best_times(calls: dict) -> dict:
+    """Each of `calls` (name -> function of no arguments) timed in turns, PROBE_ROUNDS rounds after
+    one untimed round that only warms up: name -> its best time in seconds."""
+    best = dict.fromkeys(calls, math.inf)
+    for round_number in range(PROBE_ROUNDS + 1):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            if round_number > 0:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
