@@ -374,14 +374,15 @@ def score_bound(score: str, query_term: float, doc_term: float) -> float:
 
 
 def drop_excluded(
-    block: torch.Tensor, excluded: torch.Tensor, query_start: int, doc_start: int
+    block: torch.Tensor, excluded: torch.Tensor, query_start: int, doc_start: int, fill: float = -torch.inf
 ) -> None:
-    """Set the excluded (query, corpus) entries that fall in this (Qc, Nc) block to -inf, in place."""
+    """Set the excluded (query, corpus) entries that fall in this (Qc, Nc) block to -inf (or `fill`),
+    in place."""
     query_rows = excluded[:, 0] - query_start
     doc_rows = excluded[:, 1] - doc_start
     inside = (query_rows >= 0) & (query_rows < block.shape[0])
     inside &= (doc_rows >= 0) & (doc_rows < block.shape[1])
-    block[query_rows[inside], doc_rows[inside]] = -torch.inf
+    block[query_rows[inside], doc_rows[inside]] = fill
 
 
 def _excluded_pairs(

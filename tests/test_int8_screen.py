@@ -1,6 +1,7 @@
-"""Tests for the int8 screen of a one-query search over a prepared corpus (minisbert/fast/int8_screen.py):
-its bound holds for every row, it rules out almost every row of ordinary embeddings, and a search
-through it finds what the plain search and brute force find, ties and left-out rows included.
+"""Tests for the int8 screens (minisbert/fast/int8_screen.py): of a one-query search over a prepared
+corpus, and the int8 blocks of a search of many queries. Their bounds hold for every row or entry,
+the one-query screen rules out almost every row of ordinary embeddings, and a search through either
+finds what the plain search and brute force find, ties and left-out rows included.
 
 tests/test_retrieval.py runs every one-query search over a prepared corpus through the screen too
 (its corpora are prepared with screen=True); on its small corpora most spans are too short to screen.
@@ -12,7 +13,9 @@ import torch
 from minisbert.fast import int8_screen
 from minisbert.search import load_corpus, prepare_corpus, search
 
-from .test_retrieval import brute_force, two_norm_embeddings
+from minisbert.search_inputs import unit_divisors
+
+from .test_retrieval import assert_matches_brute_force, brute_force, count_calls, two_norm_embeddings
 
 needs_int8 = pytest.mark.skipif(not int8_screen.int8_product_runs(24, torch.device("cpu")),
                                 reason="torch's int8 product does not run exactly on this CPU")
@@ -20,11 +23,7 @@ needs_int8 = pytest.mark.skipif(not int8_screen.int8_product_runs(24, torch.devi
 
 def screened_spans(monkeypatch) -> list:
     """Record what each OneQueryScreen.merge returns: True for a span the screen merged."""
-    results = []
-    merge = int8_screen.OneQueryScreen.merge
-    monkeypatch.setattr(int8_screen.OneQueryScreen, "merge",
-                        lambda self, *args: results.append(merge(self, *args)) or results[-1])
-    return results
+    return count_calls(monkeypatch, int8_screen.OneQueryScreen, "merge")
 
 
 def exact_problem(score: str, rows: int, generator: torch.Generator):
@@ -169,3 +168,164 @@ def test_one_query_that_cannot_be_screened_is_searched_in_float32(monkeypatch):
     _, indices = search(query, prepared, 5)
     assert torch.equal(indices, brute_force(query, corpus, 5, "dot")[1])
     assert merged == []
+
+
+# ---- The int8 blocks of a search of many queries -------------------------------------------------
+
+needs_int8_blocks = pytest.mark.skipif(not int8_screen.int8_blocks_exact(24),
+                                       reason="torch's int8 product is not exact for rows of 127 on this CPU")
+
+
+def screened_blocks(monkeypatch) -> list:
+    """Record what each Int8Blocks.candidates call returns: None where the block failed the screen."""
+    return count_calls(monkeypatch, int8_screen.Int8Blocks, "candidates")
+
+
+def loaded_blocks(queries, rows, divided: bool):
+    """Int8Blocks for `queries` with `rows` loaded as one chunk: as given (dot; or unit rows),
+    or undivided with the divisors that make unit rows (`divided`); and the rows as scored."""
+    blocks = int8_screen.Int8Blocks(queries, queries.shape[0], -(-rows.shape[0] // 64) * 64)
+    norms = torch.linalg.vector_norm(rows, dim=1)
+    if divided:
+        divisors = unit_divisors(norms)
+        blocks.load_chunk(rows, torch.tensor(1 + 2 * (rows.shape[1] + 2) * 2.0**-24), None, None, divisors)
+        return blocks, rows / divisors
+    blocks.load_chunk(rows, norms.amax(), None, None, None)
+    return blocks, rows
+
+
+@needs_int8_blocks
+@pytest.mark.parametrize("divided", [False, True])
+def test_the_int8_block_bound_holds_and_is_nearly_reached(divided):
+    # For every entry, the float32 score the search rescores with (vecdot of the query and the row
+    # as scored) must lie within B of s_q s (q'·c'). The pieces (1,024 rows each) mix ordinary rows,
+    # a piece of zero rows, rows of entries near 2^-34 (a piece not screened, unless made unit rows)
+    # and 2^45, and rows built
+    # to round badly: every entry just under half a step above a multiple of the piece's step, in
+    # the direction of positive queries, so that the corpus's rounding errors add up and the error
+    # reaches more than half the bound (a bound twice too tight fails there).
+    generator = torch.Generator().manual_seed(5)
+    dim = 24
+    rows = torch.randn(5 * 1024, dim, generator=generator)
+    rows[1024:2048] = 0
+    rows[2048:3072] *= 2.0**-34
+    rows[3072:3584] *= 2.0**45
+    step = 1 / 127
+    rows[4096:] = (torch.randint(0, 120, (1024, dim), generator=generator) + 0.49) * step
+    rows[4096:, 0] = 127 * step  # the piece's largest entry: its step is `step`
+    if divided:  # undivided rows, made unit rows by the search: the last piece with its own step
+        rows[4096:] *= 3.0
+    queries = torch.rand(40, dim, generator=generator) + 0.5  # positive entries
+    queries[20:] = torch.randn(20, dim, generator=generator)
+    for chunk in (rows, rows[4096:]):  # the whole, and the rows built to round badly on their own
+        blocks, scored = loaded_blocks(queries, chunk, divided)
+        scales, bounds = blocks.bounds(slice(0, 40))  # (40, pieces)
+        products = blocks.query_values.double() @ blocks.chunk_buffer[: chunk.shape[0]].double().T  # exact
+        pieces = torch.arange(chunk.shape[0]) // 1024
+        scales, bounds = scales[:, pieces], bounds[:, pieces]  # (40, N)
+        scores = torch.linalg.vecdot(queries[:, None, :], scored[None, :, :]).double()  # (40, N), float32 sums
+        error = (scores - scales * products).abs()
+        screened = scales > 0
+        assert (error[screened] <= bounds[screened]).all()
+    assert float((error / bounds)[:20].max()) > 0.5  # (the largest row norm of the whole is 2^45 times more)
+    screened = (blocks.query_scales[:, None] * loaded_blocks(queries, rows, divided)[0].scales > 0)
+    assert screened[:, [0, 3, 4]].all() and not screened[:, 1].any()
+    assert screened[:, 2].all() if divided else not screened[:, 2].any()
+
+
+@needs_int8_blocks
+@pytest.mark.parametrize("score", ["cosine", "dot"])
+def test_many_queries_through_the_int8_screen_match_brute_force(score, monkeypatch):
+    # 300 queries (more than a few-query search takes) over 20,000 random rows in chunks of 2,000:
+    # the first chunk fills the top-k in float32, and every later one must pass the screen.
+    generator = torch.Generator().manual_seed(6)
+    queries, corpus = torch.randn(300, 32, generator=generator), torch.randn(20000, 32, generator=generator)
+    corpus[:5000] *= 3.0  # rows of two sizes for dot
+    screened = screened_blocks(monkeypatch)
+    assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=2000, int8_screen=True)
+    assert len(screened) == 9 and all(result is not None for result in screened), screened
+
+
+@needs_int8_blocks
+@pytest.mark.parametrize("score", ["cosine", "dot"])
+def test_many_queries_through_the_int8_screen_find_what_the_plain_search_finds(score, monkeypatch):
+    # Every score exact (exact_problem), rows repeated (ties within and across chunks) and each
+    # query's own row left out by ids: the screened search must agree with the plain one bit for
+    # bit, at k = 1, 10 and 100, and also through a prepared corpus.
+    generator = torch.Generator().manual_seed(7)
+    corpus = exact_problem(score, 20000, generator)
+    rows = torch.randint(0, 20000, (300,), generator=generator)
+    queries = corpus[rows]
+    ids = {"query_ids": [f"d{row}" for row in rows.tolist()], "corpus_ids": [f"d{i}" for i in range(20000)]}
+    screened = screened_blocks(monkeypatch)
+    for k in (1, 10, 100):
+        for kwargs in ({}, ids):
+            plain_scores, plain_indices = search(queries, corpus, k, score=score, fast=False, **kwargs)
+            for searched in (corpus, prepare_corpus(corpus, score=score)):
+                scores, indices = search(queries, searched, k, score=score, int8_screen=True, **kwargs)
+                assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
+    assert any(result is not None for result in screened), "no block went through the screen"
+
+
+@needs_int8_blocks
+@pytest.mark.parametrize("score", ["cosine", "dot"])
+def test_queries_and_rows_the_int8_blocks_cannot_scale_are_still_found(score):
+    # A zero query, and for dot queries of entries near 2^-40 and 2^51 (outside the range scaled),
+    # and chunks of tiny rows (and for dot, of zero rows: brute force has no cosine for them) among
+    # ordinary ones: the entries the screen cannot bound pass it, and the search finds what the
+    # plain search finds (for the zero query, whose scores are all 0, the first rows) and, for the
+    # others, what brute force finds.
+    generator = torch.Generator().manual_seed(8)
+    queries, corpus = torch.randn(200, 24, generator=generator), torch.randn(8000, 24, generator=generator)
+    queries[0] = 0
+    if score == "dot":
+        queries[1] *= 2.0**-40
+        queries[2] *= 2.0**51
+    if score == "dot":
+        corpus[2000:3000] = 0
+    corpus[5000:6000] *= 2.0**-34
+    _, indices = search(queries, corpus, 10, score=score, corpus_chunk_size=1000, int8_screen=True)
+    _, plain_indices = search(queries, corpus, 10, score=score, fast=False)
+    assert torch.equal(indices[:3], plain_indices[:3])
+    assert_matches_brute_force(queries[1:], corpus, 10, score, corpus_chunk_size=1000, int8_screen=True)
+
+
+def test_an_int8_block_product_that_saturates_is_not_used(monkeypatch):
+    # Without AVX512-VNNI, oneDNN adds pairs of products of unsigned by signed bytes in 16 bits,
+    # which saturates on integers of 127 (module docstring): emulated here, the probe must refuse it.
+    def saturating(left, right, out=None):
+        shifted = (left.long()[:, None, :] + 128) * right.T.long()[None, :, :]  # (m, n, d)
+        pairs = shifted.unflatten(2, (-1, 2)).sum(3).clamp(-32768, 32767)  # (m, n, d / 2)
+        return (pairs.sum(2) - 128 * right.long().sum(0)[None, :]).int()
+
+    assert saturating(torch.ones(2, 4, dtype=torch.int8), torch.ones(4, 3, dtype=torch.int8)).eq(4).all()
+    monkeypatch.setattr(torch, "_int_mm", saturating)
+    int8_screen.int8_blocks_exact.cache_clear()
+    try:
+        assert not int8_screen.int8_blocks_exact(24)
+    finally:
+        int8_screen.int8_blocks_exact.cache_clear()
+
+
+def test_which_searches_screen_with_int8_blocks():
+    # Never for euclidean, nor with int8_screen=False; with int8_screen=True wherever the product is
+    # exact; by default where it is measured to pay.
+    from minisbert.fast.retrieval import _many_query_blocks
+    from minisbert.fast.screen import Bfloat16Blocks
+    from minisbert.search_inputs import check_inputs
+
+    def blocks(score, bf16_screen, int8):
+        inputs = check_inputs(torch.randn(300, 24), torch.randn(100, 24), 5, score, 1024, None, None, None, None)
+        return _many_query_blocks(inputs, bf16_screen, int8)
+
+    exact = int8_screen.int8_blocks_exact(24)
+    assert blocks("euclidean", True, True) is Bfloat16Blocks and blocks("euclidean", False, True) is None
+    assert blocks("cosine", True, False) is Bfloat16Blocks and blocks("dot", False, False) is None
+    assert blocks("cosine", False, True) is (int8_screen.Int8Blocks if exact else None)
+    pays = int8_screen.int8_blocks_pay(24, True)
+    assert blocks("dot", True, None) is (int8_screen.Int8Blocks if pays else Bfloat16Blocks)
+
+
+def test_int8_screen_needs_the_fast_path():
+    with pytest.raises(ValueError, match="int8_screen=True needs the fast path"):
+        search(torch.randn(3, 4), torch.randn(10, 4), 2, int8_screen=True, fast=False)

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from minisbert import retrieval
 from minisbert.fast import retrieval as fast_retrieval
-from minisbert.fast import screen, span_product
+from minisbert.fast import int8_screen, screen, span_product
 from minisbert.retrieval import merge_top_k
 from minisbert.search import load_corpus, prepare_corpus, search
 
@@ -28,8 +28,9 @@ from .tolerances import search_scores_apart
 SCORES = ("cosine", "dot", "euclidean")
 PATHS = {
     "plain": {"fast": False},
-    "fast": {"fast": True, "bf16_screen": False},
-    "fast-screened": {"fast": True, "bf16_screen": True},
+    "fast": {"fast": True, "bf16_screen": False, "int8_screen": False},
+    "fast-screened": {"fast": True, "bf16_screen": True, "int8_screen": False},
+    "fast-int8": {"fast": True, "bf16_screen": False, "int8_screen": True},
 }
 
 
@@ -281,8 +282,9 @@ def test_plain_and_fast_return_the_same_top_k(score, chunk_sizes):
     chunks = {"query_chunk_size": query_chunk_size, "corpus_chunk_size": corpus_chunk_size}
     plain_scores, plain_indices = search(queries, corpus, 12, score=score, **chunks, **ids, fast=False)
     assert torch.equal(plain_indices, brute_force_without_self(queries, corpus, 12, score, self_rows))
-    for bf16_screen in (False, True):
-        scores, indices = search(queries, corpus, 12, score=score, **chunks, **ids, bf16_screen=bf16_screen)
+    for screens in ({"bf16_screen": False, "int8_screen": False}, {"bf16_screen": True, "int8_screen": False},
+                    {"bf16_screen": False, "int8_screen": True}):
+        scores, indices = search(queries, corpus, 12, score=score, **chunks, **ids, **screens)
         assert torch.equal(indices, plain_indices)
         assert torch.equal(scores, plain_scores)
 
@@ -470,7 +472,8 @@ def test_screening_skips_most_float32_blocks_and_matches_brute_force(score, monk
         corpus, dim=1, keepdim=True
     )  # norms between 0.5 and 1
     float32_blocks = count_calls(monkeypatch, fast_retrieval, "_merge_block")
-    assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=2_000, bf16_screen=True)
+    assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=2_000, bf16_screen=True,
+                               int8_screen=False)
     # Of 10 chunks, the first fills each row's top-k in float32; a second can fail to screen
     # (its k-th best is still low) and make the third wait. The other seven are screened.
     assert 1 <= len(float32_blocks) <= 3
@@ -478,12 +481,12 @@ def test_screening_skips_most_float32_blocks_and_matches_brute_force(score, monk
 
 def test_crowded_scores_fall_back_to_float32_blocks_and_back_off(monkeypatch):
     # Every score is equal, so nothing can be ruled out.
-    screens = count_calls(monkeypatch, fast_retrieval._Screen, "_candidates")
+    screens = count_calls(monkeypatch, screen.Bfloat16Blocks, "candidates")
     float32_blocks = count_calls(monkeypatch, fast_retrieval, "_merge_block")
     # More queries than FEW_QUERIES: the search by blocks of queries, where the screen is tried.
     num_queries = fast_retrieval.FEW_QUERIES + 1
     scores, indices = search(torch.ones(num_queries, 4), torch.ones(800, 4), 5, corpus_chunk_size=100,
-                             bf16_screen=True)
+                             bf16_screen=True, int8_screen=False)
     assert indices.tolist() == [[0, 1, 2, 3, 4]] * num_queries
     # Chunk 0 fills the top-k. Screens are tried on chunks 1, 3 and 7, each failure doubling
     # the wait before the next; every chunk is merged in float32.
@@ -763,8 +766,11 @@ def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, path):
     # The biggest thing ever allocated is the same for a 2,000-row corpus and a 10 times larger
     # one: the float32 score block (32 x 256 x 4 bytes = 32 KiB) on the fast path, the int64
     # column order of its sort (64 KiB) on the plain one. The full score matrix would be
-    # 64 x 20,000 x 4 bytes = 5 MB.
+    # 64 x 20,000 x 4 bytes = 5 MB. The int8 screen's int32 block has its query rows padded to 64
+    # (int8_screen.QUERY_ROWS_MULTIPLE): 64 x 256 x 4 bytes.
     block = 32 * 256 * (4 if path["fast"] else 8)
+    if path.get("int8_screen") and score != "euclidean":
+        block = int8_screen.QUERY_ROWS_MULTIPLE * 256 * 4
     assert largest == {2_000: block, 20_000: block}
 
 

@@ -1,4 +1,6 @@
-"""The int8 screen of a one-query search over a prepared corpus (minisbert/fast/retrieval.py).
+"""The int8 screens of minisbert/fast/retrieval.py: of a one-query search over a prepared corpus
+(`OneQueryScreen`, described here), and of a search of many queries (`Int8Blocks`, described in
+the comment above it).
 
 One query over a corpus of float32 rows can go no faster than the rows can be read: 4·d bytes a row.
 A prepared corpus (minisbert/search.py) can keep a second, smaller copy of its rows to read
@@ -49,7 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from ..search_inputs import drop_excluded
-from .screen import _merge_candidates
+from .screen import GROUP_SIZE, UNIT_PIECE_ROWS, _merge_candidates, _summation_error, block_candidates
 from .span_product import SpanProduct, best_times
 
 LEVELS = 63  # int8 copies hold integers in [-LEVELS, LEVELS]: see the module docstring
@@ -219,3 +221,186 @@ def int8_screen_pays(dim: int) -> bool:
     best = best_times({"int8": lambda: torch._int_mm(values, query_values, out=products),
                        "float32": lambda: float_product(rows, block)})
     return best["int8"] < 0.75 * best["float32"]
+
+
+# The int8 blocks of a search of many queries (`Int8Blocks`).
+#
+# A search of many queries (fast/retrieval.py's `_search_many`) screens each block with an
+# approximate product (screen.py's `_Screen`). Where torch's int8 product is exact for integers in
+# [-127, 127] (with AVX512-VNNI or AMX it is: see the module docstring) and quicker than the bfloat16
+# one, it can make the block instead: 1,000 x 8,192 x 384 took 7.2 ms against 15.0 in bfloat16
+# and 32 in float32 on a 2-core AMD EPYC (Zen 4). Its bound is wider than bfloat16's, so more
+# entries are scored on their own (over 200,000 random unit rows and 1,000 queries, about 150 to 250
+# a query against 66).
+#
+# The products must order the entries of a query's row of the block as their scores do, so that a
+# group's largest integer bounds the group (screen.py's `block_candidates`). So every row of a chunk
+# shares one scale: s = m / 127, m the chunk's largest |c_i| (of its unit rows for cosine), and
+# c' = round(c / s). Each entry is then off by at most s (1/2 + 2^-14) (the 2^-14 covers the float32
+# division, and the division by |c| s for an undivided cosine chunk). Each query has its own scale
+# s_q, q' and e_q = q - s_q q' (in float64). Writing q̂ = s_q q' and ĉ = s c',
+#     q·c - q̂·ĉ = q̂·(c - ĉ) + e_q·c,   so   |q·c - s_q s (q'·c')| <= s_q s L1(q') (1/2 + 2^-14) + |e_q| R,
+# with L1(q') = sum_i |q'_i| and R the chunk's largest row norm. The float32 score that decides
+# (`_Screen._rescore`) lies within γ |q| R of q·c (γ as in screen.py's `_summation_error`). So an
+# entry can beat the k-th best only if its integer q'·c' is above
+#     T = floor((kth - B) / (s_q s)),   B = (s_q s L1(q') (1/2 + 2^-14) + (|e_q| + γ |q|) R) · 1.01,
+# computed in float64 (its roundings, below 2^-40 of |T|, are covered by the 1%, since B / (s_q s) is
+# at least 63). The comparisons are then between integers.
+MANY_LEVELS = 127
+# The int8 product's rows of queries are padded to a multiple of this many rows: the probe of the
+# product checks such shapes only (one query row against a transposed corpus, (1, d) @ (d, N), came
+# out wrong on one CPU; see OneQueryScreen).
+QUERY_ROWS_MULTIPLE = 64
+SENTINEL = torch.iinfo(torch.int32).min  # the product of an entry left out or past the chunk
+# Rows of a chunk quantized with one scale (a whole number of groups).
+PIECE_ROWS_MANY = 1024
+# The int8 blocks screen only where their product takes less than this fraction of the time of the
+# product they replace (`int8_blocks_pay`): see the measurements there.
+RATIO_THAT_PAYS = 0.6
+
+
+class Int8Blocks:
+    """The approximate blocks of the int8 screen of many queries (see the comment above): used by
+    screen.py's `_Screen` as `Bfloat16Blocks` is. For cosine and dot; euclidean is not screened so."""
+
+    def __init__(self, queries: torch.Tensor, query_chunk_size: int, width: int):
+        """queries (Q, d) float32 as scored; blocks of at most query_chunk_size x width entries."""
+        self.euclidean = False
+        self.query_values, self.query_scales, self.query_terms, self.usable = _quantize_rows(queries)
+        rows = -(-min(query_chunk_size, queries.shape[0]) // QUERY_ROWS_MULTIPLE) * QUERY_ROWS_MULTIPLE
+        device = queries.device
+        self.padded_queries = torch.zeros(rows, queries.shape[1], dtype=torch.int8, device=device)
+        self.block_buffer = torch.empty(rows * width, dtype=torch.int32, device=device)
+        self.chunk_buffer = torch.empty(width, queries.shape[1], dtype=torch.int8, device=device)
+        self.piece = torch.empty(min(PIECE_ROWS_MANY, width), queries.shape[1], device=device)
+        self.width = width
+
+    def load_chunk(self, chunk: torch.Tensor, largest_norm: torch.Tensor, squared_norms: torch.Tensor | None,
+                   kept: torch.Tensor | None, divisors: torch.Tensor | None) -> None:
+        """See screen.py's `_Screen.load_chunk`: the chunk's int8 copy, with one scale for each piece
+        of PIECE_ROWS rows (a bfloat16 copy `kept` by a prepared corpus is not used)."""
+        self.num_docs, self.dim = chunk.shape
+        self.largest_norm = float(largest_norm)
+        piece_rows = self.piece.shape[0]
+        scales = []  # float64 s of each piece; 0 for a piece not screened
+        for start in range(0, self.num_docs, piece_rows):
+            rows = slice(start, min(start + piece_rows, self.num_docs))
+            piece = self.piece[: rows.stop - start]
+            if divisors is None:
+                piece.copy_(chunk[rows])
+            else:  # unit rows, with the bits the search gives them
+                torch.div(chunk[rows], divisors[rows], out=piece)
+            smallest, largest = (float(value) for value in torch.aminmax(piece))
+            largest = max(-smallest, largest)
+            if not SMALLEST_ENTRY <= largest <= LARGEST_ENTRY:  # zeros, or too small or large to scale
+                self.chunk_buffer[rows] = 0
+                scales.append(0.0)
+                continue
+            scale = float(torch.tensor(largest / MANY_LEVELS, dtype=torch.float32))
+            self.chunk_buffer[rows] = piece.div_(scale).round_().clamp_(-MANY_LEVELS, MANY_LEVELS)
+            scales.append(scale)
+        self.scales = torch.tensor(scales, dtype=torch.float64, device=chunk.device)  # (pieces,)
+
+    def candidates(self, rows: slice, excluded: torch.Tensor | None, doc_start: int,
+                   kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """See screen.py's `Bfloat16Blocks.candidates`."""
+        num_rows, num_docs = kth.shape[0], self.num_docs
+        padded_rows = -(-num_rows // QUERY_ROWS_MULTIPLE) * QUERY_ROWS_MULTIPLE
+        self.padded_queries[:num_rows] = self.query_values[rows]  # rows past them: unused products
+        products = self.block_buffer[: padded_rows * self.width].view(padded_rows, self.width)
+        torch._int_mm(self.padded_queries[:padded_rows], self.chunk_buffer.T, out=products)
+        products = products[:num_rows]  # (Qc, W)
+        if num_docs < self.width:
+            products[:, num_docs:] = SENTINEL
+        if excluded is not None:
+            drop_excluded(products[:, :num_docs], excluded, rows.start, doc_start, SENTINEL)
+        # Each group lies in one piece (PIECE_ROWS is a whole number of groups): its threshold.
+        piece_thresholds = self._thresholds(rows, kth)  # (Qc, pieces) int32
+        groups_per_piece = self.piece.shape[0] // GROUP_SIZE
+        groups = products.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
+        group_maxima = groups.amax(dim=2)  # (Qc, W / G)
+        thresholds = torch.full_like(group_maxima, -SENTINEL - 1)  # groups past the chunk: none pass
+        piece_groups = piece_thresholds.repeat_interleave(groups_per_piece, dim=1)[:, : group_maxima.shape[1]]
+        thresholds[:, : piece_groups.shape[1]] = piece_groups
+
+        def passes(values: torch.Tensor, block_rows, group) -> torch.Tensor:
+            threshold = thresholds[block_rows, group]
+            return values > (threshold if values.dim() == threshold.dim() else threshold[:, None])
+
+        return block_candidates(groups, group_maxima, passes)
+
+    def bounds(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Qc, pieces) float64 s_q s and B for the query `rows` and each piece of the loaded
+        chunk: |s_fl - s_q s (q'·c')| <= B for each of their entries (the comment above
+        Int8Blocks; B with its 1%); s_q s is 0 where the query or the piece is not screened."""
+        scales = self.query_scales[rows, None] * self.scales  # (Qc, pieces)
+        l1_norms, error_norms, norms = self.query_terms[rows, :, None].unbind(dim=1)  # (Qc, 1) each
+        gamma = _summation_error(self.dim)
+        bounds = scales * l1_norms * (0.5 + 2.0**-14) + (error_norms + gamma * norms) * self.largest_norm
+        return scales, bounds * 1.01
+
+    def _thresholds(self, rows: slice, kth: torch.Tensor) -> torch.Tensor:
+        """(Qc, pieces) int32 T: an entry of a query row and a piece can beat the query's float32
+        k-th best (`kth`, (Qc,)) only if its q'·c' > T (see the comment above Int8Blocks); the
+        lowest int32 where the query or the piece is not screened."""
+        scales, bounds = self.bounds(rows)
+        thresholds = ((kth.double()[:, None] - bounds) / scales).floor_()
+        screened = self.usable[rows, None] & (self.scales > 0)
+        thresholds = torch.where(screened, thresholds, SENTINEL).clamp_(SENTINEL, -SENTINEL - 1)
+        return thresholds.to(torch.int32)
+
+
+def _quantize_rows(queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The many-query screen's copy of (Q, d) float32 queries: (Q, d) int8 values q' in
+    [-MANY_LEVELS, MANY_LEVELS], (Q,) float64 scales s_q (0 for a query not screened), (Q, 3)
+    float64 L1(q'), |q - s_q q'| and |q|, and the (Q,) usable mask."""
+    rows = queries.double()
+    largest = rows.abs().amax(dim=1)  # (Q,)
+    usable = (largest >= SMALLEST_ENTRY) & (largest <= LARGEST_ENTRY)
+    scales = torch.where(usable, largest / MANY_LEVELS, 0.0)  # (Q,)
+    values = (rows / torch.where(usable, scales, 1.0)[:, None]).round_().clamp_(-MANY_LEVELS, MANY_LEVELS)
+    values[~usable] = 0
+    terms = torch.stack([values.abs().sum(dim=1), torch.linalg.vector_norm(rows - values * scales[:, None], dim=1),
+                         torch.linalg.vector_norm(rows, dim=1)], dim=1)  # (Q, 3)
+    return values.to(torch.int8), scales, terms, usable
+
+
+@functools.cache
+def int8_blocks_exact(dim: int) -> bool:
+    """Whether torch's int8 product gives exact sums here for the blocks of `Int8Blocks` with rows
+    of `dim` numbers: a probe of extreme and random integers in [-MANY_LEVELS, MANY_LEVELS], with
+    64 and 1,024 query rows against a transposed chunk, checked against float64."""
+    if dim * MANY_LEVELS**2 >= 2**31:
+        return False
+    generator = torch.Generator().manual_seed(0)
+    chunk = torch.randint(-MANY_LEVELS, MANY_LEVELS + 1, (1024, dim), generator=generator, dtype=torch.int8)
+    queries = torch.randint(-MANY_LEVELS, MANY_LEVELS + 1, (1024, dim), generator=generator, dtype=torch.int8)
+    for rows in (chunk, queries):  # every sign pairing of the extremes
+        rows[:4] = torch.tensor([MANY_LEVELS, -MANY_LEVELS, MANY_LEVELS, -MANY_LEVELS], dtype=torch.int8)[:, None]
+        rows[2:4, ::2] *= -1
+    for num_rows in (QUERY_ROWS_MULTIPLE, 1024):
+        try:
+            products = torch._int_mm(queries[:num_rows], chunk.T)
+        except RuntimeError:  # not built for this CPU or shape
+            return False
+        if not torch.equal(products.double(), queries[:num_rows].double() @ chunk.double().T):
+            return False
+    return True
+
+
+@functools.cache
+def int8_blocks_pay(dim: int, bfloat16: bool) -> bool:
+    """Whether `Int8Blocks` should screen the many-query search here: its product exact
+    (`int8_blocks_exact`) and, for a block of 1,024 queries against 4,096 rows (best of three
+    after one untimed round, `span_product.best_times`), taking under RATIO_THAT_PAYS of the time
+    of the product it replaces: the bfloat16 screen's if the CPU multiplies bfloat16 natively
+    (`bfloat16`), else the float32 block's."""
+    if not int8_blocks_exact(dim):
+        return False
+    queries, chunk = torch.ones(1024, dim, dtype=torch.int8), torch.ones(4096 + GROUP_SIZE, dim, dtype=torch.int8)
+    other = torch.float32 if not bfloat16 else torch.bfloat16
+    other_queries, other_chunk = queries.to(other), chunk.to(other)
+    products, other_products = torch.empty(1024, chunk.shape[0], dtype=torch.int32), torch.empty(1024, chunk.shape[0], dtype=other)
+    best = best_times({"int8": lambda: torch._int_mm(queries, chunk.T, out=products),
+                       "other": lambda: torch.mm(other_queries, other_chunk.T, out=other_products)})
+    return best["int8"] < RATIO_THAT_PAYS * best["other"]

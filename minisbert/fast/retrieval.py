@@ -48,8 +48,10 @@ CPU):
 
 Screening. Most of the product is spent on scores that cannot enter the top-k. Where the CPU
 multiplies bfloat16 natively, a bfloat16 product with a proven bound on its error rules most of them
-out, and only the few that may enter are scored in float32: minisbert/fast/screen.py says how. The
-top-k is the same as without screening.
+out, and only the few that may enter are scored in float32: minisbert/fast/screen.py says how. Where
+torch's int8 product is exact and measured well quicker than the product it replaces, an int8 product
+does the same for cosine and dot (minisbert/fast/int8_screen.py's `Int8Blocks`; `_many_query_blocks`
+chooses). The top-k is the same as without screening.
 
 Ties. The running top-k is kept sorted by (score descending, index ascending); a later chunk
 only holds higher indices, so a new score must be strictly better than the running k-th to enter,
@@ -66,8 +68,8 @@ import torch
 from .. import cpu
 from ..search_inputs import SearchInputs, drop_excluded, quick_norm_terms, norm_terms_are_ordinary, unit_divisors
 from .device_search import device_search
-from .int8_screen import OneQueryScreen
-from .screen import F32_UNIT, GROUP_SIZE, _merge_candidates, _Screen
+from .int8_screen import Int8Blocks, OneQueryScreen, int8_blocks_exact, int8_blocks_pay
+from .screen import F32_UNIT, GROUP_SIZE, Bfloat16Blocks, _merge_candidates, _Screen
 from .span_product import SpanProduct
 
 # Up to this many queries the corpus is read a span at a time (`_search_few`); past it, blocks of
@@ -110,10 +112,11 @@ NORM_PIECE_ROWS = 4096
 # 2 to 32 queries; growing 4 times at a time, the screen passed).
 SPAN_GROWTH = 4
 
-def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+def fast_search(inputs: SearchInputs, bf16_screen: bool | None,
+                int8_screen: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (Q, k) scores (ranking keys 2 q·c - |c|² for euclidean) and corpus indices, best
-    first, as the plain search's loop (minisbert/retrieval.py) returns them. bf16_screen: see
-    `minisbert.search.search`."""
+    first, as the plain search's loop (minisbert/retrieval.py) returns them. bf16_screen,
+    int8_screen: see `minisbert.search.search`."""
     if inputs.device.type == "cuda":
         return device_search(inputs)  # screening is for CPUs: bf16_screen does not apply
     kept = inputs.prepared.screen if inputs.prepared is not None else None
@@ -125,7 +128,19 @@ def fast_search(inputs: SearchInputs, bf16_screen: bool | None) -> tuple[torch.T
         # and only from SCREENED_FEW_QUERIES queries.
         screened = bf16_screen and inputs.queries.shape[0] >= SCREENED_FEW_QUERIES
         return _search_few(inputs, kept if screened else None)
-    return _search_many(inputs, bf16_screen)
+    return _search_many(inputs, _many_query_blocks(inputs, bf16_screen, int8_screen))
+
+
+def _many_query_blocks(inputs: SearchInputs, bf16_screen: bool, int8_screen: bool | None):
+    """The approximate blocks a search of many queries screens with: int8 ones where they run
+    exactly and `int8_screen` asks for them (None: where they pay, `int8_blocks_pay`), else
+    bfloat16 ones if `bf16_screen`; None for no screen."""
+    dim = inputs.queries.shape[1]
+    if int8_screen is None:
+        int8_screen = inputs.device.type == "cpu" and int8_blocks_pay(dim, bf16_screen)
+    if int8_screen and inputs.score != "euclidean" and inputs.device.type == "cpu" and int8_blocks_exact(dim):
+        return Int8Blocks
+    return Bfloat16Blocks if bf16_screen else None
 
 
 def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,7 +163,7 @@ def _search_few(inputs: SearchInputs, kept_screen: torch.Tensor | None) -> tuple
     product = SpanProduct(factors, height)  # the quickest way to multiply spans here
     screen = one_query = None
     if kept_screen is not None and num_queries > 0:
-        screen = _Screen(queries, score, num_queries, height, kept=True)
+        screen = _Screen(queries, Bfloat16Blocks(queries, score, num_queries, height, kept=True))
     kept_int8 = inputs.prepared.int8 if inputs.prepared is not None else None
     if kept_int8 is not None and num_queries == 1:
         one_query = OneQueryScreen(queries, kept_int8, height)
@@ -308,8 +323,9 @@ def _score_rows(rows: torch.Tensor, norm_terms: torch.Tensor | None, queries: to
         torch.mm(rows, queries.T, out=out)
 
 
-def _search_many(inputs: SearchInputs, bf16_screen: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """fast_search for more than FEW_QUERIES queries: blocks of queries against chunks of corpus."""
+def _search_many(inputs: SearchInputs, blocks) -> tuple[torch.Tensor, torch.Tensor]:
+    """fast_search for more than FEW_QUERIES queries: blocks of queries against chunks of corpus,
+    screened with `blocks` (`_many_query_blocks`) if not None."""
     queries, score, device = inputs.queries, inputs.score, inputs.device
     num_queries, num_docs, k = queries.shape[0], inputs.corpus.shape[0], inputs.k
     query_chunk_size, corpus_chunk_size = inputs.query_chunk_size, inputs.corpus_chunk_size
@@ -326,7 +342,11 @@ def _search_many(inputs: SearchInputs, bf16_screen: bool) -> tuple[torch.Tensor,
     unit_buffer = None
     if score == "cosine" and inputs.prepared is None:
         unit_buffer = torch.empty(min(corpus_chunk_size, num_docs), queries.shape[1], device=device)
-    screen = _Screen(queries, score, query_chunk_size, height, kept_screen is not None) if bf16_screen else None
+    screen = None
+    if blocks is Int8Blocks:
+        screen = _Screen(queries, Int8Blocks(queries, query_chunk_size, height))
+    elif blocks is Bfloat16Blocks:
+        screen = _Screen(queries, Bfloat16Blocks(queries, score, query_chunk_size, height, kept_screen is not None))
 
     # A screened cosine over embeddings as given leaves each chunk undivided until a block fails
     # the screen: the screen makes its own unit rows piece by piece (`_Screen.load_chunk`). Over

@@ -1,4 +1,5 @@
-"""The bfloat16 screen of the fast CPU search (minisbert/fast/retrieval.py), and the merge it shares.
+"""The screen of the fast CPU search (minisbert/fast/retrieval.py) with its bfloat16 blocks, and the
+merge it shares.
 
 Most of a matrix product of many queries against a corpus chunk is spent on scores that cannot enter
 the top-k. Where the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), a bfloat16 product runs
@@ -7,7 +8,9 @@ proven bound on its error (`_error_bounds`, about 2·2^-8 |q| |c|) turns each ap
 upper bound on the exact one. Once a query's top-k is full, only the entries whose upper bound beats
 its k-th best are scored in float32, one dot product each, and only those can enter. The top-k is
 the same as without screening. Where the scores are too crowded for the bound to rule out enough,
-the block is computed in float32 instead (see `_Screen`).
+the block is computed in float32 instead (see `_Screen`). Where torch's int8 product is exact and
+quicker still, the approximate blocks are int8 products instead (minisbert/fast/int8_screen.py's
+`Int8Blocks`); the rest of the screen is the same.
 
 Tested through every search in tests/test_retrieval.py (the bound itself in
 test_error_bound_holds_and_is_nearly_reached).
@@ -73,36 +76,26 @@ def _merge_candidates(
 
 
 class _Screen:
-    """Screening with a bfloat16 matrix product: find the few entries of a block that can enter
-    the running top-k without computing the block in float32.
+    """Screening with an approximate matrix product: find the few entries of a block that can
+    enter the running top-k without computing the block in float32.
 
-    The block is computed from bfloat16 copies of the queries and the chunk. `_error_bounds`
-    bounds how far each approximate score can lie from the float32 score, which turns it into an
-    upper bound on that score. Only the entries whose upper bound beats their row's k-th best are
-    scored in float32, one dot product each, and merged. An entry left out provably scores at
+    The block is computed approximately, here from bfloat16 copies of the queries and the chunk
+    (`Bfloat16Blocks`), or from int8 copies (minisbert/fast/int8_screen.py's `Int8Blocks`). A
+    proven bound on how far each approximate score can lie from the float32 score turns it into
+    an upper bound on that score. Only the entries whose upper bound beats their row's k-th best
+    are scored in float32, one dot product each, and merged. An entry left out provably scores at
     most the k-th best, so the top-k is the same as with the float32 block.
-
-    For euclidean the ranking key 2 q·c - |c|² is one dot product of longer vectors,
-    [2q, -1]·[c, |c|²], so it is screened the same way.
     """
 
-    def __init__(self, queries: torch.Tensor, score: str, query_chunk_size: int, width: int, kept: bool = False):
-        self.queries = queries  # (Q, d), float32, unit rows for cosine
-        self.euclidean = score == "euclidean"
-        self.query_norms = row_norms(queries)  # (Q,)
-        if self.euclidean:
-            queries = torch.cat([2 * queries, -torch.ones_like(queries[:, :1])], dim=1)  # (Q, d + 1)
-        self.queries_bf16 = queries.to(torch.bfloat16)  # (Q, d'), d' = d + 1 for euclidean
-        rows = min(query_chunk_size, queries.shape[0])
-        bf16 = {"dtype": torch.bfloat16, "device": queries.device}
-        self.block_buffer = torch.empty(rows * width, **bf16)
-        # A prepared corpus keeps its own bfloat16 copy (`kept`); otherwise each chunk is copied here.
-        self.chunk_buffer = None if kept else torch.empty(width, queries.shape[1], **bf16)
-        self.unit_piece = None  # float32 unit rows of a piece of an undivided chunk (`load_chunk`)
-        self.width = width
+    def __init__(self, queries: torch.Tensor, blocks: "Bfloat16Blocks"):
+        """queries (Q, d) float32 as scored (unit rows for cosine); `blocks` makes the approximate
+        blocks and their candidates (`Bfloat16Blocks`, or int8_screen.py's `Int8Blocks`)."""
+        self.queries = queries
+        self.euclidean = blocks.euclidean
+        self.blocks = blocks
         # Per query chunk (keyed by its first row): screens failed in a row, and blocks left to
         # compute in float32 before trying again. Each failure doubles the wait, so scores too
-        # crowded to screen cost few wasted bfloat16 products.
+        # crowded to screen cost few wasted approximate products.
         self.failures: dict[int, int] = {}
         self.wait: dict[int, int] = {}
 
@@ -116,31 +109,15 @@ class _Screen:
     ) -> None:
         """Take the next (Nc, d) float32 corpus chunk, as scored (unit rows for cosine), an upper
         bound on its row norms, (for euclidean) its (Nc,) float32 squared row norms, and its
-        (Nc, d') bfloat16 copy if one is kept (`screen_rows`); else the copy is made here.
+        (Nc, d') bfloat16 copy if one is kept (`screen_rows`).
 
         For cosine the chunk may come undivided, with the (Nc, 1) `divisors` that make its unit
-        rows (`search_inputs.unit_divisors`): the unit rows are then made UNIT_PIECE_ROWS at a
-        time for the bfloat16 copy, in the cache, and again one by one for the rows rescored,
+        rows (`search_inputs.unit_divisors`): the approximate copy is then made from unit rows
+        UNIT_PIECE_ROWS at a time, in the cache, and the rows rescored are divided one by one,
         with the same bits; the search divides the whole chunk only where the screen fails."""
         self.chunk = chunk
         self.divisors = divisors
-        self.largest_norm = largest_norm
-        if kept is not None:
-            self.chunk_bf16 = kept
-            return
-        self.chunk_bf16 = self.chunk_buffer[: chunk.shape[0]]  # (Nc, d')
-        if divisors is not None:
-            if self.unit_piece is None:
-                self.unit_piece = torch.empty(min(UNIT_PIECE_ROWS, self.width), chunk.shape[1], device=chunk.device)
-            piece_rows = self.unit_piece.shape[0]
-            for start in range(0, chunk.shape[0], piece_rows):
-                rows = slice(start, start + piece_rows)
-                unit = torch.div(chunk[rows], divisors[rows], out=self.unit_piece[: chunk[rows].shape[0]])
-                self.chunk_bf16[rows] = unit
-            return
-        self.chunk_bf16[:, : chunk.shape[1]] = chunk
-        if self.euclidean:
-            self.chunk_bf16[:, -1] = squared_norms
+        self.blocks.load_chunk(chunk, largest_norm, squared_norms, kept, divisors)
 
     def merge(
         self,
@@ -161,7 +138,7 @@ class _Screen:
         if self.wait.get(rows.start, 0) > 0:
             self.wait[rows.start] -= 1
             return False
-        candidates = self._candidates(rows, excluded, doc_start, kth)
+        candidates = self.blocks.candidates(rows, excluded, doc_start, kth)
         if candidates is None:
             self.failures[rows.start] = self.failures.get(rows.start, 0) + 1
             self.wait[rows.start] = 2 ** self.failures[rows.start] - 1
@@ -174,47 +151,6 @@ class _Screen:
             cand_rows[enters], cand_cols[enters] + doc_start, exact[enters], top_scores, top_indices
         )
         return True
-
-    def _candidates(
-        self, rows: slice, excluded: torch.Tensor | None, doc_start: int, kth: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(M,) block rows and (M,) chunk columns of the entries that may beat the (Qc,) k-th
-        best scores, sorted by row and then by column; None if too many survive."""
-        num_rows, num_docs = kth.shape[0], self.chunk.shape[0]
-        approximate = self.block_buffer[: num_rows * self.width].view(num_rows, self.width)
-        torch.mm(self.queries_bf16[rows], self.chunk_bf16.T, out=approximate[:, :num_docs])
-        if num_docs < self.width:
-            approximate[:, num_docs:] = -torch.inf
-        if excluded is not None:
-            drop_excluded(approximate[:, :num_docs], excluded, rows.start, doc_start)
-        error = _error_bounds(
-            self.query_norms[rows], self.largest_norm, self.chunk.shape[1], self.euclidean
-        )  # (Qc,)
-
-        # Group maxima without a float pass over the block: the bits of a non-negative bfloat16
-        # read as int16 order the same way as its value, and every negative value reads as a
-        # negative int16. A group whose largest int16 is negative holds only values <= 0, so
-        # it is given the maximum 0, which can only make it look more promising.
-        groups = approximate.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
-        largest_bits = groups.view(torch.int16).amax(dim=2).clamp_min(0)  # (Qc, W / G)
-        group_maxima = largest_bits.view(torch.bfloat16).float()  # (Qc, W / G)
-        # Written as "not <=" so that a NaN (from an overflowing bound) keeps an entry in.
-        promising = ~(_upper_bounds(group_maxima, error[:, None]) <= kth[:, None])  # (Qc, W / G)
-        block_rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,)
-        # Past these sizes the float32 block is the cheaper way. Measured on a 2-core CPU: each
-        # entry of a float32 block costs about 6 ns (2·384 FLOP), each opened entry about 1 ns,
-        # and each candidate scored on its own about 0.3 µs, mostly gathering its two rows.
-        block_entries = num_rows * self.width
-        if block_rows.numel() * GROUP_SIZE * 4 > block_entries:
-            return None
-        values = groups[block_rows, group].float()  # (P, G)
-        survives = ~(_upper_bounds(values, error[block_rows, None]) <= kth[block_rows, None])
-        pair, offset = survives.nonzero(as_tuple=True)  # (M,), (M,)
-        if pair.numel() * 128 > block_entries:
-            return None
-        # nonzero() lists (row, group) pairs row by row with groups ascending, and offsets
-        # ascending within a group, so the candidates come sorted by row, then by column.
-        return block_rows[pair], group[pair] * GROUP_SIZE + offset
 
     def _rescore(self, rows: slice, cand_rows: torch.Tensor, cand_cols: torch.Tensor) -> torch.Tensor:
         """(M,) float32 scores (ranking keys for euclidean) of the candidates, a piece at a time
@@ -231,6 +167,109 @@ class _Screen:
                 query_rows = 2 * query_rows - doc_rows  # 2 q·c - |c|² = (2q - c)·c
             exact[part] = torch.linalg.vecdot(query_rows, doc_rows)
         return exact
+
+
+def block_candidates(
+    groups: torch.Tensor, group_maxima: torch.Tensor, passes
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(M,) block rows and (M,) chunk columns of the entries of an approximate (Qc, W / G, G)
+    block, cut into groups, that may beat their row's k-th best, sorted by row and then by
+    column; None if too many survive. `group_maxima` (Qc, W / G) holds each group's largest
+    entry (or more), and passes(values, block_rows, group) says which entries of `values` may beat
+    their row's k-th best: of the (Qc, W / G) maxima (block_rows and group slices), or of the
+    (P, G) groups opened (block_rows and group (P,) indices)."""
+    num_rows, num_groups = group_maxima.shape
+    promising = passes(group_maxima, slice(None), slice(None))  # (Qc, W / G)
+    block_rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,)
+    # Past these sizes the float32 block is the cheaper way. Measured on a 2-core CPU: each
+    # entry of a float32 block costs about 6 ns (2·384 FLOP), each opened entry about 1 ns,
+    # and each candidate scored on its own about 0.3 µs, mostly gathering its two rows.
+    block_entries = num_rows * num_groups * GROUP_SIZE
+    if block_rows.numel() * GROUP_SIZE * 2 > block_entries:
+        return None
+    survives = passes(groups[block_rows, group], block_rows, group)  # (P, G)
+    pair, offset = survives.nonzero(as_tuple=True)  # (M,), (M,)
+    if pair.numel() * 128 > block_entries:
+        return None
+    # nonzero() lists (row, group) pairs row by row with groups ascending, and offsets
+    # ascending within a group, so the candidates come sorted by row, then by column.
+    return block_rows[pair], group[pair] * GROUP_SIZE + offset
+
+
+class Bfloat16Blocks:
+    """The approximate blocks of the bfloat16 screen (`_Screen`): products of bfloat16 copies of
+    the queries and the chunk, and the bound `_error_bounds` on their error.
+
+    For euclidean the ranking key 2 q·c - |c|² is one dot product of longer vectors,
+    [2q, -1]·[c, |c|²], so it is screened the same way.
+    """
+
+    def __init__(self, queries: torch.Tensor, score: str, query_chunk_size: int, width: int, kept: bool = False):
+        """queries (Q, d) float32 as scored; blocks of at most query_chunk_size x width entries;
+        `kept`: the corpus keeps its own bfloat16 copy (a prepared corpus)."""
+        self.euclidean = score == "euclidean"
+        self.query_norms = row_norms(queries)  # (Q,)
+        if self.euclidean:
+            queries = torch.cat([2 * queries, -torch.ones_like(queries[:, :1])], dim=1)  # (Q, d + 1)
+        self.queries_bf16 = queries.to(torch.bfloat16)  # (Q, d'), d' = d + 1 for euclidean
+        rows = min(query_chunk_size, queries.shape[0])
+        bf16 = {"dtype": torch.bfloat16, "device": queries.device}
+        self.block_buffer = torch.empty(rows * width, **bf16)
+        # A prepared corpus keeps its own bfloat16 copy (`kept`); otherwise each chunk is copied here.
+        self.chunk_buffer = None if kept else torch.empty(width, queries.shape[1], **bf16)
+        self.unit_piece = None  # float32 unit rows of a piece of an undivided chunk (`load_chunk`)
+        self.width = width
+
+    def load_chunk(self, chunk: torch.Tensor, largest_norm: torch.Tensor, squared_norms: torch.Tensor | None,
+                   kept: torch.Tensor | None, divisors: torch.Tensor | None) -> None:
+        """See `_Screen.load_chunk`: make (or take the kept) bfloat16 copy of the chunk."""
+        self.num_docs, self.dim = chunk.shape
+        self.largest_norm = largest_norm
+        if kept is not None:
+            self.chunk_bf16 = kept
+            return
+        self.chunk_bf16 = self.chunk_buffer[: chunk.shape[0]]  # (Nc, d')
+        if divisors is not None:
+            if self.unit_piece is None:
+                self.unit_piece = torch.empty(min(UNIT_PIECE_ROWS, self.width), chunk.shape[1], device=chunk.device)
+            piece_rows = self.unit_piece.shape[0]
+            for start in range(0, chunk.shape[0], piece_rows):
+                rows = slice(start, start + piece_rows)
+                unit = torch.div(chunk[rows], divisors[rows], out=self.unit_piece[: chunk[rows].shape[0]])
+                self.chunk_bf16[rows] = unit
+            return
+        self.chunk_bf16[:, : chunk.shape[1]] = chunk
+        if self.euclidean:
+            self.chunk_bf16[:, -1] = squared_norms
+
+    def candidates(
+        self, rows: slice, excluded: torch.Tensor | None, doc_start: int, kth: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(M,) block rows and (M,) chunk columns of the entries that may beat the (Qc,) k-th
+        best scores, sorted by row and then by column; None if too many survive."""
+        num_rows, num_docs = kth.shape[0], self.num_docs
+        approximate = self.block_buffer[: num_rows * self.width].view(num_rows, self.width)
+        torch.mm(self.queries_bf16[rows], self.chunk_bf16.T, out=approximate[:, :num_docs])
+        if num_docs < self.width:
+            approximate[:, num_docs:] = -torch.inf
+        if excluded is not None:
+            drop_excluded(approximate[:, :num_docs], excluded, rows.start, doc_start)
+        error = _error_bounds(self.query_norms[rows], self.largest_norm, self.dim, self.euclidean)  # (Qc,)
+
+        # Group maxima without a float pass over the block: the bits of a non-negative bfloat16
+        # read as int16 order the same way as its value, and every negative value reads as a
+        # negative int16. A group whose largest int16 is negative holds only values <= 0, so
+        # it is given the maximum 0, which can only make it look more promising.
+        groups = approximate.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
+        largest_bits = groups.view(torch.int16).amax(dim=2).clamp_min(0)  # (Qc, W / G)
+        group_maxima = largest_bits.view(torch.bfloat16).float()  # (Qc, W / G)
+
+        def passes(values: torch.Tensor, block_rows, group) -> torch.Tensor:
+            # Written as "not <=" so that a NaN (from an overflowing bound) keeps an entry in.
+            values = values.float()
+            return ~(_upper_bounds(values, error[block_rows, None]) <= kth[block_rows, None])
+
+        return block_candidates(groups, group_maxima, passes)
 
 
 def _upper_bounds(approximate: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
