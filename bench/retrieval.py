@@ -6,11 +6,13 @@ For each corpus size and each number of queries per call it times, side by side 
 random L2-normalised float32 data (fixed seed):
     minisbert search, score="dot" and score="cosine" (cosine also checks and normalises every
         row: the one-shot call), with their defaults (the fast path: for few queries the corpus
-        read once; for many, blocks screened in bfloat16 on a CPU with native bfloat16),
-        score="dot" with bf16_screen=False, a corpus prepared once (prepare_corpus, cosine:
+        read once; for many, blocks screened with int8 products where they pay, else in
+        bfloat16 on a CPU with native bfloat16), score="dot" with neither screen
+        (bf16_screen=False, int8_screen=False), a corpus prepared once (prepare_corpus, cosine:
         checked and normalised once, with a bfloat16 copy where the CPU multiplies bfloat16
-        natively and an int8 copy for one query where it pays), minisbert.util.semantic_search (sentence-transformers' call, over the fast
-        search), and, if asked for, score="dot" with fast=False (the plain path)
+        natively and an int8 copy for one query where it pays), minisbert.util.semantic_search
+        (sentence-transformers' call, over the fast search), and, if asked for, score="dot" with
+        fast=False (the plain path)
     plain torch.topk(queries @ corpus.T)    (chunked over queries only if the full score matrix
                                             would not fit in --plain-budget-gb; it says so)
     plain torch.topk(cos_sim(queries, corpus))   (the cosine one-liner: sentence-transformers'
@@ -72,7 +74,7 @@ METHODS = (
 DEFAULT_METHODS = tuple(m for m in METHODS if m != "minisbert-plain")
 LABELS = {
     "minisbert-dot": 'minisbert search(score="dot")',
-    "minisbert-float32": 'minisbert (dot, bf16_screen=False)',
+    "minisbert-float32": 'minisbert (dot, no screen)',
     "minisbert-plain": 'minisbert (dot, fast=False)',
     "minisbert-cosine": 'minisbert search(score="cosine")',
     "minisbert-prepared": "minisbert search(prepare_corpus(C))",
@@ -366,7 +368,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
             # Its hits, as a porting user gets them; turned into indices after the timing.
             return (lambda q: minisbert_util.semantic_search(q, corpus, top_k=k)), "", 0.0
         if method == "minisbert-float32":
-            return (lambda q: search(q, corpus, k, score="dot", bf16_screen=False)[1]), "", 0.0
+            return (lambda q: search(q, corpus, k, score="dot", bf16_screen=False, int8_screen=False)[1]), "", 0.0
         if method == "minisbert-plain":
             return (lambda q: search(q, corpus, k, score="dot", fast=False)[1]), "", 0.0
         score = method.split("-")[1]

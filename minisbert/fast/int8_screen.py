@@ -306,11 +306,12 @@ class Int8Blocks:
         """See screen.py's `Bfloat16Blocks.candidates`."""
         num_rows, num_docs = kth.shape[0], self.num_docs
         padded_rows = -(-num_rows // QUERY_ROWS_MULTIPLE) * QUERY_ROWS_MULTIPLE
+        width = -(-num_docs // GROUP_SIZE) * GROUP_SIZE  # the chunk's rows in whole groups
         self.padded_queries[:num_rows] = self.query_values[rows]  # rows past them: unused products
-        products = self.block_buffer[: padded_rows * self.width].view(padded_rows, self.width)
-        torch._int_mm(self.padded_queries[:padded_rows], self.chunk_buffer.T, out=products)
+        products = self.block_buffer[: padded_rows * width].view(padded_rows, width)
+        torch._int_mm(self.padded_queries[:padded_rows], self.chunk_buffer[:width].T, out=products)
         products = products[:num_rows]  # (Qc, W)
-        if num_docs < self.width:
+        if num_docs < width:
             products[:, num_docs:] = SENTINEL
         if excluded is not None:
             drop_excluded(products[:, :num_docs], excluded, rows.start, doc_start, SENTINEL)
@@ -319,9 +320,7 @@ class Int8Blocks:
         groups_per_piece = self.piece.shape[0] // GROUP_SIZE
         groups = products.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
         group_maxima = groups.amax(dim=2)  # (Qc, W / G)
-        thresholds = torch.full_like(group_maxima, -SENTINEL - 1)  # groups past the chunk: none pass
-        piece_groups = piece_thresholds.repeat_interleave(groups_per_piece, dim=1)[:, : group_maxima.shape[1]]
-        thresholds[:, : piece_groups.shape[1]] = piece_groups
+        thresholds = piece_thresholds.repeat_interleave(groups_per_piece, dim=1)[:, : group_maxima.shape[1]]
 
         def passes(values: torch.Tensor, block_rows, group) -> torch.Tensor:
             threshold = thresholds[block_rows, group]
