@@ -329,3 +329,23 @@ def test_which_searches_screen_with_int8_blocks():
 def test_int8_screen_needs_the_fast_path():
     with pytest.raises(ValueError, match="int8_screen=True needs the fast path"):
         search(torch.randn(3, 4), torch.randn(10, 4), 2, int8_screen=True, fast=False)
+
+
+@needs_int8_blocks
+def test_with_int8_blocks_the_search_by_blocks_starts_at_fewer_queries(monkeypatch):
+    # Over embeddings as given, from FEW_QUERIES_INT8 + 1 queries when the blocks are int8 ones,
+    # from FEW_QUERIES + 1 otherwise; over a prepared corpus from FEW_QUERIES_PREPARED + 1 either way.
+    from minisbert.fast import retrieval as fast_retrieval
+
+    by_blocks = count_calls(monkeypatch, fast_retrieval, "_search_many")
+    corpus = torch.randn(500, 24)
+    prepared = prepare_corpus(corpus)
+    for num_queries, searched, int8, expected in (
+        (fast_retrieval.FEW_QUERIES_INT8, corpus, True, 0),
+        (fast_retrieval.FEW_QUERIES_INT8 + 1, corpus, True, 1),
+        (fast_retrieval.FEW_QUERIES, corpus, False, 0),
+        (fast_retrieval.FEW_QUERIES_PREPARED, prepared, True, 0),
+    ):
+        by_blocks.clear()
+        search(torch.randn(num_queries, 24), searched, 5, int8_screen=int8)
+        assert len(by_blocks) == expected, (num_queries, int8)
