@@ -91,7 +91,7 @@ COMMANDS = {
     "python bench/retrieval.py --peer-python PEER/bin/python": SMALL_SEARCH,
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 --queries 1000 --repeats 5 --methods "
     "minisbert-dot minisbert-cosine minisbert-prepared minisbert-util plain faiss": SMALL_SEARCH,
-    "python bench/retrieval.py --sizes 1000000 --queries 1": SMALL_SEARCH,
+    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 10000": SMALL_SEARCH,
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 --queries 10000 --methods minisbert-dot "
     "minisbert-cosine minisbert-prepared minisbert-util plain faiss": SMALL_SEARCH,
     "python bench/retrieval.py --sizes 1000000 --queries 1 16 1000 --devices cuda --methods minisbert-dot "
