@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from ..search_inputs import drop_excluded
-from .screen import GROUP_SIZE, UNIT_PIECE_ROWS, _merge_candidates, _summation_error, block_candidates
+from .screen import GROUP_SIZE, _merge_candidates, _summation_error, block_candidates
 from .span_product import SpanProduct, best_times
 
 LEVELS = 63  # int8 copies hold integers in [-LEVELS, LEVELS]: see the module docstring
@@ -227,25 +227,27 @@ def int8_screen_pays(dim: int) -> bool:
 #
 # A search of many queries (fast/retrieval.py's `_search_many`) screens each block with an
 # approximate product (screen.py's `_Screen`). Where torch's int8 product is exact for integers in
-# [-127, 127] (with AVX512-VNNI or AMX it is: see the module docstring) and quicker than the bfloat16
-# one, it can make the block instead: 1,000 x 8,192 x 384 took 7.2 ms against 15.0 in bfloat16
-# and 32 in float32 on a 2-core AMD EPYC (Zen 4). Its bound is wider than bfloat16's, so more
-# entries are scored on their own (over 200,000 random unit rows and 1,000 queries, about 150 to 250
-# a query against 66).
+# [-127, 127] (with AVX512-VNNI it is; without, it saturates: see the module docstring) and quicker
+# than the bfloat16 one, it can make the block instead: 1,000 x 8,192 x 384 took 7.2 ms against 15.0
+# in bfloat16 and 32 in float32 on a 2-core AMD EPYC (Zen 4). Its bound is wider than bfloat16's,
+# so more entries are scored on their own (over 200,000 random unit rows, 1,000 queries and k = 10,
+# about 175 a query against 70).
 #
 # The products must order the entries of a query's row of the block as their scores do, so that a
-# group's largest integer bounds the group (screen.py's `block_candidates`). So every row of a chunk
-# shares one scale: s = m / 127, m the chunk's largest |c_i| (of its unit rows for cosine), and
-# c' = round(c / s). Each entry is then off by at most s (1/2 + 2^-14) (the 2^-14 covers the float32
-# division, and the division by |c| s for an undivided cosine chunk). Each query has its own scale
-# s_q, q' and e_q = q - s_q q' (in float64). Writing q̂ = s_q q' and ĉ = s c',
+# group's largest integer bounds the group (screen.py's `block_candidates`). So all the rows of a
+# piece of PIECE_ROWS_MANY rows (a whole number of groups) share one scale: s = m / 127, m the
+# piece's largest |c_i| (of its unit rows for cosine, made as the search makes them), and
+# c' = round(c / s). Each entry is then off by at most s (1/2 + 2^-14) (the float32 division, or a
+# multiplication by 1 / s, adds less than 2^-15). Each query has its own scale s_q, q' and
+# e_q = q - s_q q' (in float64). Writing q̂ = s_q q' and ĉ = s c',
 #     q·c - q̂·ĉ = q̂·(c - ĉ) + e_q·c,   so   |q·c - s_q s (q'·c')| <= s_q s L1(q') (1/2 + 2^-14) + |e_q| R,
 # with L1(q') = sum_i |q'_i| and R the chunk's largest row norm. The float32 score that decides
 # (`_Screen._rescore`) lies within γ |q| R of q·c (γ as in screen.py's `_summation_error`). So an
 # entry can beat the k-th best only if its integer q'·c' is above
 #     T = floor((kth - B) / (s_q s)),   B = (s_q s L1(q') (1/2 + 2^-14) + (|e_q| + γ |q|) R) · 1.01,
 # computed in float64 (its roundings, below 2^-40 of |T|, are covered by the 1%, since B / (s_q s) is
-# at least 63). The comparisons are then between integers.
+# at least 63). The comparisons are then between integers. A query or a piece whose largest entry
+# lies outside [2^-30, 2^50] (zero among them) is not screened: T is the lowest int32.
 MANY_LEVELS = 127
 # The int8 product's rows of queries are padded to a multiple of this many rows: the probe of the
 # product checks such shapes only (one query row against a transposed corpus, (1, d) @ (d, N), came
@@ -278,7 +280,7 @@ class Int8Blocks:
     def load_chunk(self, chunk: torch.Tensor, largest_norm: torch.Tensor, squared_norms: torch.Tensor | None,
                    kept: torch.Tensor | None, divisors: torch.Tensor | None) -> None:
         """See screen.py's `_Screen.load_chunk`: the chunk's int8 copy, with one scale for each piece
-        of PIECE_ROWS rows (a bfloat16 copy `kept` by a prepared corpus is not used)."""
+        of PIECE_ROWS_MANY rows (a bfloat16 copy `kept` by a prepared corpus is not used)."""
         self.num_docs, self.dim = chunk.shape
         self.largest_norm = float(largest_norm)
         piece_rows = self.piece.shape[0]
@@ -315,7 +317,7 @@ class Int8Blocks:
             products[:, num_docs:] = SENTINEL
         if excluded is not None:
             drop_excluded(products[:, :num_docs], excluded, rows.start, doc_start, SENTINEL)
-        # Each group lies in one piece (PIECE_ROWS is a whole number of groups): its threshold.
+        # Each group lies in one piece (PIECE_ROWS_MANY is a whole number of groups): its threshold.
         piece_thresholds = self._thresholds(rows, kth)  # (Qc, pieces) int32
         groups_per_piece = self.piece.shape[0] // GROUP_SIZE
         groups = products.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
