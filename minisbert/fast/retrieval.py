@@ -148,8 +148,8 @@ def _many_query_blocks(inputs: SearchInputs, bf16_screen: bool, int8_screen: boo
     exactly and `int8_screen` asks for them (None: where they pay, `int8_blocks_pay`), else
     bfloat16 ones if `bf16_screen`; None for no screen."""
     dim = inputs.queries.shape[1]
-    if inputs.score != "euclidean" and inputs.device.type == "cpu":
-        if int8_blocks_exact(dim) if int8_screen else int8_screen is None and int8_blocks_pay(dim, bf16_screen):
+    if inputs.score != "euclidean" and inputs.device.type == "cpu" and int8_screen is not False:
+        if int8_blocks_exact(dim) if int8_screen else int8_blocks_pay(dim, bf16_screen):
             return Int8Blocks
     return Bfloat16Blocks if bf16_screen else None
 
