@@ -82,8 +82,9 @@ FEW_QUERIES_PREPARED = 384
 # ... but over embeddings as given, where the search by blocks screens with int8 products, only up to
 # this many. Over 200,000 x 384 rows on a 2-core AMD EPYC (Zen 4), spans took 54, 84 and 125 ms at
 # 32, 64 and 96 cosine queries, blocks 84, 90 and 104; for dot 77, 90 and 111 against 89, 84 and
-# 101 at 48, 64 and 80. Over a prepared corpus the crossing stayed near FEW_QUERIES_PREPARED (spans
-# 110 ms and blocks 111 at 192 queries, 140 and 136 at 256).
+# 101 at 48, 64 and 80. Over a prepared corpus the two stayed within 5% of each other from 192 to
+# 384 queries (spans 110, 140 and 204 ms at 192, 256 and 384 cosine queries; blocks 111, 136 and
+# 197), so FEW_QUERIES_PREPARED stays as measured on the Xeon.
 FEW_QUERIES_INT8 = 64
 # From this many queries a few-query search over a prepared corpus with a bfloat16 copy screens
 # with it. With fewer, the bfloat16 product saves little (a product of 1 or 2 rows with a
