@@ -275,7 +275,6 @@ class Int8Blocks:
         self.block_buffer = torch.empty(rows * width, dtype=torch.int32, device=device)
         self.chunk_buffer = torch.empty(width, queries.shape[1], dtype=torch.int8, device=device)
         self.piece = torch.empty(min(PIECE_ROWS_MANY, width), queries.shape[1], device=device)
-        self.width = width
 
     def load_chunk(self, chunk: torch.Tensor, largest_norm: torch.Tensor, squared_norms: torch.Tensor | None,
                    kept: torch.Tensor | None, divisors: torch.Tensor | None) -> None:
@@ -287,11 +286,9 @@ class Int8Blocks:
         scales = []  # float64 s of each piece; 0 for a piece not screened
         for start in range(0, self.num_docs, piece_rows):
             rows = slice(start, min(start + piece_rows, self.num_docs))
-            piece = self.piece[: rows.stop - start]
-            if divisors is None:
-                piece.copy_(chunk[rows])
-            else:  # unit rows, with the bits the search gives them
-                torch.div(chunk[rows], divisors[rows], out=piece)
+            piece = chunk[rows]
+            if divisors is not None:  # unit rows, with the bits the search gives them
+                piece = torch.div(piece, divisors[rows], out=self.piece[: rows.stop - start])
             smallest, largest = (float(value) for value in torch.aminmax(piece))
             largest = max(-smallest, largest)
             if not SMALLEST_ENTRY <= largest <= LARGEST_ENTRY:  # zeros, or too small or large to scale
@@ -299,7 +296,8 @@ class Int8Blocks:
                 scales.append(0.0)
                 continue
             scale = float(torch.tensor(largest / MANY_LEVELS, dtype=torch.float32))
-            self.chunk_buffer[rows] = piece.div_(scale).round_().clamp_(-MANY_LEVELS, MANY_LEVELS)
+            steps = torch.div(piece, scale, out=self.piece[: rows.stop - start])  # (in place if unit rows)
+            self.chunk_buffer[rows] = steps.round_().clamp_(-MANY_LEVELS, MANY_LEVELS)
             scales.append(scale)
         self.scales = torch.tensor(scales, dtype=torch.float64, device=chunk.device)  # (pieces,)
 

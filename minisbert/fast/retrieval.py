@@ -131,16 +131,17 @@ def fast_search(inputs: SearchInputs, bf16_screen: bool | None,
         bf16_screen = inputs.device.type == "cpu" and cpu.native_bfloat16()
     num_queries = inputs.queries.shape[0]
     few = FEW_QUERIES if inputs.prepared is None else FEW_QUERIES_PREPARED
-    blocks = None if num_queries <= min(FEW_QUERIES_INT8, few) else _many_query_blocks(inputs, bf16_screen, int8_screen)
-    if blocks is Int8Blocks and inputs.prepared is None:
-        few = FEW_QUERIES_INT8
+    # Up to FEW_QUERIES_INT8 (and a query chunk) the search reads spans whatever its blocks would be.
+    blocks = None
+    if num_queries > min(FEW_QUERIES_INT8, few, inputs.query_chunk_size):
+        blocks = _many_query_blocks(inputs, bf16_screen, int8_screen)
+        if blocks is Int8Blocks and inputs.prepared is None:
+            few = FEW_QUERIES_INT8
     if num_queries <= min(few, inputs.query_chunk_size):
         # Few queries read the corpus a span at a time; a screen pays only where its copy is kept,
         # and only from SCREENED_FEW_QUERIES queries.
         screened = bf16_screen and num_queries >= SCREENED_FEW_QUERIES
         return _search_few(inputs, kept if screened else None)
-    if blocks is None:  # fewer queries than FEW_QUERIES_INT8, but more than a query chunk
-        blocks = _many_query_blocks(inputs, bf16_screen, int8_screen)
     return _search_many(inputs, blocks)
 
 
