@@ -1,0 +1,107 @@
+"""Facts about this machine that the fast paths choose by, measured once per machine and kept.
+
+Some choices can only be made by measuring: which of two product kernels is quicker for a shape,
+whether an int8 product is exact on this CPU. Measured anew in every process, such a choice would
+depend on what else the machine was doing at that moment, and two processes could compute the same
+thing two ways. So each fact is measured the first time any process needs it, written to one small
+JSON file, and read back by every later process on the same machine:
+
+    $MINISBERT_MACHINE_FILE, else <cache>/machine-<key>.json
+
+where <cache> is minisbert's cache folder (.cache/ in a clone, ~/.cache/minisbert/cache otherwise)
+and <key> names the processor (model name and flags), the thread count and the torch version, so a
+file never travels to a machine it does not describe. `known()` returns every fact kept so far
+(`python bench/retrieval.py` and `evaluate.py --verbose` print them). A fact is measured again only
+if its file is deleted.
+
+A choice can always be forced without measuring: each fast path names its own variable or argument
+(MINISBERT_GEMM for the encoder's products, MINISBERT_SEARCH_WAY for the search).
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .. import cpu
+from ..fileio import atomic_write, home_folder
+
+MACHINE_FILE_VARIABLE = "MINISBERT_MACHINE_FILE"
+
+
+def describe() -> str:
+    """The processor, thread count and torch version a machine file describes."""
+    model = _cpu_model()
+    return f"{model}; flags {' '.join(sorted(cpu.flags()))}; {torch.get_num_threads()} threads; torch {torch.__version__}"
+
+
+def machine_file() -> Path:
+    """Where this machine's facts are kept (see the module docstring)."""
+    if os.environ.get(MACHINE_FILE_VARIABLE):
+        return Path(os.environ[MACHINE_FILE_VARIABLE])
+    key = hashlib.sha256(describe().encode()).hexdigest()[:16]
+    return home_folder(".cache") / f"machine-{key}.json"
+
+
+_kept: dict | None = None  # this process's copy of the file
+
+
+def known() -> dict:
+    """Every fact kept for this machine so far, name -> value (and "machine": what it describes)."""
+    global _kept
+    if _kept is None:
+        path = machine_file()
+        try:
+            _kept = json.loads(path.read_text())
+        except (OSError, ValueError):
+            _kept = {}
+        if _kept.get("machine") != describe():
+            _kept = {"machine": describe()}
+    return dict(_kept)
+
+
+def fact(name: str, measure: Callable[[], object]):
+    """The kept value of fact `name`, measuring it with `measure()` (JSON-able) if none is kept yet.
+    Processes measure one at a time (a lock beside the file), and one that finds the fact written
+    meanwhile reads it back, so every process on the machine uses the same value."""
+    global _kept
+    if name in known():
+        return _kept[name]
+    path = machine_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")
+    except OSError:  # a read-only cache: the fact is kept for this process only
+        _kept[name] = json.loads(json.dumps(measure()))
+        return _kept[name]
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _kept = None
+        facts = known()
+        if name not in facts:
+            facts[name] = json.loads(json.dumps(measure()))
+            atomic_write(path, lambda tmp: tmp.write_text(json.dumps(facts, indent=1, sort_keys=True)))
+            _kept = facts
+        return _kept[name]
+
+
+def forget() -> None:
+    """Drop this process's copy of the facts (tests that point MINISBERT_MACHINE_FILE elsewhere)."""
+    global _kept
+    _kept = None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
