@@ -145,10 +145,17 @@ def test_each_difference_in_the_report_is_the_test_of_the_per_query_scores(svt_r
         start = models["untrained-euclidean" if "euclidean" in name else "untrained"]
         expected = significance.compare(models[name]["per_query"]["ndcg@10"], start["per_query"]["ndcg@10"],
                                         margin=verdicts.NDCG_MARGIN)
-        adjusted = ("p_holm", "p_equivalence_holm")
-        assert {k: v for k, v in tests["against_start"][name].items() if k not in adjusted} == expected
-        assert tests["against_start"][name]["p_holm"] >= expected["p_randomization"]
-        assert tests["against_start"][name]["p_equivalence_holm"] >= expected["p_equivalence"]
+        test = tests["against_start"][name]
+        if test.get("identical"):  # every query's value equal in every seed: reported as identical, not tested
+            assert models[name]["per_query"]["ndcg@10"] == start["per_query"]["ndcg@10"]
+            continue
+        assert {k: test[k] for k in expected} == expected
+        assert test["p_holm"] >= expected["p_randomization"]
+        assert test["p_equivalence_holm"] >= expected["p_equivalence"]
+        # The equivalence bound is where the two one-sided tests turn: they hold just above it, not just below.
+        first, second = (list(m["per_query"]["ndcg@10"].values()) for m in (models[name], start))
+        assert significance.equivalence_test(first, second, test["bound"] * (1 + 1e-6)) < verdicts.ALPHA
+        assert significance.equivalence_test(first, second, test["bound"] * (1 - 1e-6)) >= verdicts.ALPHA
     # The verdict sentences quote the tests.
     report = (output / "results.md").read_text()
     siamese = tests["measures"]["Siamese network"]
@@ -286,9 +293,9 @@ def test_compare_runs_tests_each_pair_of_models_across_two_runs(svt_run, tmp_pat
                               verdicts.claim(models["untrained"], models["untrained"], "ndcg@10", verdicts.NDCG_MARGIN)])
     assert list(tests.values()) == expected
     same = tests["untrained:untrained"]
-    assert same["difference"] == 0 and same["ci95"] == [0, 0] and same["p_equivalence"] == 0.0
+    assert same == {"identical": True, "difference": 0.0}  # every difference 0: nothing to test
     report = (output / "results.md").read_text()
-    assert "- untrained: equivalent within ±0.02 (NDCG@10, this - that: +0.0000" in report  # every difference 0
+    assert "- untrained: identical: this and that give every query an equal NDCG@10 in every seed (not tested)" in report
     command.main(["compare-runs", str(reference), str(reference), "--output", str(output)])
     assert list(json.loads((output / "results.json").read_text())["tests"]) == [f"{n}:{n}" for n in SVT_NETWORKS]
     with pytest.raises(SystemExit, match="holds no per-query ndcg@10 for a model named 'nothing'"):
@@ -528,7 +535,7 @@ def test_sbert_objectives_writes_one_row_per_objective(tmp_path):
     models, tests = results["models"], results["tests"]
     for name in ("classification", "regression", "triplet", "mnrl"):
         spearman = significance.spearman_difference(models[name]["sts_cosine"], models["untrained"]["sts_cosine"], gold)
-        assert {k: v for k, v in tests[name]["spearman"].items() if k != "p_holm"} == spearman
+        assert {k: tests[name]["spearman"][k] for k in spearman} == spearman
         # the same two float64 correlations subtracted, here and in significance.spearman_difference: an ulp apart
         assert spearman["difference"] == pytest.approx(models[name]["scores"]["spearman"]
                                                        - models["untrained"]["scores"]["spearman"], abs=1e-12)

@@ -1,23 +1,24 @@
 """Tests for the studies' write-ups: bench/studies/*/results.md and the README's study paragraphs.
 
 What "correct" means for a write-up:
+- it is exactly what the code makes of the stored results: each study's results.md is rebuilt by its
+  report function from its results.json (settings, models, tests) and compared byte for byte, so every
+  printed number is the one its own key holds, and every verdict the one its test gives; swapping two
+  models' values, or using another network's p, fails;
+- the README's study section after the commands is exactly `python -m minisbert.experiments summary`
+  (minisbert/experiments/summary.py), built from the same results.json files;
 - it never reads "no change" into a test that cannot show one: phrases such as "does not move",
-  "costs nothing", "as good" or "no difference" do not occur (a difference within the stated margin
-  is called "equivalent within ±0.02", and only where the equivalence test says so);
-- every number it prints with a decimal point is one that results.json holds, at the precision it
-  is printed with (a sign may be dropped, as in "falls 0.15 below"). The numbers searched are every
-  number in the study's results.json files (per-query values, STS cosines, PCA coordinates and loss
-  curves left out, since among thousands of them any number would be found), plus the mean over a
-  model's seeds of its first and last loss, which the tables print. Timings ("9.0 min", "8.8
-  minutes") are measured, not derived from results.json, and are not searched, nor are section
-  numbers ("section 2.4") and the bound in "p < 0.001".
+  "costs nothing", "as good" or "no difference" do not occur.
 """
 
+import argparse
 import json
 import re
-from pathlib import Path
 
 import pytest
+
+from minisbert.experiments import (compare_runs, embedding_size, model_selection, runner, sbert_objectives,
+                                   siamese_vs_triplet, summary)
 
 from .conftest import REPO
 
@@ -27,60 +28,65 @@ WRITEUPS = sorted(STUDIES.rglob("results.md"))
 UNSUPPORTED = [r"\bno change", r"\bdo(?:es)? not move", r"\bstays? where", r"\bwhere (?:it|they) (?:started|began)",
                r"\bcosts? nothing", r"\bas good\b", r"\bno (?:detectable )?difference", r"\bleaves? \w+ alone",
                r"\b(?:is|are|was|were|stays?|remains?) the same\b", r"\bthe same (?:score|NDCG|quality|result)"]
-NUMBER = re.compile(r"(?<![\w.])[-+−]?(\d+\.\d+)(?!\.?\d)(?!\s*(?:min\b|minutes\b))")
-LEFT_OUT = {"per_query", "sts_cosine", "pca", "loss", "seconds"}
 
 
 def readme_study_paragraphs() -> str:
     """The README's section on the studies, from its heading to the next one."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
     start = text.index("## The papers' studies")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start:text.index("\n## ", start + 1) + 1]
 
 
-def stored_numbers(folder: Path, pattern: str = "results.json") -> list:
-    """Every number of the folder's results.json (pattern "**/results.json": of every one under it),
-    less LEFT_OUT, with each model's mean first and last loss over its seeds."""
-    found = []
+class Sizes:
+    """What a report reads of the test data: its number of queries and documents."""
 
-    def walk(value, key=None):
-        if key in LEFT_OUT:
-            return
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, k)
-        elif isinstance(value, list):
-            for v in value:
-                walk(v)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            found.append(float(value))
-
-    for path in folder.glob(pattern):
-        results = json.loads(path.read_text(encoding="utf-8"))
-        walk(results)
-        for model in results.get("models", {}).values():
-            losses = [run["training"]["loss"] for run in model.get("runs", []) if "training" in run]
-            if losses:
-                found += [sum(loss[0] for loss in losses) / len(losses), sum(loss[-1] for loss in losses) / len(losses)]
-    return found
+    def __init__(self, queries: int, documents: int):
+        self.queries, self.corpus = range(queries), range(documents)
 
 
-def unsourced(text: str, numbers: list) -> list:
-    """The numbers printed in text (with a decimal point) that no stored number rounds to."""
-    missing = []
-    for match in NUMBER.finditer(text):
-        if re.search(r"(?:sections? (?:[\d.]+, )*|p <=? )$", text[max(0, match.start() - 30):match.start()]):
-            continue  # a section number, or the bound of a p too small to print
-        printed = match.group(1)
-        value, places = float(printed), len(printed.split(".")[1])
-        if not any(abs(abs(number) - value) <= 0.5 * 10**-places + 1e-12 for number in numbers):
-            missing.append(text[max(0, match.start() - 40):match.end() + 10].replace("\n", " "))
-    return missing
+def rebuilt(folder) -> str:
+    """The results.md that the study's report makes of the folder's results.json, settings.json and
+    run.json alone (the test data's sizes are read from results.md's own line: they are not numbers
+    results.json holds)."""
+    results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    written = (folder / "results.md").read_text(encoding="utf-8")
+    if "names" in results:  # compare-runs
+        first, second = (json.loads((REPO / results[key] / "results.json").read_text()) for key in ("first", "second"))
+        args = argparse.Namespace(first=REPO / results["first"], second=REPO / results["second"], names=results["names"],
+                                  metric=results["metric"])
+        args.first, args.second = (type(args.first)(results[key]) for key in ("first", "second"))
+        pairs = [tuple(pair.split(":")) for pair in results["tests"]]
+        return compare_runs.report(args, first, second, pairs, list(results["tests"].values()))
+    settings = argparse.Namespace(**results["settings"])
+    study = runner.Study.__new__(runner.Study)
+    study.output = folder
+    about, run, margin = study.about(), study.run(), study.margin_record()
+    sizes = re.search(r"([\d,]+) (?:test )?queries over ([\d,]+) documents", written)
+    queries, documents = (int(group.replace(",", "")) for group in sizes.groups())
+    experiment = json.loads((folder / "settings.json").read_text())["experiment"]
+    models, tests = results["models"], results["tests"]
+    if experiment == "siamese-vs-triplet":
+        return siamese_vs_triplet.report(settings, about, models, tests, queries, documents, run, margin)
+    if experiment == "embedding-size":
+        return embedding_size.report(settings, about, models, tests, results["search_speed"], documents, False, run,
+                                     margin)
+    if experiment == "sbert-objectives":
+        pairs = int(re.search(r"STS-B test: ([\d,]+) pairs", written).group(1).replace(",", ""))
+        return sbert_objectives.report(settings, about, models, tests, pairs, Sizes(queries, documents), run, margin)
+    keys = [f"{key}@{k}" for _, key in model_selection.COLUMNS for k in settings.k]
+    return model_selection.report(settings, about, models, tests, results["best"], keys, Sizes(queries, documents),
+                                  margin)
+
+
+def differences(written: str, expected: str) -> list:
+    """The lines of a write-up that are not the ones the code makes of its results."""
+    return [line for line, want in zip(written.splitlines(), expected.splitlines()) if line != want] + (
+        ["(a different number of lines)"] if len(written.splitlines()) != len(expected.splitlines()) else [])
 
 
 def test_there_are_write_ups_to_check():
     assert {path.parent.name for path in WRITEUPS} >= {"siamese-vs-triplet", "embedding-size", "sbert-objectives",
-                                                       "model-selection"}
+                                                       "model-selection", "epochs-3", "epochs-3-against-2", "margins"}
 
 
 @pytest.mark.parametrize("path", WRITEUPS + [REPO / "README.md"], ids=lambda p: str(p.relative_to(REPO)))
@@ -91,21 +97,38 @@ def test_no_sentence_claims_no_change_without_an_equivalence_test(path):
 
 
 @pytest.mark.parametrize("path", WRITEUPS, ids=lambda p: str(p.relative_to(REPO)))
-def test_every_number_of_a_results_md_is_in_its_results_json(path):
-    assert unsourced(path.read_text(encoding="utf-8"), stored_numbers(path.parent)) == []
+def test_every_results_md_is_what_its_results_json_makes(path, monkeypatch):
+    monkeypatch.chdir(REPO)  # compare-runs names its folders relative to the repository
+    written = path.read_text(encoding="utf-8")
+    assert differences(written, rebuilt(path.parent)) == []
 
 
-def test_every_number_of_the_readmes_study_paragraphs_is_in_a_results_json():
-    # A paragraph that links a study's results.md is checked against that study's folder alone, so
-    # that a number typed wrong cannot be found by chance in another study; the others against all.
-    for paragraph in readme_study_paragraphs().split("\n\n"):
-        link = re.search(r"\(bench/studies/([\w-]+)/results\.md\)", paragraph)
-        folder = STUDIES / link.group(1) if link else STUDIES
-        assert unsourced(paragraph, stored_numbers(folder, "**/results.json")) == [], paragraph[:60]
+def test_the_readmes_study_paragraphs_are_what_the_results_make():
+    assert readme_study_paragraphs().rstrip("\n").endswith(summary.paragraphs().rstrip("\n"))
 
 
-def test_the_checks_catch_a_number_typed_by_hand_and_a_claim_of_no_change():
-    numbers = [0.06349, -0.02751, 0.5]
-    assert unsourced("+0.063 and -0.028 and 0.50, 9.0 min, torch 2.13.0, section 2.4, p < 0.001", numbers) == []
-    assert len(unsourced("[+0.009, +0.064]", numbers)) == 2  # 0.064 is not 0.06349 rounded
-    assert any(re.search(p, "Siamese cosine does not move", re.IGNORECASE) for p in UNSUPPORTED)
+def test_the_check_catches_another_networks_number_a_moved_cell_and_two_swapped_values():
+    folder = STUDIES / "siamese-vs-triplet"
+    written = (folder / "results.md").read_text(encoding="utf-8")
+    expected = rebuilt(folder)
+    assert differences(written, expected) == []
+    # another network's difference and p in a sentence
+    euclidean, cosine = (re.search(rf"- {name}: .*?\((NDCG@10, trained - start model: [-+]\d\.\d+), (p [=<] [\d.]+)",
+                                   written) for name in ("Triplet euclidean, margin 1", "Triplet euclidean, margin 0.2"))
+    edited = written.replace(euclidean.group(0), euclidean.group(0).replace(euclidean.group(1), cosine.group(1)).replace(
+        euclidean.group(2), cosine.group(2)), 1)
+    assert edited != written and differences(edited, expected)
+    # another network's cell in a table
+    rows = [line for line in written.splitlines() if line.startswith("| Siamese cosine | 0.6")]
+    other = [line for line in written.splitlines() if line.startswith("| Siamese euclidean | 0.1")]
+    cell, other_cell = rows[0].split(" | ")[2], other[0].split(" | ")[2]
+    edited = written.replace(rows[0], rows[0].replace(cell, other_cell), 1)
+    assert edited != written and differences(edited, expected)
+    # two NDCG values swapped
+    models = json.loads((folder / "results.json").read_text())["models"]
+    a, b = (f"{models[name]['scores']['ndcg@10']:.4f}" for name in ("siamese-cosine", "bm25"))
+    edited = written.replace(a, "SWAP").replace(b, a).replace("SWAP", b)
+    assert edited != written and differences(edited, expected)
+    # and the README's paragraphs
+    readme = summary.paragraphs()
+    assert differences(readme.replace(a, b, 1), readme) or a not in readme

@@ -10,6 +10,7 @@ its table and figures:
                                                          Your Data with BEIR"
     python -m minisbert.experiments sbert-objectives     Reimers and Gurevych, "Sentence-BERT", section 3
     python -m minisbert.experiments compare-runs A B     two finished runs' models tested against each other
+    python -m minisbert.experiments summary              the README's paragraphs, from bench/studies
 
 Each takes --quick (a small budget on data/example), --data, --model, --output DIR and --device, and
 resumes: run again with the same --output, it skips the models already trained and evaluated;
@@ -25,4 +26,5 @@ EXPERIMENTS = {
     "model-selection": "model_selection",
     "sbert-objectives": "sbert_objectives",
     "compare-runs": "compare_runs",
+    "summary": "summary",
 }

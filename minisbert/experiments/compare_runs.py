@@ -98,12 +98,17 @@ def report(args, first: dict, second: dict, pairs: list, tests: list) -> str:
         "",
         f"Each model of {one} against its pair in {other}, {label} query by query: the mean difference "
         f"({one} - {other}), its bootstrap 95% interval (unadjusted) and the randomization test's p, Holm-adjusted "
-        f"over the {len(pairs)} pairs; \"seeds\" is the range of the seeds' own differences. "
+        f"over the distinct pairs (two pairs with identical differences counted once), per query, given the seeds; "
+        f"\"over seeds\" a t over the seeds' own differences, Holm-adjusted the same way; \"seeds\" is the range of "
+        "the seeds' own differences. "
         + verdicts.largest_error(tests),
         "",
         runner.markdown_table(["model", f"{label}, {one}", f"{label}, {other}", "difference"], rows),
         *[f"- {a if a == b else f'{a} against {b}'}: {verdicts.verdict(test, label, one, other, 'p_holm')}."
           for (a, b), test in zip(pairs, tests)],
         "",
-        *([f"**Equivalence margin**: {verdicts.MARGIN_REASON}.", ""] if args.metric == "ndcg@10" else []),
+        *([f"**Equivalence margin**: {verdicts.MARGIN_REASON}; \"bound\" is the smallest margin at which the "
+           "equivalence test would hold.", "",
+           *[f"- {name}: {runner.margin_record(read_json(folder / 'run.json') if (folder / 'run.json').is_file() else {})}"
+             for name, folder in zip(args.names, (args.first, args.second))], ""] if args.metric == "ndcg@10" else []),
     ])

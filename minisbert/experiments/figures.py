@@ -102,32 +102,41 @@ def pca_panels(path: Path, panels: dict) -> None:
     _save(fig, path, bottom=legend_height)
 
 
-def dims_figure(path: Path, dims: list, results: dict, tests: dict, speed: dict, metric: str, label: str) -> None:
-    """Left: each model's `metric` difference from the untrained start model (euclidean), each with
-    its 95% interval: the trained model at each D (tests["against_start"], its seeds' own differences
-    as small dots), the untrained PCA projection at each D (tests["projection_cost"]), and the base
-    model (tests["base_moved"]) as a line with its interval as a band; 0 is the start model. Right:
-    search speed against D ({corpus label: [queries per second per D]})."""
+def dims_figure(path: Path, dims: list, results: dict, tests: dict, speed: dict, metric: str, label: str,
+                margin: float | None = None) -> None:
+    """Left: each model's `metric` difference with its 95% interval (unadjusted): the trained model at
+    each D from the untrained start model (tests["against_start"]), the untrained PCA projection at
+    each D from it (tests["projection_cost"]), the trained model at each D from the base model, paired
+    (tests["against_base"]), and the base model from the start (tests["base_moved"]) as a line with its
+    interval as a band; 0 is the start model, the grey band ±margin. Each seed's own difference is a
+    small dot beside its mean, offset so that none hides under the mean's marker. An identical pair
+    (every difference 0) is a marker at 0 with no bar. Right: search speed against D ({corpus label:
+    [queries per second per D]})."""
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    offset = {"against_start": 0.97, "projection_cost": 1.03}  # side by side at each D, not on top of each other
-    for family, colour, marker, name in (("against_start", "tab:blue", "o", "trained, with projection to D"),
-                                         ("projection_cost", "tab:orange", "s", "untrained: start model + PCA projection")):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
+    offset = {"against_start": 0.94, "projection_cost": 1.0, "against_base": 1.06}  # side by side at each D
+    for family, colour, marker, name in (("against_start", "tab:blue", "o", "trained D - start model"),
+                                         ("projection_cost", "tab:orange", "s", "untrained PCA projection - start model"),
+                                         ("against_base", "tab:purple", "^", "trained D - base model (paired)")):
         xs = [dim * offset[family] for dim in dims]
         found = [tests[family][str(dim)] for dim in dims]
         means = [t["difference"] for t in found]
-        bars = [[m - t["ci95"][0] for m, t in zip(means, found)], [t["ci95"][1] - m for m, t in zip(means, found)]]
-        left.errorbar(xs, means, yerr=bars, marker=marker, color=colour, capsize=3, label=name)
+        ends = [t.get("ci95", [0.0, 0.0]) for t in found]
+        bars = [[m - e[0] for m, e in zip(means, ends)], [e[1] - m for m, e in zip(means, ends)]]
+        left.errorbar(xs, means, yerr=bars, marker=marker, color=colour, capsize=3, label=name, linestyle="none")
         for x, test in zip(xs, found):
             seeds = test.get("seed_differences", [])
             if len(seeds) > 1:
-                left.scatter([x] * len(seeds), seeds, color=colour, s=8, alpha=0.6, zorder=3)
+                left.scatter([x * 1.025] * len(seeds), seeds, color=colour, s=10, alpha=0.8, zorder=3,
+                             edgecolors="black", linewidths=0.3)
     base = tests["base_moved"]
-    left.axhline(base["difference"], color="tab:green", linewidth=1.5, label="base model (trained, no projection)")
-    left.axhspan(*base["ci95"], color="tab:green", alpha=0.15)
+    left.axhline(base["difference"], color="tab:green", linewidth=1.5, label="base model - start model")
+    left.axhspan(*base.get("ci95", [0.0, 0.0]), color="tab:green", alpha=0.15)
     left.axhline(0, color="grey", linestyle=":", linewidth=1.5, label="start model, untrained")
-    left.set_title(f"{label} difference from the start model;\nbars and band: 95% intervals (unadjusted), "
-                   "dots: each seed", fontsize="medium")
+    if margin:
+        left.axhspan(-margin, margin, color="grey", alpha=0.15, label=f"±{margin:g} equivalence margin")
+    left.set_title(f"{label} differences; bars and band: 95% intervals (unadjusted),\n"
+                   "small dots beside each marker: each seed's own difference", fontsize="medium")
     left.set_ylabel(f"{label} difference")
     for colour, (corpus, values) in zip(TRIPLET_COLOURS, speed.items()):
         right.plot(dims, values, marker="o", color=colour, label=corpus)
@@ -149,25 +158,31 @@ def dims_figure(path: Path, dims: list, results: dict, tests: dict, speed: dict,
     _save(fig, path)
 
 
-def differences(path: Path, tests: dict, xlabel: str) -> None:
-    """One row per model ({label: {"difference", "ci95": [low, high], "p_holm" or "p_randomization"}}):
-    its mean difference as a dot, its 95% interval (unadjusted) as a bar, and the line at 0. A dot is
-    filled where p (Holm-adjusted where given) < 0.05 and hollow where the test cannot tell; the title
-    says which correction each follows, since a bar clear of 0 can carry a hollow dot."""
+def differences(path: Path, tests: dict, xlabel: str, margin: float | None = None) -> None:
+    """One row per model ({label: {"difference", "ci95": [low, high], "p_holm" or "p_randomization",
+    "seed_differences"}}): its mean difference as a dot, its 95% interval (unadjusted) as a bar, each
+    seed's own difference as a small dot just below the row, the line at 0 and the grey band ±margin.
+    A dot is filled where p (Holm-adjusted where given) < 0.05 and hollow where the test cannot tell;
+    the title says which correction each follows, since a bar clear of 0 can carry a hollow dot."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(tests) + 1.4))
+    fig, ax = plt.subplots(figsize=(7, 0.55 * len(tests) + 1.6))
     for row, (label, test) in enumerate(reversed(list(tests.items()))):
-        low, high = test["ci95"]
-        p = test.get("p_holm", test["p_randomization"])
+        low, high = test.get("ci95", [0.0, 0.0])  # an identical pair: every difference 0, nothing tested
+        p = test.get("p_holm", test.get("p_randomization", 1.0))
         ax.plot([low, high], [row, row], color="tab:blue", linewidth=2)
         ax.scatter([test["difference"]], [row], color="tab:blue" if p < 0.05 else "white", edgecolors="tab:blue",
                    s=45, zorder=3)
+        seeds = test.get("seed_differences", [])
+        ax.scatter(seeds, [row - 0.22] * len(seeds), color="black", s=10, zorder=3)
     ax.axvline(0, color="grey", linewidth=1, linestyle="--")
+    if margin:
+        ax.axvspan(-margin, margin, color="grey", alpha=0.15)
     ax.set_yticks(range(len(tests)), list(reversed(list(tests))))
     ax.set_xlabel(xlabel)
     adjusted = all("p_holm" in test for test in tests.values())
     ax.set_title(("dot filled: Holm-adjusted p < 0.05, hollow: not detectable after the adjustment;\n"
                   if adjusted else "dot filled: p < 0.05, hollow: not detectable;\n")
-                 + "bar: the 95% interval, not adjusted", fontsize="small")
+                 + "bar: the 95% interval, not adjusted; small dots below: each seed"
+                 + (f";\ngrey band: the ±{margin:g} equivalence margin" if margin else ""), fontsize="small")
     ax.grid(alpha=0.3, axis="x")
     _save(fig, path)

@@ -86,10 +86,10 @@ def main(argv=None):
         verdicts.paired_test(results[name], results[best_model], key, verdicts.NDCG_MARGIN if key == BEST_BY else None)
         for name in others]))) for key in keys} if others else {}
     study.write_results({"settings": vars(s), "models": results, "best": best_model, "tests": tests},
-                        report(s, study.about(), results, tests, best_model, keys, test))
+                        report(s, study.about(), results, tests, best_model, keys, test, study.margin_record()))
 
 
-def report(s, about: str, results: dict, tests: dict, best_model: str, keys: list, test) -> str:
+def report(s, about: str, results: dict, tests: dict, best_model: str, keys: list, test, margin_record: str) -> str:
     header = ["model"] + [f"{title}@{k}" for title, _ in COLUMNS for k in s.k]
     best = {key: max(result["scores"][key] for result in results.values()) for key in keys}
     rows = [[name] + [bold_if(result["scores"][key], best[key]) for key in keys] for name, result in results.items()]
@@ -106,19 +106,22 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
         f"encoders compare embeddings by {s.score}"
         + (f", at most {s.max_seq_length} tokens per text" if s.max_seq_length else "")
         + f". Metrics: {'trec_eval' if s.definitions == 'trec' else 'sentence-transformers'} definitions "
-        f"(minisbert/metrics.py). " + about,
+        f"(minisbert/metrics.py). " + about + " Each model is one trained network (one seed): its tests are per "
+        "query, conditional on that seed, and say nothing of how another training run would do.",
         "",
         runner.markdown_table(header, rows),
         f"Best by NDCG@10: **{best_model}**. Each other candidate against it, query by query (difference, "
         "bootstrap 95% interval (unadjusted), randomization-test p Holm-adjusted over the candidates; every metric@k "
-        f"is in results.json; equivalence within ±{verdicts.NDCG_MARGIN:g} NDCG@10 by two one-sided tests):",
+        f"is in results.json; equivalence within ±{verdicts.NDCG_MARGIN:g} NDCG@10 by two one-sided tests). "
+        + verdicts.largest_error([t for family in tests.values() for t in family.values()]) + ":",
         "",
         *sentences,
         "",
         runner.markdown_table(["model"] + [f"{title}@10 difference from {best_model}" for title, _ in COLUMNS],
                               [[name] + [verdicts.difference_cell(tests[key][name]) for key in tested_keys]
                                for name in results if name != best_model]) if tests else "",
-        f"**Equivalence margin** (NDCG@10): {verdicts.MARGIN_REASON}.",
+        f"**Equivalence margin** (NDCG@10): {verdicts.MARGIN_REASON}; \"bound\" is the smallest margin at which the "
+        f"equivalence test would hold. {margin_record}",
         "",
         "## Where this run departs from the walk-through",
         "",

@@ -8,17 +8,19 @@ models therefore goes on with the models still missing, and one killed while a m
 from that model's last checkpoint (fit.py).
 
     OUTPUT/settings.json               the experiment and every setting it runs with
-    OUTPUT/run.json                    the machine that made the latest entry (date, device, CPU)
+    OUTPUT/run.json                    the machine that made the latest entry (date, device, CPU), the
+                                       code's git commit and the equivalence margin in force then
     OUTPUT/models/<name>/              log.jsonl, checkpoint.pt, final/ (fit.py), result.json
     OUTPUT/results.json, results.md    every number, each query's own included, and the tables
     OUTPUT/*.png                       the figures (figures.py, when matplotlib is installed)
 
 A model trained with several seeds (--seeds N: seed, seed + 1, ...) is one entry per seed
 (<name>-seed<seed>); its row in the tables is the mean over seeds with their spread, and its tests
-use each query's score averaged over the seeds. Every difference a study reports is tested, query by
-query (minisbert/significance.py), and a verdict sentence says what the test says (verdicts.py): a p
-above ALPHA says the data cannot tell, and the sentence gives the interval; only an equivalence test
-at the margin fixed before the runs (NDCG_MARGIN) may call a difference negligible.
+use each query's score averaged over the seeds, beside a t over the seeds' own differences. Every
+difference a study reports is tested (minisbert/significance.py), and a verdict sentence says what
+the tests say (verdicts.py): a p above ALPHA says the data cannot tell, and the sentence gives the
+interval; only an equivalence test at NDCG_MARGIN may call a difference negligible. When that margin
+came into force is what run.json records, and the report says it from there (margin_record).
 
 --report-only rebuilds results.json, results.md and the figures from OUTPUT/settings.json and
 OUTPUT/models/*/result.json alone: it loads no model, encodes nothing, trains nothing, and stops
@@ -33,6 +35,8 @@ Checked in tests/test_experiments.py.
 import argparse
 import json
 import random
+import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -48,6 +52,7 @@ from ..fit import TrainingSettings, fit
 from ..precision import default_device
 from ..datasets import QUORA_FILE
 from ..training_data import Example, mine_hard_negatives
+from . import verdicts
 
 KS = (1, 5, 10)  # the cutoffs Rygaard et al. report
 EMBEDDING_CACHE = CACHE_DIR / "embeddings"  # shared with evaluate.py: a corpus is encoded once per model
@@ -172,7 +177,8 @@ class Study:
         print(f"--- {name}")
         if not self.recorded:  # a run that only reads results back leaves the machine that made them
             write_json(self.output / "run.json", {"date": time.strftime("%Y-%m-%d"),
-                                                  "about": about_the_run(self.settings, self.device)})
+                                                  "about": about_the_run(self.settings, self.device),
+                                                  "code": code_version(), "margin": verdicts.NDCG_MARGIN})
             self.recorded = True
         result = make(path.parent)
         write_json(path, result)
@@ -182,6 +188,15 @@ class Study:
         """The report's line on the machine: what run.json records, or that it records nothing."""
         path = self.output / "run.json"
         return read_json(path)["about"] if path.is_file() else "The machine that ran it is not recorded (no run.json)."
+
+    def run(self) -> dict:
+        """run.json: the record of the machine and code that made the models ({} where there is none)."""
+        path = self.output / "run.json"
+        return read_json(path) if path.is_file() else {}
+
+    def margin_record(self) -> str:
+        """The report's sentence on when the equivalence margin came into force: margin_record of run.json."""
+        return margin_record(self.run())
 
     def write_results(self, results: dict, markdown: str) -> None:
         """results.json and results.md. A model trained with one seed keeps its per-query scores once:
@@ -379,6 +394,49 @@ def metric_cells(scores: dict, ks=KS) -> list:
 
 def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
+
+
+def code_version() -> dict | None:
+    """{"commit": the git commit of the code that runs, "uncommitted_changes": whether files differ
+    from it}, or None outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=30)
+    try:
+        commit, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if commit.returncode != 0:
+        return None
+    return {"commit": commit.stdout.strip(), "uncommitted_changes": bool(status.stdout.strip())}
+
+
+def margin_record(run: dict) -> str:
+    """What run.json says of the equivalence margin: the one in force when the run made its models
+    (and the code's commit), or, where it records none, that the run predates the record and the
+    equivalence tests were applied afterwards to its stored scores."""
+    if "margin" not in run:
+        return (f"This run predates the margin's record: its run.json records no margin, so nothing shows that "
+                f"±{verdicts.NDCG_MARGIN:g} was chosen before the run, and its equivalence tests were computed "
+                "afterwards from the stored per-query scores (--report-only).")
+    code = run.get("code") or {}
+    said = (f"The run's run.json records the margin in force when it made its models: ±{run['margin']:g} (code "
+            f"{code.get('commit', 'not recorded')[:12]}" + (", with uncommitted changes" if code.get("uncommitted_changes")
+                                                            else "") + ").")
+    if run["margin"] != verdicts.NDCG_MARGIN:
+        said += f" The tests here use ±{verdicts.NDCG_MARGIN:g}, set after the run."
+    return said
+
+
+def machine(about: str) -> str:
+    """The device named in run.json's line ("cuda:0 (an NVIDIA H100)"), else its CPU ("2 CPU cores")."""
+    found = re.search(r"device ([^,]+)", about) or re.search(r"(\d+ CPU cores)", about)
+    return found.group(1) if found else "not recorded"
+
+
+def deviation_table(rows: list, paper: str = "paper") -> str:
+    """The table of what a run does differently from its paper, and why: rows (setting, paper, this
+    run, why), less those where this run does what the paper does."""
+    return markdown_table(["setting", paper, "this run", "why"], [row for row in rows if row[1] != row[2]])
 
 
 def about_the_run(settings: argparse.Namespace, device) -> str:

@@ -25,8 +25,9 @@ and training data are confounded: a row says what this objective on this data do
 objective alone does (only triplet and MNRL share their data).
 
 Every difference from the start model is tested: Spearman over resampled and swapped STS-B pairs
-(significance.spearman_difference), NDCG@10 query by query (significance.compare), Holm-adjusted
-over the objectives; --seeds N trains each objective N times.
+(significance.spearman_difference, on the seeds' ensemble), NDCG@10 query by query
+(significance.compare), and both by a t over the seeds' own differences, Holm-adjusted over the
+objectives; --seeds N trains each objective N times.
 
 Writes to OUTPUT (runner.py describes the folder): results.md (the table), results.json.
 Checked in tests/test_experiments.py.
@@ -125,7 +126,8 @@ def main(argv=None):
     gold = np.array([p.score for p in sts_test], dtype=np.float64)
     tests = claims(results, gold)
     study.write_results({"settings": vars(s), "models": results, "tests": tests},
-                        report(s, study.about(), results, tests, len(sts_test), retrieval_test))
+                        report(s, study.about(), results, tests, len(sts_test), retrieval_test, study.run(),
+                               study.margin_record()))
 
 
 def over_seeds(runs: list) -> dict:
@@ -154,23 +156,44 @@ def claims(results: dict, gold: np.ndarray) -> dict:
 
 
 def spearman_claim(a: dict, b: dict, gold: np.ndarray) -> dict:
-    """significance.spearman_difference of a's and b's STS-B cosines, with the seeds' own differences."""
-    test = significance.spearman_difference(a["sts_cosine"], b["sts_cosine"], gold)
-    seeds, others = a.get("seeds", []), b.get("seeds", [])
-    if len(seeds) > 1:
-        test["seed_differences"] = [seed["spearman"] - (others[i]["spearman"] if len(others) == len(seeds) else
-                                                        b["scores"]["spearman"]) for i, seed in enumerate(seeds)]
+    """significance.spearman_difference of a's and b's STS-B cosines averaged over their seeds (an
+    ensemble of the seeds, not any one seed), with the seeds' own differences and the t over them
+    ("seed_level": its mean is the mean of the seeds' differences, what the Spearman column shows)."""
+    test = significance.spearman_difference(a["sts_cosine"], b["sts_cosine"], gold,
+                                            trials=verdicts.TRIALS, resamples=verdicts.SPEARMAN_RESAMPLES)
+    test["p_randomization_error"] = significance.randomization_error(test["p_randomization"], len(gold), verdicts.TRIALS)
+    test["ci95_error"] = verdicts.interval_error(test["ci95"], verdicts.SPEARMAN_RESAMPLES)
+    if len(a.get("seeds", [])) > 1:
+        ours, theirs = verdicts.paired_seeds(a, b, "spearman")
+        test["seed_differences"] = [x - y for x, y in zip(ours, theirs)]
+        test["seed_level"] = verdicts.seed_level(ours, theirs)
     return test
 
 
-def deviations(s) -> str:
-    """The table of what this run does differently from Reimers and Gurevych, and why."""
+def spearman_cell(test: dict) -> str:
+    """The Spearman difference as the column beside it means it: the mean of the seeds' differences
+    with the t over them; then the ensemble's (averaged cosines) pair-resampling test, named as such."""
+    if "seed_level" not in test:
+        return verdicts.difference_cell(test)
+    seeds = test["seed_level"]
+    low, high = seeds["ci95"]
+    return (f"{seeds['difference']:+.4f} [{low:+.4f}, {high:+.4f}], {verdicts.p_text(seeds['p_holm'])} (mean of the "
+            f"seeds' differences, t over seeds); ensemble of the seeds {test['difference']:+.4f} "
+            f"{verdicts.interval_text(test)}, {verdicts.p_text(test['p_holm'], test['p_holm_error'])} (per pair)")
+
+
+def deviations(s, results: dict, run: dict) -> str:
+    """The table of what this run does differently from Reimers and Gurevych, and why; the device and
+    time are the committed run's own (run.json and each model's training record)."""
+    seconds = [r["training"]["seconds"] for name in OBJECTIVES for r in results[name]["runs"]]
     rows = [
         ["start model", "BERT-base or RoBERTa-base, not yet a sentence encoder", f"{s.model}, already trained for "
-         "sentence similarity", "2 CPU cores; so the numbers here are not the paper's and are not set beside them"],
+         "sentence similarity", "the one BERT-family checkpoint these machines can fetch (the Hugging Face hub is "
+         "unreachable from them); so the numbers here are not the paper's and are not set beside them"],
         ["classification data", "SNLI and MultiNLI, about 1 million pairs (section 4)", f"SICK train, at most "
-         f"{s.examples:,} pairs", "the 90-minute budget; SICK has the same three entailment labels"],
-        ["regression data", "STS-B train", f"STS-B train, at most {s.examples:,} pairs", "the budget"],
+         f"{s.examples:,} pairs", "the preset's budget, made for 2 CPU cores and kept on the GPU; SICK has the same "
+         "three entailment labels"],
+        ["regression data", "STS-B train", f"STS-B train, at most {s.examples:,} pairs", "the preset's budget"],
         ["triplet data", "Wikipedia sections triplets (Dor et al.), section 4.4", f"{s.data}: mined (query, relevant "
          f"document, negative) triplets, at most {s.examples:,}", "a retrieval task to score the triplet objective on"],
         ["regression loss", "MSE on the cosine", "MSE on the cosine clamped at 0 (losses.py, as Rygaard et al.'s "
@@ -178,18 +201,21 @@ def deviations(s) -> str:
          "where a cosine is negative"],
         ["MNRL", "not in the paper", "on the triplets, the mined negative beside the in-batch ones",
          "what retrieval training uses today"],
-        ["epochs", "1", str(s.epochs), "the paper's"],
-        ["batch", "16", str(s.batch_size), "the paper's"],
-        ["learning rate", "2e-5, warmup over 10% of the steps", f"{s.lr:g}, warmup over 10% of the steps",
-         "the paper's"],
+        ["epochs", "1", str(s.epochs), "--epochs"],
+        ["batch", "16", str(s.batch_size), "--batch-size"],
+        ["learning rate", "2e-05, warmup over 10% of the steps", f"{s.lr:g}, warmup over 10% of the steps", "--lr"],
         ["metric", "STS: Spearman of cosine with the gold scores", "the same, and NDCG@10 on a retrieval test split",
          "what each objective costs on the task it was not trained for"],
-        ["seeds", "not stated", str(len(runner.seed_list(s))), "the spread across seeds is shown beside each interval"],
+        ["device and time", "not stated", f"{runner.machine(run.get('about', ''))}; {min(seconds) / 60:.1f} to "
+         f"{max(seconds) / 60:.1f} min a network", "the machine the models were made on (run.json)"],
+        ["seeds", "not stated", ", ".join(map(str, runner.seed_list(s))), "training variance: the t over the seeds "
+         "stands beside each per-query test"],
     ]
-    return runner.markdown_table(["setting", "paper", "this run", "why"], rows)
+    return runner.deviation_table(rows)
 
 
-def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_test) -> str:
+def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_test, run: dict,
+           margin_record: str) -> str:
     seeds = runner.seed_list(s)
     header = ["model", "trained on", "STS-B test Spearman", "difference from the start model",
               f"{s.data} test NDCG@10", "difference from the start model", "training time", "examples", "steps"]
@@ -197,11 +223,12 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
              f"{results['untrained']['scores']['ndcg@10']:.4f}", "-", "-", "-", "-"]]
     for name, (label, _, data) in OBJECTIVES.items():
         result, training = results[name], results[name]["runs"][0]["training"]
-        rows.append([label, data, runner.mean_cell(result, "spearman"), verdicts.difference_cell(tests[name]["spearman"]),
+        rows.append([label, data, runner.mean_cell(result, "spearman"), spearman_cell(tests[name]["spearman"]),
                      runner.mean_cell(result, "ndcg@10"), verdicts.difference_cell(tests[name]["ndcg@10"]),
                      runner.minutes(np.mean([r["training"]["seconds"] for r in result["runs"]])),
                      f"{training['examples']:,}", f"{training['steps']:,}"])
-    findings = [f"- {label}: on STS-B, {verdicts.verdict(tests[name]['spearman'], 'Spearman', 'trained', 'start', 'p_holm')}; "
+    ensemble = "Spearman of the seeds' ensemble" if len(seeds) > 1 else "Spearman"
+    findings = [f"- {label}: on STS-B, {verdicts.verdict(tests[name]['spearman'], ensemble, 'trained', 'start', 'p_holm')}; "
                 f"on {s.data}, {verdicts.verdict(tests[name]['ndcg@10'], 'NDCG@10', 'trained', 'start', 'p_holm')}."
                 for name, (label, _, _) in OBJECTIVES.items()]
     pair = tests["mnrl_vs_triplet"]
@@ -217,11 +244,17 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
         f"Start model {s.model}; at most {s.examples:,} training examples per objective, {s.epochs} epoch(s), batch "
         f"{s.batch_size}, learning rate {s.lr:g}, at most {s.max_seq_length} tokens per text, seeds "
         f"{', '.join(map(str, seeds))}; STS-B test: {sts_pairs:,} pairs; {s.data} test: "
-        f"{len(retrieval_test.queries):,} queries over {len(retrieval_test.corpus):,} documents. Differences from the "
-        "start model: Spearman over resampled and swapped STS-B pairs, NDCG@10 query by query; bootstrap 95% "
-        "interval (unadjusted) and randomization-test p, Holm-adjusted over the objectives"
-        + ("; ± is the standard deviation over the seeds, and \"seeds\" the range of the seeds' own differences"
-           if len(seeds) > 1 else "") + f". {verdicts.largest_error(every_test)} " + about,
+        f"{len(retrieval_test.queries):,} queries over {len(retrieval_test.corpus):,} documents. " + about,
+        "",
+        "Differences from the start model, two ways. Per pair or query, given these seeds: Spearman of the seeds' "
+        "ensemble (each pair's cosine averaged over the seeds) over resampled and swapped STS-B pairs, NDCG@10 of "
+        "each query averaged over the seeds, query by query; bootstrap 95% interval (unadjusted) and "
+        "randomization-test p, Holm-adjusted over the objectives. Over seeds: a t over the seeds' own differences "
+        "(its mean is the mean of the seeds' differences, what the Spearman column beside it averages), Holm-adjusted "
+        "the same way"
+        + (f"; with {len(seeds)} seeds it has {len(seeds) - 1} degrees of freedom and detects only large, consistent "
+           "differences; ± is the standard deviation over the seeds, and \"seeds\" the range of the seeds' own "
+           "differences" if len(seeds) > 1 else "") + f". {verdicts.largest_error(every_test)}",
         "",
         runner.markdown_table(header, rows),
         "Tested against the start model (p Holm-adjusted):",
@@ -229,15 +262,18 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
         *findings,
         "",
         "**MNRL against the triplet objective**, on the same triplets (Holm-adjusted over the two measures): on "
-        f"STS-B, {verdicts.verdict(pair['spearman'], 'Spearman', 'MNRL', 'triplet', 'p_holm')}; on {s.data}, "
+        f"STS-B, {verdicts.verdict(pair['spearman'], ensemble, 'MNRL', 'triplet', 'p_holm')}; on {s.data}, "
         f"{verdicts.verdict(pair['ndcg@10'], 'NDCG@10', 'MNRL', 'triplet', 'p_holm')}.",
         "",
         "**Equivalence margin** (NDCG@10 only; Spearman has no per-query equivalence test here): "
-        + verdicts.MARGIN_REASON + ".",
+        + verdicts.MARGIN_REASON + ". " + margin_record,
         "",
         "## Where this run departs from the paper",
         "",
-        deviations(s),
+        deviations(s, results, run),
+        "The paper's numbers are not set beside these (another start model, other data), so no result here is said "
+        "to agree or disagree with them.",
+        "",
     ])
 
 
