@@ -37,6 +37,7 @@ from minisbert import datasets, distributed
 from minisbert.correlation import pearson, spearman
 from minisbert.evaluation import (CACHE_DIR, LEXICAL, rank, results_file, retrieval_split, score_run, sts_pairs,
                                  sts_similarities)
+from minisbert.fast import machine
 from minisbert.fileio import check_writable_folder, file_label, write_json
 from minisbert.precision import AMP_SPELLINGS, dtype_from_flags
 from minisbert.significance import compare_with_first
@@ -71,6 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--qrels", type=Path, default=None,
                    help="qrels for --run: TREC format (qid 0 docid grade) or a BEIR qrels/*.tsv")
     p.add_argument("--no-cache", action="store_true", help="encode the corpus even if cached")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print the machine and the facts kept about it that the fast path's kernels were "
+                        "chosen by (minisbert/fast/machine.py)")
     p.add_argument("--significance", action="store_true",
                    help="test each model's difference from the first, query by query (two or more --model)")
     args = p.parse_args(argv)
@@ -144,6 +148,8 @@ def main(argv=None):
     for run_file in runs:
         print(f"TREC run: {run_file}")
     print(f"results: {output}")
+    if args.verbose:  # what the fast path's choices were made by (minisbert/fast/machine.py)
+        print(machine.report())
 
 
 def score_run_file(args) -> dict:

@@ -21,7 +21,8 @@ texts each time it is asked. Rounds go through all contenders in turn, so load f
 all of them; each encodes 64 texts untimed first (first allocations, kernel selection). Printed: the
 CPU and its flags, each round's rate, and per contender the mean rate, its ratio to
 sentence-transformers torch float32 (the ratio of means, and the range from the worst pairing of
-rounds to the best), and the lowest cosine between a document's embedding and its float32 one.
+rounds to the best), the lowest cosine between a document's embedding and its float32 one, and the
+facts kept about this machine that minisbert's kernels were chosen by (minisbert/fast/machine.py).
 """
 
 import argparse
@@ -41,6 +42,7 @@ import minisbert  # noqa: E402
 from bench.peer import add_peer_python_option, check_peer_python, cpu_summary  # noqa: E402
 from minisbert import cpu  # noqa: E402
 from minisbert.fast import linear as fast_linear  # noqa: E402
+from minisbert.fast import machine  # noqa: E402
 from minisbert.fileio import write_dir  # noqa: E402
 from minisbert.hub import resolve  # noqa: E402
 from minisbert.precision import autocast_dtype  # noqa: E402
@@ -266,6 +268,7 @@ def main():
         if peer is not None:
             peer.close()
     report(rates, embeddings, REFERENCE if REFERENCE in rates else "minisbert float32")
+    print(f"\n{machine.report()}")
 
 
 def report(rates: dict, embeddings: dict, reference: str):

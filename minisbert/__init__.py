@@ -20,12 +20,19 @@ def load(name_or_path, device=None, fast: bool = True, **st_options):
     """A known model name (fetched on first use), a sentence-transformers directory, or a plain
     Hugging Face model directory -> the model, with sentence-transformers' calls
     (sentence_transformer.py). device: None picks cuda, then mps, then cpu.
-    fast: run the fast encoder (minisbert/fast/) or, with False, the plain one (encoder.py).
+    fast: plug in the fast path (minisbert/fast/encode.py: the fast encoder and batching) or, with
+    False, run the plain network (model.py, encoder.py) alone. Either way a text gets the same
+    embedding whatever batch it is encoded in.
     st_options: sentence-transformers' truncate_dim, prompts, default_prompt_name, similarity_fn_name."""
     from .hub import resolve
     from .sentence_transformer import SentenceTransformer as Model
 
-    return Model.from_dir(resolve(name_or_path), device=device, fast=fast, **st_options)
+    fast_path = None
+    if fast:  # imported only when asked for: the plain network runs without minisbert/fast/
+        from .fast.encode import FAST_PATH
+
+        fast_path = FAST_PATH
+    return Model.from_dir(resolve(name_or_path), device=device, fast_path=fast_path, **st_options)
 
 
 def SentenceTransformer(model_name_or_path, device=None, *, truncate_dim=None, prompts=None,  # noqa: N802

@@ -21,7 +21,7 @@ gradient in tests/test_encoder_math.py.
 
 This is the reference. minisbert/fast/encoder.py computes the same function on the same parameters
 faster (padding skipped, fused kernels, memory reused); tests/test_encoder_fast.py checks that the
-two agree. `SentenceModel` runs the fast one unless asked for this one (`fast=False`).
+two agree. `minisbert.load` plugs the fast one into `SentenceModel` unless asked for this one (`fast=False`).
 """
 
 import math

@@ -1,8 +1,9 @@
 """What an encoder computes from a padded batch before its first layer: each token's position id,
 and the additive attention mask that keeps padding out of attention.
 
-Shared by the plain encoder (encoder.py) and the fast one (fast/encoder.py), so both number
-positions and mask padding the same way. Position ids are checked against those transformers'
+Position ids are shared by the plain encoder (encoder.py) and the fast one (fast/encoder.py), so
+both number positions the same way; the fast one needs no mask, as it attends to each text at its
+own length. Position ids are checked against those transformers'
 RobertaModel computes in tests/test_encoder.py; the mask in tests/test_encoder_math.py.
 """
 

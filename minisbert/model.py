@@ -10,12 +10,15 @@ sentence-transformers' other calls (prompts, truncate_dim, precision, token embe
 similarity, encode_query/encode_document) are a class of their own over this one:
 sentence_transformer.py, which is what `minisbert.load` returns.
 
-Two ways to compute the same thing: the plain encoder (encoder.py, written as the papers describe
-it) and the fast one (fast/encoder.py: padding skipped, fused kernels; for `encode` also batches cut
-to CPU cache size and memory reused, fast/encode.py; products on the quickest kernel measured on
-this machine, fast/linear.py). `fast=True`, the default, runs the fast one; `fast=False` the plain
-one. Checked against sentence-transformers in tests/test_model.py, the two ways against each other
-in tests/test_encoder_fast.py, the precisions (precision.py) in tests/test_bfloat16.py.
+Same text, same vector: encode() gives a text the same embedding, to the bit, whatever batch it is
+in. The plain way runs the network on each text alone, as the figure draws it. This module is that
+plain way, and imports nothing from minisbert/fast/: a fast path (fast/encode.py: the fast encoder
+with padding skipped and fused kernels, batches cut to CPU cache size, memory reused) is plugged in
+from outside, as `fast_path`, by `minisbert.load(..., fast=True)`, the default. It computes the same
+function and keeps the promise on a CPU (fast/encode.py says how). Checked against
+sentence-transformers in tests/test_model.py, the two ways against each other in
+tests/test_encoder_fast.py, the promise in tests/test_batch_invariance.py, the precisions
+(precision.py) in tests/test_bfloat16.py.
 """
 
 import contextlib
@@ -26,8 +29,6 @@ import torch
 from torch import nn
 
 from .encoder import Encoder
-from .fast import encode as fast_encode
-from .fast import encoder as fast_encoder
 from .fileio import write_dir
 from .pooling import Dense, normalize, pool
 from .precision import computing_in, default_device
@@ -41,7 +42,7 @@ PROGRESS_MIN_TEXTS = 1000  # show a progress line for inputs at least this long
 
 class SentenceModel(nn.Module):
     def __init__(self, encoder: Encoder, tokenizer: Tokenizer, pooling: str = "mean",
-                 dense: Dense = None, normalize_embeddings: bool = False, tokenizer_dir=None, fast: bool = True):
+                 dense: Dense = None, normalize_embeddings: bool = False, tokenizer_dir=None, fast_path=None):
         super().__init__()
         self.encoder = encoder
         self.tokenizer = tokenizer
@@ -50,7 +51,9 @@ class SentenceModel(nn.Module):
         self.normalize_embeddings = normalize_embeddings
         # Where the tokenizer's side files (vocab, special tokens) came from, to copy them on save.
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
-        self.fast = fast  # run the fast encoder (True) or the plain one, unless a call says otherwise
+        # What runs the encoder, the Dense layer and encode()'s batches fast (fast/encode.py's FAST_PATH),
+        # used unless a call says fast=False; None: the plain way only.
+        self.fast_path = fast_path
 
     @property
     def device(self) -> torch.device:
@@ -80,11 +83,20 @@ class SentenceModel(nn.Module):
         is fewer: what a directory's limit and the scripts' --max-seq-length mean (a cap, not a request)."""
         self.max_seq_length = min(at_most, self.encoder.config.max_tokens)
 
+    def fast_path_for(self, fast: bool = None):
+        """The fast path a call runs, or None for the plain way: fast=None follows the model (its
+        fast_path, if any), False is the plain way, True the fast path (an error if none is plugged in)."""
+        if fast and self.fast_path is None:
+            raise ValueError("fast=True, but this model has no fast path plugged in: load it with "
+                             "minisbert.load(..., fast=True), or pass fast_path=minisbert.fast.encode.FAST_PATH")
+        return None if fast is False else self.fast_path
+
     def forward_tokens(self, batch: dict, fast: bool = None) -> torch.Tensor:
         """A tokenized batch -> the encoder's token vectors (B, T, H)."""
         ids, mask, types = batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids")
-        if self.fast if fast is None else fast:
-            return fast_encoder.forward(self.encoder, ids, mask, types)  # (B, T, H)
+        path = self.fast_path_for(fast)
+        if path is not None:
+            return path.encoder(self.encoder, ids, mask, types)  # (B, T, H)
         return self.encoder(ids, mask, types)  # (B, T, H)
 
     def forward(self, batch: dict, fast: bool = None):
@@ -92,7 +104,9 @@ class SentenceModel(nn.Module):
         tokens = self.forward_tokens(batch, fast)  # (B, T, H)
         embeddings = pool(tokens, batch["attention_mask"], self.pooling)  # (B, H); float32 under autocast too
         if self.dense is not None:
-            embeddings = self.dense(embeddings).float()  # (B, D); an autocast product is back in float32
+            path = self.fast_path_for(fast)
+            dense = self.dense(embeddings) if path is None else path.dense(self.dense, embeddings)  # (B, D)
+            embeddings = dense.float()  # an autocast product is back in float32
         if self.normalize_embeddings:
             embeddings = normalize(embeddings)
         return embeddings
@@ -109,7 +123,8 @@ class SentenceModel(nn.Module):
         normalize_embeddings: scale each to unit length (a model ending in Normalize always does).
         show_progress_bar: None shows a progress line from PROGRESS_MIN_TEXTS texts on.
         dtype: the precision the encoder computes in (precision.py); embeddings are float32 anyway.
-        fast: None follows the model's setting; False runs the plain encoder in plain batches."""
+        fast: None follows the model (its fast path, if it has one); False runs the plain encoder on
+        one text at a time. Either way a text gets the same embedding whatever batch it is in."""
         one_sentence = isinstance(sentences, str)
         id_lists = self.tokenizer.token_ids([sentences] if one_sentence else sentences)
         embeddings = torch.empty((len(id_lists), self.dimension), dtype=torch.float32,
@@ -126,17 +141,19 @@ class SentenceModel(nn.Module):
         `dtype`, where `rows` are the batch's indices into id_lists.
 
         Sorted by length, so that each batch pads little; the caller puts rows back in input order.
-        The fast way (fast/encode.py) cuts batches to the CPU's cache and reuses memory between them."""
+        The plain way runs each text alone: what the network gives one text is then the same in any
+        call, whatever else is encoded with it. A fast path (fast/encode.py) makes batches of up to
+        batch_size texts, cut to the CPU's cache, and reuses memory between them."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         computing = computing_in(dtype, self.device)
         n = len(id_lists)
         longest_first = sorted(range(n), key=lambda i: -len(id_lists[i]))
-        if self.fast if fast is None else fast:
-            row_lists, memory = fast_encode.batching(longest_first, id_lists, batch_size, self.device)
+        path = self.fast_path_for(fast)
+        if path is not None:
+            row_lists, memory = path.batching(longest_first, id_lists, batch_size, self.device)
         else:
-            row_lists = (longest_first[start:start + batch_size] for start in range(0, n, batch_size))
-            memory = contextlib.nullcontext()
+            row_lists, memory = ([row] for row in longest_first), contextlib.nullcontext()
         progress = Progress(n, "encoded", "texts",
                             show=n >= PROGRESS_MIN_TEXTS if show_progress_bar is None else show_progress_bar)
         was_training = self.training
@@ -155,9 +172,9 @@ class SentenceModel(nn.Module):
         write_dir(Path(path), lambda folder: write_layout(folder, self))
 
     @classmethod
-    def from_dir(cls, model_dir, device=None, fast: bool = True) -> "SentenceModel":
+    def from_dir(cls, model_dir, device=None, fast_path=None) -> "SentenceModel":
         """Load a sentence-transformers directory, or a plain Hugging Face model directory.
-        device: None picks cuda, then mps, then cpu."""
+        device: None picks cuda, then mps, then cpu. fast_path: see __init__ (minisbert.load plugs one in)."""
         layout = read_layout(model_dir)
         encoder = load_encoder(layout.transformer_dir)
         # As in sentence-transformers, the smaller of the directory's limit (absent, or 1e30: Hugging Face's
@@ -166,7 +183,7 @@ class SentenceModel(nn.Module):
         tokenizer = Tokenizer.from_dir(layout.transformer_dir, limit, uses_token_types=encoder.config.type_vocab_size > 0)
         check_vocabulary(tokenizer, encoder, layout.transformer_dir)
         model = cls(encoder, tokenizer, layout.pooling, layout.dense, layout.normalize_embeddings,
-                    layout.transformer_dir, fast)
+                    layout.transformer_dir, fast_path)
         return model.to(device if device is not None else default_device()).eval()
 
 

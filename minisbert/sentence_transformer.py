@@ -132,12 +132,12 @@ class SentenceTransformer(SentenceModel):
         write_dir(Path(path), lambda folder: write_layout(folder, self, settings))
 
     @classmethod
-    def from_dir(cls, model_dir, device=None, fast: bool = True, truncate_dim: int | None = None,
+    def from_dir(cls, model_dir, device=None, fast_path=None, truncate_dim: int | None = None,
                  prompts: dict | None = None, default_prompt_name: str | None = None,
                  similarity_fn_name: str | None = None) -> "SentenceTransformer":
         """SentenceModel.from_dir, with sentence-transformers' constructor arguments: truncate_dim, and
         prompts, default_prompt_name and similarity_fn_name given here win over the directory's."""
-        model = super().from_dir(model_dir, device, fast)
+        model = super().from_dir(model_dir, device, fast_path)
         saved_similarity, saved_prompts, saved_default = read_st_config(Path(model_dir))
         model.similarity_fn_name = similarity_fn_name if similarity_fn_name is not None else saved_similarity
         model.truncate_dim = truncate_dim

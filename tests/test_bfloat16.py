@@ -25,6 +25,7 @@ import evaluate
 from minisbert import cpu
 from minisbert.fast import encoder as fast_encoder
 from minisbert.fast import linear as fast_linear
+from minisbert.fast.encode import FAST_PATH
 from minisbert.model import SentenceModel
 from minisbert.precision import autocast_dtype
 
@@ -64,7 +65,7 @@ def test_a_cpu_without_native_bfloat16_is_told_so(monkeypatch, tmp_path):
 @pytest.mark.parametrize("name", FIXTURE_MODELS)
 def test_bfloat16_embeddings_are_within_cosine_0_9995_of_float32(name, fast, native_bfloat16):
     folder, _, info = reference(name)
-    model = SentenceModel.from_dir(folder, device="cpu", fast=fast)
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH if fast else None)
     float32 = model.encode(info["sentences"])
     bfloat16 = model.encode(info["sentences"], dtype="bfloat16")
     assert bfloat16.dtype == np.float32
@@ -79,7 +80,7 @@ def test_each_kernel_that_multiplies_bfloat16_here_stays_as_close(backend, nativ
     """oneDNN's bfloat16 kernel needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT: elsewhere only torch's is tried."""
     monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, backend)
     folder, _, info = reference("tiny_st_dense")
-    model = SentenceModel.from_dir(folder, device="cpu")
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH)
     assert min_cosine(model.encode(info["sentences"], dtype="bfloat16"), model.encode(info["sentences"])) >= 0.9995
 
 

@@ -20,10 +20,12 @@ import pytest
 import torch
 from torch import nn
 
+import minisbert
 from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
 from minisbert.fast import encode as fast_encode
 from minisbert.fast import encoder as fast_encoder
+from minisbert.fast.encode import FAST_PATH
 from minisbert.model import SentenceModel
 
 from .conftest import REPO, reference
@@ -71,7 +73,7 @@ def test_fast_encoder_equals_plain_on_random_models(family, activation):
 @pytest.mark.parametrize("name", FIXTURE_MODELS)
 def test_fast_equals_plain_on_fixture_models(name):
     folder, _, info = reference(name)
-    model = SentenceModel.from_dir(folder, device="cpu")
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH)
     batch = model.tokenize(info["sentences"])
     with torch.no_grad():
         plain = model.encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
@@ -94,7 +96,7 @@ def no_dropout(model):
 @pytest.mark.parametrize("name", FIXTURE_MODELS)
 def test_training_forward_and_gradients_agree_with_dropout_off(name):
     folder, _, info = reference(name)
-    model = SentenceModel.from_dir(folder, device="cpu").train()
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH).train()
     no_dropout(model)
     batch = model.tokenize(info["sentences"])
     weights = torch.randn(len(info["sentences"]), model.dimension, generator=torch.Generator().manual_seed(0))
@@ -116,7 +118,7 @@ def test_training_forward_and_gradients_agree_with_dropout_off(name):
 
 def test_fast_path_applies_each_dropout_in_training_mode_only():
     folder, _, info = reference("tiny_bert")
-    model = SentenceModel.from_dir(folder, device="cpu")
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH)
     batch = model.tokenize(info["sentences"])
     with torch.no_grad():
         evaluated = model(batch, fast=True)
@@ -150,7 +152,7 @@ def test_token_budget_batches_cover_every_text_once_in_order():
 
 def test_fast_and_plain_encode_agree_whatever_the_batches(monkeypatch):
     folder, _, info = reference("tiny_st_dense")
-    model = SentenceModel.from_dir(folder, device="cpu")
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH)
     words = " ".join(info["sentences"]).split()
     texts = [" ".join(words[i:i + 1 + i % 11]) for i in range(37)]  # 37 texts of 1 to 11 words
     expected = model.encode(texts, batch_size=1, fast=False)
@@ -167,8 +169,7 @@ def test_the_model_setting_and_each_call_choose_the_path(monkeypatch):
     calls = []
     original = fast_encoder.forward
     monkeypatch.setattr(fast_encoder, "forward", lambda *args: calls.append(1) or original(*args))
-    model = SentenceModel.from_dir(folder, device="cpu")
-    assert model.fast
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH)
     model.encode(info["sentences"])
     assert len(calls) == 1
     model.encode(info["sentences"], fast=False)
@@ -176,12 +177,14 @@ def test_the_model_setting_and_each_call_choose_the_path(monkeypatch):
     assert len(calls) == 1
     model(model.tokenize(info["sentences"]))
     assert len(calls) == 2
-    plain = SentenceModel.from_dir(folder, device="cpu", fast=False)
+    plain = SentenceModel.from_dir(folder, device="cpu")  # the network alone: nothing plugged in
     plain.encode(info["sentences"])
     plain(plain.tokenize(info["sentences"]))
     assert len(calls) == 2
-    plain.encode(info["sentences"], fast=True)
-    assert len(calls) == 3
+    with pytest.raises(ValueError, match="fast=True, but this model has no fast path plugged in"):
+        plain.encode(info["sentences"], fast=True)
+    assert minisbert.load(folder, device="cpu").fast_path is FAST_PATH
+    assert minisbert.load(folder, device="cpu", fast=False).fast_path is None
 
 
 def imported_with(module):
@@ -193,8 +196,19 @@ def imported_with(module):
 
 
 def test_plain_and_fast_modules_do_not_import_each_other():
-    """The plain encoder reads alone; the fast one shares only what is below both."""
-    assert not [m for m in imported_with("minisbert.encoder") if m.startswith("minisbert.fast")]
+    """The plain encoder and model read alone; the fast ones share only what is below both."""
+    for plain_module in ("minisbert.encoder", "minisbert.model", "minisbert.sentence_transformer"):
+        assert not [m for m in imported_with(plain_module) if m.startswith("minisbert.fast")], plain_module
     for fast_module in ("minisbert.fast.encoder", "minisbert.fast.encode", "minisbert.fast.linear"):
         loaded = imported_with(fast_module)
         assert "minisbert.encoder" not in loaded and "minisbert.model" not in loaded, fast_module
+
+
+def test_the_plain_model_loads_and_encodes_without_the_fast_path():
+    folder = reference("tiny_st_dense")[0]
+    encode = ("import sys, minisbert; model = minisbert.load(sys.argv[1], device='cpu', fast=False); "
+              "model.encode(['A man is eating food.', 'A man rides a horse.']); print(*sorted(sys.modules))")
+    finished = subprocess.run([sys.executable, "-c", encode, str(folder)], cwd=REPO, capture_output=True,
+                              text=True, check=True)
+    assert "minisbert.model" in finished.stdout.split()
+    assert not [m for m in finished.stdout.split() if m.startswith("minisbert.fast")]

@@ -6,12 +6,14 @@ fast encoder's hidden states and encode()'s embeddings agree with the plain enco
 of every family and activation, on every fixture model and on all-MiniLM-L6-v2, as closely as two
 float32 computations of the same sums in another order can (tests/tolerances.py: the kernels block
 and vectorise the sums differently, so bit equality is not to be had), and the forced kernel is the one
-that ran; left to measure, `linear` times each kernel on each shape once per process and keeps the
-quicker (checked with a kernel made slow on purpose); after an optimizer step or load_state_dict,
-encode() sees the new weights; reused memory changes no bit and autograd still flows; and a bad
-MINISBERT_GEMM, or a kernel forced where it cannot run, is refused naming it.
+that ran; left to measure, `linear` times each kernel on each shape once per machine and keeps the
+quicker in the machine's file, where the next process finds it (checked with a kernel made slow on
+purpose); after an optimizer step or load_state_dict, encode() sees the new weights; reused memory
+changes no bit and autograd still flows; and a bad MINISBERT_GEMM, or a kernel forced where it
+cannot run, is refused naming it.
 """
 
+import json
 import types
 
 import numpy as np
@@ -21,6 +23,8 @@ import torch
 from minisbert import cpu
 from minisbert.fast import encoder as fast_encoder
 from minisbert.fast import linear as fast_linear
+from minisbert.fast import machine
+from minisbert.fast.encode import FAST_PATH
 from minisbert.model import SentenceModel
 from minisbert.optim import AdamW
 
@@ -66,7 +70,7 @@ def test_each_kernel_equals_the_plain_encoder_on_random_models(family, activatio
 def test_each_kernel_gives_the_plain_embeddings_on_fixture_models(name, backend, monkeypatch, counted_kernels):
     monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, backend)
     folder, _, info = reference(name)
-    model = SentenceModel.from_dir(folder, device="cpu")
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH)
     plain = model.encode(info["sentences"], fast=False)
     assert sum(counted_kernels.values()) == 0  # the plain path never reaches fast/linear.py
     fast = model.encode(info["sentences"], fast=True)
@@ -84,7 +88,20 @@ def test_each_kernel_gives_the_plain_embeddings_on_minilm(minilm, backend, monke
     assert np.abs(minilm.encode(sentences, fast=True) - minilm.encode(sentences, fast=False)).max() <= bound
 
 
-def test_the_measurement_keeps_the_quicker_kernel_once_per_shape(monkeypatch):
+@pytest.fixture
+def fresh_machine_file(tmp_path, monkeypatch):
+    """An empty file of machine facts (fast/machine.py) for this test alone."""
+    monkeypatch.setenv(machine.MACHINE_FILE_VARIABLE, str(tmp_path / "machine.json"))
+    machine.forget()
+    yield tmp_path / "machine.json"
+    machine.forget()
+
+
+def kernel_facts() -> dict:
+    return {name: value for name, value in machine.known().items() if name.startswith("quicker product kernel")}
+
+
+def test_the_measurement_keeps_the_quicker_kernel_once_per_shape_for_the_machine(monkeypatch, fresh_machine_file):
     if len(BACKENDS_HERE) < 2:
         pytest.skip("this CPU runs one kernel only: nothing to choose")
     monkeypatch.delenv(fast_linear.BACKEND_VARIABLE, raising=False)
@@ -97,8 +114,9 @@ def test_the_measurement_keeps_the_quicker_kernel_once_per_shape(monkeypatch):
     monkeypatch.setattr(fast_linear, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     for slow in fast_linear.BACKENDS:
         measured.clear()
+        fresh_machine_file.unlink(missing_ok=True)
+        machine.forget()
         with monkeypatch.context() as patch:
-            patch.setattr(fast_linear, "_chosen", {})
             for backend, product in list(fast_linear.PRODUCTS.items()):
                 def timed(*args, product=product, seconds=1.0 if backend == slow else 0.001):
                     clock[0] += seconds
@@ -109,22 +127,28 @@ def test_the_measurement_keeps_the_quicker_kernel_once_per_shape(monkeypatch):
                 fast_encoder.forward(encoder, ids, MASK)
                 fast_encoder.forward(encoder, ids, MASK)
             # Q/K/V, attention output, feed-forward in (with GELU), feed-forward out: four shapes, once each.
-            assert len(measured) == 4 and len(fast_linear._chosen) == 4
-            assert set(fast_linear._chosen.values()) == set(fast_linear.BACKENDS) - {slow}
+            assert len(measured) == 4 and len(kernel_facts()) == 4
+            assert set(kernel_facts().values()) == set(fast_linear.BACKENDS) - {slow}
+        # Kept in the machine's file: another process (here: this one, its copy dropped) reads the
+        # choice back instead of measuring again, on whatever clock.
+        machine.forget()
+        with torch.no_grad():
+            fast_encoder.forward(encoder, ids, MASK)
+        assert len(measured) == 4 and set(kernel_facts().values()) == set(fast_linear.BACKENDS) - {slow}
+        assert "quicker product kernel, 16 x 48, float32" in json.loads(fresh_machine_file.read_text())
 
 
-def test_the_measurement_leaves_torchs_random_numbers_alone(monkeypatch):
+def test_the_measurement_leaves_torchs_random_numbers_alone(monkeypatch, fresh_machine_file):
     """Measuring draws its inputs from a generator of its own: a training run's dropout masks must not
-    depend on whether its process had met a shape before (a resumed run has not)."""
+    depend on whether its machine had met a shape before (a resumed run may have)."""
     if len(BACKENDS_HERE) < 2:
         pytest.skip("this CPU runs one kernel only: nothing is measured")
     monkeypatch.delenv(fast_linear.BACKEND_VARIABLE, raising=False)
-    monkeypatch.setattr(fast_linear, "_chosen", {})
     encoder, ids = random_encoder("bert", "gelu")
     state = torch.get_rng_state()
     with torch.no_grad():
         fast_encoder.forward(encoder, ids, MASK)
-    assert len(fast_linear._chosen) == 4  # every shape was measured
+    assert len(kernel_facts()) == 4  # every shape was measured
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -133,7 +157,7 @@ def test_encode_after_training_uses_the_new_weights(backend, monkeypatch):
     """Kept weights (cast, stacked, reordered) are made again when a parameter changes."""
     monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, backend)
     folder, _, info = reference("tiny_st_dense")
-    model = SentenceModel.from_dir(folder, device="cpu")
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH)
     before = model.encode(info["sentences"])
     state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     optimizer = AdamW(model.parameters(), lr=1e-2)
@@ -162,7 +186,7 @@ def test_reusing_memory_gives_identical_results_and_keeps_autograd(activation, m
             again = fast_encoder.forward(encoder, ids, MASK)
     assert torch.equal(reused, expected) and torch.equal(again, expected)
     assert torch.equal(longer, torch.cat([expected, expected]))
-    assert scratch.numel() == int(MASK.sum()) * encoder.config.intermediate_size  # 13 tokens x 32
+    assert scratch.numel() == fast_linear.TILE_ROWS * encoder.config.intermediate_size  # 13 tokens padded to 16, x 32
     assert fast_linear._scratch.get() is None  # freed on leaving
 
     # With autograd on, the memory is not reused and GELU does not overwrite: gradients still flow.

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import minisbert
+from minisbert.fast.encode import FAST_PATH
 from minisbert.model import SentenceModel
 from minisbert.sentence_transformer import SentenceTransformer
 
@@ -45,7 +46,7 @@ def close(ours, expected, model) -> bool:
 @pytest.mark.parametrize("name", ["tiny_st_dense", "tiny_st_legacy"])
 def test_sentence_transformers_directory(name, fast):
     folder, ref, info = reference(name)
-    model = SentenceModel.from_dir(folder, device="cpu", fast=fast)
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH if fast else None)
     assert (model.pooling, model.normalize_embeddings, model.dimension) == ("max", True, 16)
     assert model.tokenizer.max_seq_length == info["max_seq_length"]
     batch = model.tokenizer(info["sentences"])
@@ -65,7 +66,7 @@ def test_sentence_transformers_directory(name, fast):
 @BOTH_PATHS
 def test_plain_hugging_face_directory_mean_pools_without_normalizing(fast):
     folder, ref, info = reference("tiny_bert")
-    model = SentenceModel.from_dir(folder, device="cpu", fast=fast)
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH if fast else None)
     model.tokenizer.max_seq_length = info["max_length"]
     assert (model.pooling, model.normalize_embeddings) == ("mean", False)
     embeddings = model.encode(info["sentences"])
@@ -191,7 +192,7 @@ def test_encode_refuses_bad_options(arguments, message):
 @BOTH_PATHS
 def test_encode_leaves_the_model_in_its_mode_even_when_it_fails(fast, monkeypatch):
     folder, _, info = reference("tiny_st_dense")
-    model = SentenceModel.from_dir(folder, device="cpu", fast=fast)
+    model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH if fast else None)
     model.train()
     model.encode(info["sentences"])
     assert model.training and all(m.training for m in model.modules())
@@ -342,6 +343,6 @@ def test_evaluate_py_names_a_damaged_model_in_one_line(damage, message, tmp_path
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_encode_names_a_text_that_is_not_valid_unicode(fast):
-    model = SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu", fast=fast)
+    model = SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu", fast_path=FAST_PATH if fast else None)
     with pytest.raises(ValueError, match=r"text 2 is not valid Unicode: character 4 is '\\ud800' \(surrogates not allowed\)"):
         model.encode(["fine", "also fine", "bad \ud800 text"])

@@ -1,24 +1,58 @@
-"""How the fast `encode()` cuts texts into batches: on a CPU, by a token budget.
+"""The fast path that `minisbert.load(..., fast=True)` plugs into a SentenceModel: the fast encoder,
+the Dense layer on whole tiles of rows, and encode()'s batches cut to a token budget.
 
-`SentenceModel.encode` sorts texts longest first and runs them batch by batch. The plain way takes
-`batch_size` texts at a time. The fast way, on a CPU, also stops a batch at CPU_TOKENS_PER_FORWARD
-tokens (padding included), so that each layer's activations stay in the processor's cache instead
-of streaming through main memory. On 2 cores, 4 forward passes of 8 x 256 tokens ran about 20%
-faster than one of 32 x 256 on one EPYC, and 7% faster on a Zen 3 EPYC, where budgets of 1,024 and
-4,096 tokens were within 5% of 2,048. Every text's embedding is the same either way, since texts in
-a batch never interact (tests/test_encoder_fast.py checks both ways give the same embeddings).
-Memory is reused from one batch to the next (fast/linear.py's `reusing_memory`).
+SentenceModel (model.py) is the plain network and never imports this. It runs whatever fast path it
+was given (`FAST_PATH` here) in three places: the encoder's forward pass (fast/encoder.py), the Dense
+layer after pooling, and the batches encode() runs. Unplugged, it runs the plain encoder on one text
+at a time.
+
+Batches: `SentenceModel.encode` sorts texts longest first and runs them batch by batch, at most
+`batch_size` texts each. On a CPU the fast way also stops a batch at CPU_TOKENS_PER_FORWARD tokens
+(padding included), so that each layer's activations stay in the processor's cache instead of
+streaming through main memory. On 2 cores, 4 forward passes of 8 x 256 tokens ran about 20% faster
+than one of 32 x 256 on one EPYC, and 7% faster on a Zen 3 EPYC, where budgets of 1,024 and 4,096
+tokens were within 5% of 2,048. Memory is reused from one batch
+to the next (fast/linear.py's `reusing_memory`).
+
+What is promised: on a CPU, a text's embedding has the same bits whatever batch it is encoded in:
+any batch_size, order, token budget or company of other texts, and one string or a list of them, in
+float32 and in bfloat16 where the CPU multiplies it natively. Texts in a batch never interact in the
+mathematics, and here not in the arithmetic either: every product runs on whole tiles of rows
+(fast/linear.py, TILE_ROWS), attention runs on each text at its own length (fast/encoder.py), and the
+Dense layer, too, sees whole tiles. tests/test_batch_invariance.py checks it on every CPU it runs on,
+and that two processes, one of them on a loaded machine, give the same bits (the products' kernel is
+a fact kept per machine, fast/machine.py). The fast path's embeddings agree with the plain path's to
+float32 rounding, not to the bit: tests/test_encoder_fast.py.
 """
 
+import torch
+
+from . import encoder as fast_encoder
 from . import linear
 
 CPU_TOKENS_PER_FORWARD = 2048
 
 
-def batching(longest_first: list, id_lists: list, batch_size: int, device) -> tuple:
-    """The fast way to run encode()'s batches: (the batches' row lists, a context reusing memory
-    between them)."""
-    return batches(longest_first, id_lists, batch_size, device), linear.reusing_memory()
+class FastPath:
+    """What a SentenceModel runs in place of its plain steps when this path is plugged into it."""
+
+    def encoder(self, encoder, input_ids, attention_mask, token_type_ids=None):
+        """The plain `Encoder`'s forward pass, computed fast: (B, T) ids and mask -> (B, T, H)."""
+        return fast_encoder.forward(encoder, input_ids, attention_mask, token_type_ids)  # (B, T, H)
+
+    def dense(self, dense, embeddings):
+        """The Dense layer on pooled embeddings (B, H) -> (B, D): run on rows padded to whole tiles,
+        without autograd, so that neither its product nor its activation depends on B."""
+        if torch.is_grad_enabled():
+            return dense(embeddings)  # (B, D)
+        return dense(linear.whole_tiles(embeddings))[: embeddings.shape[0]]  # (B, D)
+
+    def batching(self, longest_first: list, id_lists: list, batch_size: int, device) -> tuple:
+        """encode()'s batches: (the batches' row lists, a context reusing memory between them)."""
+        return batches(longest_first, id_lists, batch_size, device), linear.reusing_memory()
+
+
+FAST_PATH = FastPath()
 
 
 def batches(longest_first: list, id_lists: list, batch_size: int, device):

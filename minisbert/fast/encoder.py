@@ -8,8 +8,8 @@ time goes, and what is done about it:
 - Padding is never computed. Short sentences padded to the batch's longest are typically a third to
   a half padding, so the real tokens of a batch are packed into one (N, H) matrix and every layer
   except attention works on that matrix token by token. Attention alone needs each sentence's tokens
-  side by side: it puts its queries, keys and values back into the padded (B, T) grid, and its
-  output back into the pack.
+  side by side: it runs on the texts of each length in turn, (texts, heads, length, head size), each
+  text at its own length with no mask, and writes its output back into the pack.
 - PyTorch's fused kernels replace the written-out formulas: `F.layer_norm`, `F.gelu` and
   `F.scaled_dot_product_attention` compute the same functions in fewer passes over memory.
 - Q, K and V come from one (N, H) x (H, 3H) product of the three weight matrices side by side,
@@ -18,14 +18,21 @@ time goes, and what is done about it:
   products are computed: without autograd on a CPU, on the quicker of torch's default kernel and
   oneDNN's (measured on this machine), with GELU applied in place or fused into the product, and
   the two widest products written into memory reused from one call to the next (`reusing_memory`).
+A text's tokens are computed the same way whatever else is in the batch: attention sees the text at
+its own length (a text padded to a longer one's length gets other bits from the attention kernel,
+whose sums are blocked by position), every other step works row by row, and without autograd the
+pack is padded with zero rows to a whole number of tiles, as the products need (fast/linear.py,
+TILE_ROWS). So encode() gives a text the same embedding in any batch: tests/test_batch_invariance.py.
+
 Checked equal to the plain encoder (embeddings to 1e-6, training gradients too) in
 tests/test_encoder_fast.py, and against Hugging Face transformers in tests/test_encoder.py.
 """
 
+import torch
 import torch.nn.functional as F
 
-from ..encoder_inputs import additive_attention_mask, position_ids
-from .linear import linear
+from ..encoder_inputs import position_ids
+from .linear import linear, whole_tiles
 
 GELU_APPROXIMATION = {"gelu": "none", "gelu_new": "tanh"}  # EncoderConfig.activation -> F.gelu's name
 
@@ -61,20 +68,32 @@ def embed(embeddings, input_ids, token_type_ids, token_positions):
     return embeddings.dropout(layer_norm(x, embeddings.layer_norm))  # (N, H)
 
 
-def attention(module, x, additive_mask, token_positions):
-    """The plain `SelfAttention` module's output for packed tokens: (N, H) -> (N, H)."""
-    B, T, H = additive_mask.shape[0], additive_mask.shape[-1], x.shape[-1]
-    nh, hs = module.num_heads, module.head_size
-    qkv = linear(x, [module.query, module.key, module.value], keep_as="qkv")  # (N, 3H)
-    # Q, K and V go back to the padded grid together; each one's heads are then views into it.
-    grid = to_grid(qkv, token_positions, B, T).view(B, T, 3, nh, hs)  # (B, T, 3, nh, hs)
-    q, k, v = (grid[:, :, i].transpose(1, 2) for i in range(3))  # 3 x (B, nh, T, hs)
+def texts_by_length(attention_mask):
+    """For each length the batch's texts have: (texts, length) rows of those texts' tokens in the pack.
+    The pack holds the real tokens of each text in turn, as `attention_mask.flatten().nonzero()` lists them."""
+    lengths = attention_mask.sum(dim=1)  # (B,)
+    starts = lengths.cumsum(0) - lengths  # (B,) each text's first row in the pack
+    groups = []
+    for length in lengths[lengths > 0].unique().tolist():
+        texts = (lengths == length).nonzero().squeeze(1)  # (B_L,)
+        groups.append(starts[texts, None] + torch.arange(length, device=lengths.device))  # (B_L, L)
+    return groups
 
+
+def attention(module, x, groups):
+    """The plain `SelfAttention` module's output for packed tokens: (N, H) -> (N, H).
+    groups: `texts_by_length`'s rows; rows of x in none of them (tile padding) come out as zeros."""
+    H, nh, hs = x.shape[-1], module.num_heads, module.head_size
+    qkv = linear(x, [module.query, module.key, module.value], keep_as="qkv")  # (N, 3H)
     dropout = module.attention_dropout.p if module.attention_dropout.training else 0.0
-    # Without padding the mask is all zeros; leaving it out spares the kernel adding it.
-    mask = None if token_positions is None else additive_mask
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, nh, T, hs)
-    context = from_grid(context.transpose(1, 2).reshape(B, T, H), token_positions)  # (N, H)
+    context = qkv.new_zeros(x.shape[0], H)  # (N, H)
+    for rows in groups:
+        texts, length = rows.shape
+        rows = rows.flatten()  # (B_L * L,)
+        # Q, K and V of these texts side by side; each one's heads are then views into them.
+        q, k, v = qkv[rows].view(texts, length, 3, nh, hs).permute(2, 0, 3, 1, 4)  # 3 x (B_L, nh, L, hs)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)  # (B_L, nh, L, hs)
+        context.index_copy_(0, rows, out.transpose(1, 2).reshape(texts * length, H))
     return linear(context, [module.output])  # (N, H)
 
 
@@ -90,10 +109,13 @@ def forward(encoder, input_ids, attention_mask, token_type_ids=None):
     # (N,) positions of the real tokens in the B*T grid; None when there is no padding to skip.
     token_positions = None if bool(attention_mask.all()) else attention_mask.flatten().nonzero().squeeze(1)
     x = embed(encoder.embeddings, input_ids, token_type_ids, token_positions)  # (N, H)
-    additive_mask = additive_attention_mask(attention_mask, x.dtype)  # (B, 1, 1, T)
+    tokens = x.shape[0]
+    if not torch.is_grad_enabled():
+        x = whole_tiles(x)  # (N', H): padded once here, so that no product pads (fast/linear.py)
+    groups = texts_by_length(attention_mask)
     for block in encoder.layers:
-        h = attention(block.attention, x, additive_mask, token_positions)  # (N, H)
+        h = attention(block.attention, x, groups)  # (N', H)
         x = layer_norm(x + block.dropout(h), block.attention_norm)
-        h = feed_forward(block.ffn, x, encoder.config.activation)  # (N, H)
+        h = feed_forward(block.ffn, x, encoder.config.activation)  # (N', H)
         x = layer_norm(x + block.dropout(h), block.output_norm)
-    return to_grid(x, token_positions, B, T)  # (B, T, H)
+    return to_grid(x[:tokens], token_positions, B, T)  # (B, T, H)

@@ -10,12 +10,21 @@ GELU, I -> H). On a CPU torch has two kernels for them:
   kernels read (`torch.ops.mkldnn._reorder_linear_weight`), and multiplied by
   `torch.ops.mkldnn._linear_pointwise`, which also applies GELU to the product as it writes it.
 
-Which is quicker depends on the processor and on the shape. On a 2-core AVX-512 CPU oneDNN ran the
-encoder's products at 275-440 GFLOP/s and MKL at 150-195; on a Zen 4 CPU oneDNN was no faster. So no
-rule is written down: the first time `linear` meets a product of some shape, it times both kernels on
-the real weights (a few rounds, in turn, keeping each one's best time) and uses the quicker for the
-rest of the process. The environment variable MINISBERT_GEMM=torch or =onednn skips the measurement
-and forces one; unset (or "auto") measures.
+Which is quicker depends on the processor and on the shape, so no rule is written down: the first
+time any process on a machine meets a product of some shape, it times both kernels on the real
+weights (a few rounds, in turn, keeping each one's best time), and the quicker is kept as a fact
+about the machine (fast/machine.py) that every later process reads back. A race in each process
+would let two processes, one of them under load, compute the same embedding on different kernels.
+The environment variable MINISBERT_GEMM=torch or =onednn skips the measurement and forces one; unset
+(or "auto") uses the kept fact.
+
+Rows are never allowed to change another row's bits. A product of a handful of rows can run
+another kernel, or split its sums another way, than the same rows inside a larger product
+(bench/README.md, "Batch invariance"), so without autograd every product runs on a whole number of
+tiles of TILE_ROWS rows: a caller's rows are padded with zero rows up to that (`whole_tiles`; the fast
+encoder pads its tokens once, so that its products never copy). A row's result then does not depend
+on how many rows came with it, which is what lets encode() promise the same vector for the same
+text whatever batch it is in; tests/test_batch_invariance.py checks that on every CPU it runs on.
 
 Where the choice applies: on a CPU without autograd (oneDNN's ops have no backward pass, so training
 uses torch's kernel), in float32, and in bfloat16 under `torch.autocast` (inputs cast to bfloat16,
@@ -43,11 +52,18 @@ import torch
 import torch.nn.functional as F
 
 from .. import cpu
+from . import machine
 
 BACKENDS = ("torch", "onednn")
 BACKEND_VARIABLE = "MINISBERT_GEMM"  # "torch" or "onednn" forces that kernel; unset or "auto" measures
 PROBE_ROWS = 1024  # tokens in the inputs the kernels are timed on (an encode batch holds up to 2,048)
 PROBE_ROUNDS = 3  # timed rounds per kernel, after one untimed round
+# Products without autograd run on a multiple of this many rows: every kernel measured gave each row
+# the same bits at every multiple of it, and differed only below 12 rows (bench/README.md, "Batch
+# invariance"). An element-wise pass over such a product (GELU) of a width that is a multiple of 32
+# then falls into whole vectors, also in each thread's share where the threads split it evenly: no
+# element takes the one-at-a-time loop that ends a vectorized pass, whose bits differ.
+TILE_ROWS = 16
 
 # The memory kept by `reusing_memory()`: a dict from (name, dtype) to a flat tensor, or None
 # outside it. A context variable, so each thread (and each asyncio task) has its own.
@@ -55,8 +71,6 @@ _scratch = contextvars.ContextVar("minisbert_scratch", default=None)
 # What each kernel reads, made from the weights of the product whose first nn.Linear is the key:
 # {(ids of the layers, backend, dtype): (parameter versions and storages, (weight, bias))}.
 _prepared = weakref.WeakKeyDictionary()
-# The kernel chosen for each (in, out, gelu, dtype, threads), for the life of the process.
-_chosen = {}
 
 
 @contextlib.contextmanager
@@ -84,13 +98,24 @@ def linear(x, layers, gelu: str = None, keep_as: str = None):
     gelu: None, or F.gelu's `approximate` ("none" or "tanh") to apply GELU to the product.
     keep_as: the name under which `reusing_memory()` keeps the product's memory (see there).
     """
-    if torch.is_grad_enabled() or x.device.type != "cpu":
+    if torch.is_grad_enabled():
         weight, bias = _stacked(layers)
         y = F.linear(x, weight, bias)  # (N, out)
         return y if gelu is None else F.gelu(y, approximate=gelu)
+    rows, x = x.shape[0], whole_tiles(x)  # (N', in)
+    if x.device.type != "cpu":
+        weight, bias = _stacked(layers)
+        y = F.linear(x, weight, bias)  # (N', out)
+        return (y if gelu is None else F.gelu(y, approximate=gelu))[:rows]
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
     backend = _backend(layers, gelu, keep_as, dtype)
-    return PRODUCTS[backend](x.to(dtype), _prepare(layers, backend, dtype), gelu, keep_as)  # (N, out)
+    return PRODUCTS[backend](x.to(dtype), _prepare(layers, backend, dtype), gelu, keep_as)[:rows]  # (N, out)
+
+
+def whole_tiles(x):
+    """x (N, ...) with zero rows added up to a multiple of TILE_ROWS rows; x itself if it has that."""
+    missing = -x.shape[0] % TILE_ROWS
+    return x if missing == 0 else torch.cat([x, x.new_zeros(missing, *x.shape[1:])])  # (N', ...)
 
 
 def _stacked(layers):
@@ -171,10 +196,10 @@ def _backend(layers, gelu, keep_as, dtype) -> str:
     candidates = [backend for backend in BACKENDS if runs(backend, dtype)]
     if len(candidates) == 1:
         return candidates[0]
-    shape = (layers[0].in_features, sum(layer.out_features for layer in layers), gelu, dtype, torch.get_num_threads())
-    if shape not in _chosen:
-        _chosen[shape] = _quickest(candidates, layers, gelu, keep_as, dtype)
-    return _chosen[shape]
+    product = f"{layers[0].in_features} x {sum(layer.out_features for layer in layers)}"
+    product += f" then GELU ({gelu})" if gelu else ""
+    name = f"quicker product kernel, {product}, {str(dtype).removeprefix('torch.')}"
+    return machine.fact(name, lambda: _quickest(candidates, layers, gelu, keep_as, dtype))
 
 
 def _quickest(candidates, layers, gelu, keep_as, dtype) -> str:
@@ -187,7 +212,8 @@ def _quickest(candidates, layers, gelu, keep_as, dtype) -> str:
     # masks a training run draws next, depending on when (in which process) a shape is first met.
     generator = torch.Generator().manual_seed(0)
     for round_number in range(PROBE_ROUNDS + 1):
-        x = torch.randn(PROBE_ROWS - round_number, layers[0].in_features, dtype=dtype, generator=generator)  # (N, in)
+        rows = PROBE_ROWS - TILE_ROWS * round_number
+        x = torch.randn(rows, layers[0].in_features, dtype=dtype, generator=generator)  # (N, in)
         for backend in candidates:
             weights = _prepare(layers, backend, dtype)
             start = time.perf_counter()

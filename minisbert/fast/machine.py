@@ -10,9 +10,9 @@ JSON file, and read back by every later process on the same machine:
 
 where <cache> is minisbert's cache folder (.cache/ in a clone, ~/.cache/minisbert/cache otherwise)
 and <key> names the processor (model name and flags), the thread count and the torch version, so a
-file never travels to a machine it does not describe. `known()` returns every fact kept so far
-(`python bench/retrieval.py` and `evaluate.py --verbose` print them). A fact is measured again only
-if its file is deleted.
+file never travels to a machine it does not describe. `known()` returns every fact kept so far and
+`report()` the lines that print them (`python bench/encode.py` and `evaluate.py --verbose` do). A
+fact is measured again only if its file is deleted.
 
 A choice can always be forced without measuring: each fast path names its own variable or argument
 (MINISBERT_GEMM for the encoder's products, MINISBERT_SEARCH_WAY for the search).
@@ -88,6 +88,13 @@ def fact(name: str, measure: Callable[[], object]):
             atomic_write(path, lambda tmp: tmp.write_text(json.dumps(facts, indent=1, sort_keys=True)))
             _kept = facts
         return _kept[name]
+
+
+def report() -> str:
+    """The machine and each fact kept about it, one a line."""
+    facts = known()
+    lines = [f"machine: {facts.pop('machine')}", f"facts kept in {machine_file()}:"]
+    return "\n".join(lines + [f"  {name}: {value}" for name, value in sorted(facts.items())])
 
 
 def forget() -> None:
