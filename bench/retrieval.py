@@ -5,14 +5,11 @@ numbers of queries people search with: one (a demo, a service answering one requ
 For each corpus size and each number of queries per call it times, side by side in one run, on
 random L2-normalised float32 data (fixed seed):
     minisbert search, score="dot" and score="cosine" (cosine also checks and normalises every
-        row: the one-shot call), with their defaults (the fast path: for few queries the corpus
-        read once; for many, blocks screened with int8 products where they pay, else in
-        bfloat16 on a CPU with native bfloat16), score="dot" with neither screen
-        (bf16_screen=False, int8_screen=False), a corpus prepared once (prepare_corpus, cosine:
-        checked and normalised once, with a bfloat16 copy where the CPU multiplies bfloat16
-        natively and an int8 copy for one query where it pays), minisbert.util.semantic_search
-        (sentence-transformers' call, over the fast search), and, if asked for, score="dot" with
-        fast=False (the plain path)
+        row: the one-shot call), taking the way minisbert/search.py's WAYS chooses (printed),
+        score="dot" unscreened (way "spans" or "blocks"), a corpus prepared once (prepare_corpus,
+        cosine: checked and normalised once, with the copies its screens read where they pay),
+        minisbert.util.semantic_search (sentence-transformers' call, over the search), and, if
+        asked for, score="dot" with fast=False (the plain loop)
     plain torch.topk(queries @ corpus.T)    (chunked over queries only if the full score matrix
                                             would not fit in --plain-budget-gb; it says so)
     plain torch.topk(cos_sim(queries, corpus))   (the cosine one-liner: sentence-transformers'
@@ -32,7 +29,8 @@ range of the same-round ratios. Peak memory is measured, at the largest number o
 subprocess per method, one search each: the peak resident set (VmHWM, reset just before the
 search) minus the resident set at that moment, or torch.cuda.max_memory_allocated on a GPU. Every
 method's top-k is compared with minisbert's for the same score function. The CPU's vector
-extensions are printed with the figures, since the ratios depend on them.
+extensions are printed with the figures, since the ratios depend on them, and so are the facts
+minisbert measured once on this machine to choose its ways (minisbert/fast/machine.py).
 
 faiss and sentence-transformers are never dependencies of minisbert: they run in a child process
 of the peer environment's Python, named by --peer-python or MINISBERT_PEER_PYTHON (bench/peer.py),
@@ -155,6 +153,11 @@ def main() -> None:
         if device == "cuda":
             roofline(args)
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    from minisbert.fast import machine
+    print(f"facts minisbert measured on this machine ({machine.machine_file()}):")
+    for name, value in sorted(machine.known().items()):
+        if name != "machine":
+            print(f"  {name}: {value}")
 
 
 def compare(args, size: int, num_queries: int, device: str, memory: bool) -> None:
@@ -354,25 +357,32 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
     k = args.k
     if method.startswith("minisbert"):
         from minisbert import util as minisbert_util
-        from minisbert.search import prepare_corpus, search
+        from minisbert.search import choose_way, prepare_corpus, search
+        from minisbert.search_inputs import check_inputs
+
+        def way(searched, score=None):
+            return "way " + choose_way(check_inputs(queries, searched, k, score, 1024, None, None, None, None))
 
         if method == "minisbert-prepared":
             before = _memory_baseline_mb(corpus.device)
             prepared_corpus = prepare_corpus(corpus)
             setup_mb = _peak_memory_mb(corpus.device) - before
-            copies = [name for name, kept in (("bfloat16", prepared_corpus.screen), ("int8", prepared_corpus.int8))
-                      if kept is not None]
+            from minisbert.fast.retrieval import kept
+            copies = [name for name in ("bfloat16", "int8") if kept(prepared_corpus, name) is not None]
             note = "memory includes the prepared copy" + (f", with {' and '.join(copies)} screens" if copies else "")
+            note = f"{way(prepared_corpus)}; {note}"
             return (lambda q: search(q, prepared_corpus, k)[1]), note, setup_mb
         if method == "minisbert-util":
             # Its hits, as a porting user gets them; turned into indices after the timing.
             return (lambda q: minisbert_util.semantic_search(q, corpus, top_k=k)), "", 0.0
         if method == "minisbert-float32":
-            return (lambda q: search(q, corpus, k, score="dot", bf16_screen=False, int8_screen=False)[1]), "", 0.0
+            from minisbert.fast.tuning import FEW_QUERIES
+            unscreened = "spans" if queries.shape[0] <= FEW_QUERIES else "blocks"
+            return (lambda q: search(q, corpus, k, score="dot", way=unscreened)[1]), f"way {unscreened}", 0.0
         if method == "minisbert-plain":
             return (lambda q: search(q, corpus, k, score="dot", fast=False)[1]), "", 0.0
         score = method.split("-")[1]
-        return (lambda q: search(q, corpus, k, score=score)[1]), "", 0.0
+        return (lambda q: search(q, corpus, k, score=score)[1]), way(corpus, score), 0.0
     if method in ("plain", "plain-cosine"):
         if corpus.device.type == "cpu":
             budget_gb = args.plain_budget_gb

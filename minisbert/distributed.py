@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .retrieval import merge_top_k
+from .search_inputs import merge_top_k
 from .search import search
 
 

@@ -13,8 +13,9 @@ against embeddings that sentence-transformers computed (tests/test_model.py).
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from .similarity import unit_rows
 
 POOLING_MODES = ("mean", "max", "cls")
 DENSE_ACTIVATIONS = {"tanh": nn.Tanh, "identity": nn.Identity, "relu": nn.ReLU}
@@ -50,8 +51,8 @@ def pool(token_embeddings, attention_mask, mode: str):
 
 
 def normalize(embeddings):
-    """Each row divided by its L2 norm (rows of zeros stay zero)."""
-    return F.normalize(embeddings, p=2, dim=-1, eps=1e-12)
+    """Each row divided by its L2 norm (rows of zeros stay zero): similarity.py's `unit_rows`."""
+    return unit_rows(embeddings)
 
 
 class Dense(nn.Module):

@@ -1,156 +1,205 @@
-"""The search the library calls: exact top-k on any embeddings, by the plain loop or a fast path.
+"""The search the library calls: exact top-k on any embeddings, the plain loop or a faster way.
 
-`search` offers the choice. Both paths start from the same checked inputs (minisbert/search_inputs.py:
-rows near float32's limits, scores that could overflow, ids to leave out) and return the same
-top-k, ties included:
+Every way returns what the plain loop of minisbert/retrieval.py returns, bit for bit, because every
+way ends in the same exact rescoring (retrieval.py says what a returned score is). They differ only
+in how they find the candidates, and `WAYS` below chooses, first match wins: from facts about the
+call (queries, rows, a prepared corpus and its copies) and about the machine (native bfloat16, an
+exact and quicker int8 product, measured once per machine by minisbert/fast/machine.py and kept).
+`search(..., way=NAME)` or MINISBERT_SEARCH_WAY=NAME forces one; `fast=False` is way="plain".
 
-- fast=False runs the plain search of minisbert/retrieval.py: score a block, take its top-k,
-  merge; the reference the fast paths are tested against.
-- fast=True (the default) runs minisbert/fast/retrieval.py, which returns the same top-k with less
-  work: for a few queries, a span of the corpus at a time, checked, scored and merged in a few
-  calls; for many, it skips most of the plain path's step 2 and, where the CPU multiplies bfloat16
-  natively, most of step 1; its docstring says how. On a CUDA device the fast path is
-  minisbert/fast/device_search.py: the same three steps, queued for the GPU without waiting on
-  it, block after block (the plain loop reads results back to the host at every chunk, to check
-  it and to drop excluded pairs), with a corpus in CPU memory copied over while the previous
-  chunk is scored.
-
-On a GPU there are two ways to hold a large corpus (see minisbert/fast/device_search.py): on the
-GPU in float16, half the memory of float32 (8.8M x 768 takes 13.5 GB): `corpus.half().to("cuda")`;
-or in CPU memory, streamed to the GPU chunk by chunk while the previous chunk is scored, fastest
-from pinned memory: `corpus = corpus.pin_memory()` once, then `search(..., device="cuda")`. A corpus
-in ordinary CPU memory is staged through pinned buffers, one more copy per chunk.
-
-A corpus searched again and again is best prepared once, `prepare_corpus`: its rows are checked
-and normalised (cosine) once, and smaller copies are kept beside them for the fast path's screens
-on a CPU: a bfloat16 copy where the CPU multiplies bfloat16 natively, for calls of a few queries
-or more (half the bytes to read), and for one query an int8 copy (a quarter of the bytes:
-minisbert/fast/int8_screen.py). The float32 rows still decide every score. `search` takes it in place of the
-embeddings; `.save(path)` writes it and `load_corpus(path)` reads it back, so a corpus encoded
-once is searched again without encoding it again:
+A corpus searched again and again is best prepared once (`prepare_corpus`): its rows are checked and
+made unit rows (cosine) once, and on a CPU the fast ways keep smaller copies beside it to screen with
+(a bfloat16 copy where the CPU multiplies bfloat16 natively; for one query an int8 copy, a quarter of
+the bytes). `.save(path)` writes it; `load_corpus(path)` reads it back and checks every row again, so
+a file damaged or edited elsewhere is refused, naming it:
 
     corpus = prepare_corpus(model.encode(documents))      # score="cosine"
     corpus.save("corpus.safetensors")
     scores, rows = search(model.encode(["a question"]), load_corpus("corpus.safetensors"), k=10)
 
-Score functions, the tie rule and the loop are described in minisbert/retrieval.py. For euclidean
-the tie rule applies to the ranking key 2 q·c - |c|² as computed in float32. Checked against brute
-force in tests/test_retrieval.py and tests/test_device_search.py, and for speed against
-sentence-transformers `util.semantic_search` and FAISS `IndexFlatIP` in bench/retrieval.py.
+On a GPU the plain loop runs (large chunks: few synchronisations). A large corpus can stay in CPU
+memory (`search(..., device="cuda")` moves it chunk by chunk) or live on the GPU in float16.
+Checked against brute force and way against way in tests/test_retrieval.py; for speed against
+sentence-transformers `util.semantic_search` and faiss `IndexFlatIP` in bench/retrieval.py.
 """
 
-from collections.abc import Hashable, Sequence
+import os
 from pathlib import Path
 
-import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from . import cpu, retrieval
-from .fast.int8_screen import int8_product_runs, int8_rows, int8_screen_pays
-from .fast.retrieval import fast_search
-from .fast.screen import screen_rows
-from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, check_inputs, prepare, read_prepared
+from .fast import retrieval as fast
+from .fast.int8_blocks import int8_blocks_exact, int8_blocks_pay
+from .fast.tuning import FEW_QUERIES, FEW_QUERIES_INT8, FEW_QUERIES_PREPARED, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS
+from .fileio import atomic_write
+from .search_inputs import (DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, SearchInputs, as_embedding_matrix,
+                            check_arguments, check_inputs, scored_rows)
+from .similarity import row_norms
+
+WAY_VARIABLE = "MINISBERT_SEARCH_WAY"
 
 
-def search(
-    queries: torch.Tensor | np.ndarray,
-    corpus: torch.Tensor | np.ndarray | PreparedCorpus,
-    k: int,
-    score: str | None = None,
-    query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
-    corpus_chunk_size: int | None = None,
-    query_ids: Sequence[Hashable] | None = None,
-    corpus_ids: Sequence[Hashable] | None = None,
-    device: str | torch.device | None = None,
-    bf16_screen: bool | None = None,
-    int8_screen: bool | None = None,
-    fast: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor] | tuple[np.ndarray, np.ndarray]:
+def _int8_blocks(s: SearchInputs) -> bool:
+    return s.score != "euclidean" and int8_blocks_pay(s.queries.shape[1], cpu.native_bfloat16())
+
+
+def _few(s: SearchInputs) -> bool:
+    few = FEW_QUERIES_PREPARED if s.prepared is not None else FEW_QUERIES
+    if s.prepared is None and s.queries.shape[0] > FEW_QUERIES_INT8 and _int8_blocks(s):
+        few = FEW_QUERIES_INT8
+    return s.queries.shape[0] <= min(few, s.query_chunk_size)
+
+
+def _on_cpu(s: SearchInputs) -> bool:
+    return s.device.type == "cpu"
+
+
+# name                   can run (else a forced way is refused)        taken when                       runs
+WAYS = (
+    ("plain",              lambda s: True,                                lambda s: not _on_cpu(s),         retrieval.chunked_search),
+    ("one span",           _on_cpu,                                       lambda s: s.corpus.shape[0] <= SMALL_CORPUS_ROWS and _few(s),
+                                                                                                            lambda s: fast.search_spans(s, one_span=True)),
+    ("spans, int8",        lambda s: _on_cpu(s) and s.queries.shape[0] == 1 and fast.kept(s.prepared, "int8") is not None,
+                                                                          lambda s: True,                   lambda s: fast.search_spans(s, "int8")),
+    ("spans, bfloat16",    lambda s: _on_cpu(s) and fast.kept(s.prepared, "bfloat16") is not None,
+                                                                          lambda s: s.queries.shape[0] >= SCREENED_FEW_QUERIES and _few(s),
+                                                                                                            lambda s: fast.search_spans(s, "bfloat16")),
+    ("spans",              _on_cpu,                                       _few,                             fast.search_spans),
+    ("blocks, int8",       lambda s: _on_cpu(s) and s.score != "euclidean" and int8_blocks_exact(s.queries.shape[1]),
+                                                                          _int8_blocks,                     lambda s: fast.search_blocks(s, "int8")),
+    ("blocks, bfloat16",   _on_cpu,                                       lambda s: cpu.native_bfloat16(),  lambda s: fast.search_blocks(s, "bfloat16")),
+    ("blocks",             _on_cpu,                                       lambda s: True,                   fast.search_blocks),
+)
+WAY_NAMES = tuple(name for name, *_ in WAYS)
+
+
+def choose_way(inputs: SearchInputs, forced: str | None = None) -> str:
+    """The way a search of these inputs takes: `forced` (or MINISBERT_SEARCH_WAY) if given and it can
+    run, else the first in WAYS that can run and is taken."""
+    forced = forced or os.environ.get(WAY_VARIABLE) or None
+    for name, can_run, taken, _ in WAYS:
+        if forced is None and can_run(inputs) and taken(inputs):
+            return name
+        if name == forced:
+            if not can_run(inputs):
+                raise ValueError(f"the search way {forced!r} cannot run here (a CPU, its copy kept by prepare_corpus"
+                                 "(..., screen=True), an exact int8 product, or a query count it needs is missing); "
+                                 "leave way out to let the search choose")
+            return name
+    raise ValueError(f"unknown search way {forced!r}; choose one of {list(WAY_NAMES)}")
+
+
+def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
+           corpus_chunk_size: int | None = None, query_ids=None, corpus_ids=None, device=None, way: str | None = None,
+           fast: bool = True):
     """Exact top-k corpus rows for each query row.
 
     Args:
         queries: (Q, d) float embeddings (torch tensor or numpy array).
-        corpus: (N, d) float embeddings, or a PreparedCorpus (`prepare_corpus`). May be
-            float16/bfloat16 (e.g. to halve memory); each chunk is upcast to float32 before
-            scoring, so scores are float32 whatever the input.
-        k: number of results per query. If k > N the whole corpus is returned, ranked.
-        score: "cosine" (the default), "dot" or "euclidean" (see minisbert/retrieval.py). For a
-            prepared corpus, the score it was prepared for (another is refused).
-        query_chunk_size, corpus_chunk_size: block shape. Only speed and memory depend on them,
-            never the results. corpus_chunk_size defaults to 8192 on CPU; on CUDA, 32768 for
-            a corpus streamed from CPU memory, and for one on the GPU as many rows as make a
-            block of 2^25 scores (at least 32768, at most 512 MB of float32 rows).
-        query_ids, corpus_ids: optional ids (any hashable values), one per query and one per
-            corpus row. When given, a corpus row whose id equals the query's id is never returned
-            for that query (BEIR drops such self-matches), and the next best row takes its place.
-        device: where to compute. Defaults to the corpus tensor's device (CPU for numpy). The
-            corpus may live elsewhere (e.g. in CPU memory): it is moved chunk by chunk (see the
-            module docstring for a large corpus on a GPU).
-        bf16_screen: fast path on a CPU only: screen each block with a bfloat16 matrix product
-            (see minisbert/fast/retrieval.py). The results are the same either way; only the
-            speed differs. None (the default) screens on a CPU with native bfloat16 dot
-            products. The search on a CUDA device never screens. (A prepared corpus's int8
-            screen for one query is chosen when it is prepared: `prepare_corpus`'s screen.)
-        int8_screen: fast path on a CPU, cosine and dot, more queries than read the corpus a
-            span at a time: screen each block with an int8 matrix product instead
-            (minisbert/fast/int8_screen.py's Int8Blocks), where torch's int8 product is exact.
-            None (the default) does so where, measured once per process, it takes well under
-            the time of the product it replaces (bfloat16 if bf16_screen, else float32). Results
-            never depend on it.
-        fast: True (the default) runs minisbert/fast/retrieval.py, False the plain loop of
-            minisbert/retrieval.py. Both return the same top-k.
+        corpus: (N, d) float embeddings (float16 and bfloat16 are read as float32), or a
+            PreparedCorpus (`prepare_corpus`, `load_corpus`).
+        k: results per query; with k > N the whole corpus, ranked.
+        score: "cosine" (the default), "dot" or "euclidean" (minisbert/retrieval.py); for a prepared
+            corpus the score it was prepared for (another is refused).
+        query_chunk_size, corpus_chunk_size: block shape (default 1024 x 8192): speed and memory only.
+        query_ids, corpus_ids: one id per query and per corpus row; a row whose id equals the query's
+            is never returned for it (BEIR drops such self-matches), the next best takes its place.
+        device: where to compute; defaults to the corpus tensor's device (CPU for numpy).
+        way: one of WAY_NAMES to force it (results never depend on it); None chooses (`WAYS`).
+        fast: False runs the plain loop (way="plain").
 
     Returns:
-        (scores, indices), each (Q, min(k, N)), best first: float32 scores (distances for
-        euclidean, smallest first) and int64 corpus row indices. Ties go to the lower corpus
-        index. numpy arrays if both inputs are numpy arrays (or numpy queries and a prepared
-        corpus), else torch tensors on `device`.
-        Where fewer than min(k, N) rows remain for a query (only possible with ids), the row is
-        padded with index -1 and score -inf (+inf distance for euclidean).
+        (scores, indices), each (Q, min(k, N)), best first: float32 scores (distances for euclidean,
+        smallest first) and int64 row indices, equal scores by lower index; -1 and -inf (+inf
+        distance) where ids left fewer rows. numpy arrays for numpy queries and a numpy or prepared
+        corpus, else torch tensors on `device`.
 
     Raises:
-        ValueError: unknown score, k < 1, bad chunk sizes, inputs that are not 2-D floating
-            point, an empty corpus, mismatched dimensions, a query or corpus row holding NaN or
-            inf or too large for float32 (see minisbert/search_inputs.py), ids whose count does
-            not match the embeddings, or bf16_screen=True or int8_screen=True with fast=False.
+        ValueError: an unknown score or way, k < 1, bad chunk sizes, inputs that are not 2-D floating
+            point, an empty corpus, mismatched dimensions, a row holding NaN or inf or too large for
+            float32, scores that could pass float32's range, ids not one per row.
     """
-    if not fast:
-        for name, value in (("bf16_screen", bf16_screen), ("int8_screen", int8_screen)):
-            if value:
-                raise ValueError(f"{name}=True needs the fast path; pass fast=True or drop {name}")
-        return retrieval.search(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids,
-                                corpus_ids, device)
     inputs = check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids, corpus_ids,
                           device)
-    return inputs.results(*fast_search(inputs, bf16_screen, int8_screen))
+    name = choose_way(inputs, "plain" if not fast else way)
+    runner = next(run for way_name, _, _, run in WAYS if way_name == name)
+    return inputs.results(*runner(inputs))
 
 
-def prepare_corpus(embeddings: torch.Tensor | np.ndarray, score: str = "cosine",
-                   screen: bool | None = None) -> PreparedCorpus:
+CORPUS_FORMAT = "minisbert prepared corpus 3"
+# Formats 1 and 2 kept other norm terms ("sizes", "norm_terms"); their rows are read, the norms made again.
+OLD_FORMATS = ("minisbert prepared corpus 1", "minisbert prepared corpus 2")
+# A unit row rounded to float32 has a norm within d·2^-24 of 1 (each entry moves by 2^-24 of itself);
+# rows that formats 1 and 2 divided in float32 by float32 norms, within 2·d·2^-24. Twice that is allowed.
+UNIT_SLACK = 4 * 2.0**-24
+
+
+def prepare_corpus(embeddings, score: str = "cosine", screen: bool | None = None) -> PreparedCorpus:
     """(N, d) embeddings checked once and kept as `score` scores them, for many searches.
 
-    Refuses what `search` refuses (rows holding NaN or inf), with the same messages. screen: keep
-    the copies the fast path screens with on a CPU: a bfloat16 copy of the rows (N·d·2 bytes more)
-    for searches of several queries, and for cosine and dot an int8 copy (N·(d + 12) bytes more)
-    for one query. None (the default) keeps the bfloat16 copy on a CPU that multiplies bfloat16
-    natively, and the int8 copy where torch's int8 product is exact and, measured once per
-    process, quicker than the float32 one (minisbert/fast/int8_screen.py); True keeps both where
-    they run exactly; False neither. Results never depend on it."""
-    return _with_screens(prepare(embeddings, score), screen)
+    Refuses what `search` refuses (rows holding NaN or inf), with the same messages. screen: keep the
+    copies the fast ways screen with on a CPU (a bfloat16 copy, N·d·2 bytes; for cosine and dot an
+    int8 copy for one query, N·(d + 12) bytes). None (the default): the bfloat16 copy where the CPU
+    multiplies bfloat16 natively, the int8 copy where it runs exactly and pays (measured once per
+    machine); True: both where they run; False: neither. Results never depend on it."""
+    corpus = as_embedding_matrix(embeddings, "corpus")
+    check_arguments(corpus[:0], corpus, 1, score, 1, None)
+    pieces = [scored_rows(corpus[start : start + 8192], score, "corpus", start)
+              for start in range(0, corpus.shape[0], 8192)]
+    prepared = PreparedCorpus(torch.cat([rows for rows, _ in pieces]), torch.cat([norms for _, norms in pieces]), score)
+    return _with_copies(prepared, screen)
+
+
+def _save(self: PreparedCorpus, path: str | Path) -> None:
+    """Write the rows, their norms and the score function to one safetensors file, atomically (the
+    screens' copies are made again on loading)."""
+    tensors = {"rows": self.rows.contiguous().cpu(), "norms": self.norms.contiguous().cpu()}
+    atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata={"format": CORPUS_FORMAT,
+                                                                               "score": self.score}))
+
+
+PreparedCorpus.save = _save
 
 
 def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
-    """The prepared corpus `PreparedCorpus.save` wrote to `path`; screen as in `prepare_corpus`."""
-    return _with_screens(read_prepared(path), screen)
+    """The prepared corpus `PreparedCorpus.save` wrote to `path`, every row checked as `prepare_corpus`
+    checks it: finite, a unit row (or zero) for cosine, its norm as saved. screen: as in prepare_corpus."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as opened:
+            metadata, tensors = opened.metadata() or {}, {name: opened.get_tensor(name) for name in opened.keys()}
+    except FileNotFoundError as error:
+        raise ValueError(f"{path}: no such file") from error
+    except (OSError, SafetensorError) as error:
+        raise ValueError(f"{path}: not a prepared corpus file ({error})") from error
+    score, rows = metadata.get("score"), tensors.get("rows")
+    if metadata.get("format") not in (CORPUS_FORMAT, *OLD_FORMATS) or score not in ("cosine", "dot", "euclidean"):
+        raise ValueError(f"{path}: not a prepared corpus file (metadata {metadata}); write one with "
+                         "minisbert.search.prepare_corpus(...).save(path)")
+    if rows is None or rows.ndim != 2 or rows.dtype != torch.float32 or rows.shape[0] == 0:
+        raise ValueError(f"{path}: a prepared corpus needs 'rows', a non-empty (N, d) float32 matrix; got "
+                         f"{ {name: (tuple(t.shape), str(t.dtype)) for name, t in tensors.items()} }")
+    try:
+        _, norms = scored_rows(rows, "dot" if score == "cosine" else score, f"{path}: corpus", 0)
+    except ValueError as error:
+        raise ValueError(f"{error}; the file was damaged or edited after it was saved") from None
+    if score == "cosine":
+        bad = ((norms - 1).abs() > UNIT_SLACK * rows.shape[1]) & (norms != 0)
+        if bad.any():
+            row = int(bad.nonzero()[0])
+            raise ValueError(f"{path}: row {row} has norm {float(norms[row]):.9g}, not 1: a cosine corpus holds "
+                             "unit rows; the file was damaged or edited after it was saved")
+    saved = tensors.get("norms")
+    if metadata["format"] == CORPUS_FORMAT and (saved is None or not torch.equal(saved, row_norms(rows))):
+        raise ValueError(f"{path}: its 'norms' do not match its rows; the file was damaged or edited after it "
+                         "was saved")
+    return _with_copies(PreparedCorpus(rows, row_norms(rows), score), screen)
 
 
-def _with_screens(prepared: PreparedCorpus, screen: bool | None) -> PreparedCorpus:
-    """`prepared` with the screens' copies that `screen` asks for (see `prepare_corpus`)."""
-    keep_bfloat16 = prepared.rows.device.type == "cpu" and cpu.native_bfloat16() if screen is None else screen
-    if keep_bfloat16:
-        prepared.screen = screen_rows(prepared.rows, prepared.norm_terms, prepared.score)
-    dim, device = prepared.rows.shape[1], prepared.rows.device
-    if screen is not False and prepared.score != "euclidean" and int8_product_runs(dim, device):
-        if screen or int8_screen_pays(dim):
-            prepared.int8 = int8_rows(prepared.rows)
+def _with_copies(prepared: PreparedCorpus, screen: bool | None) -> PreparedCorpus:
+    if prepared.rows.device.type == "cpu" and screen is not False:
+        fast.keep_copies(prepared, bfloat16=screen or cpu.native_bfloat16(), int8=screen)
     return prepared

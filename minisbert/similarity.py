@@ -15,9 +15,10 @@ an (n, m) matrix in which larger means more similar:
 
 The cosine and the distances are computed here and nowhere else: the training objectives
 (losses.py) and the STS evaluation (evaluation.py) call `cosine_matrix`, `pairwise_cosine` and
-`pairwise_distance` on tensors, differentiably. The search (search_inputs.py) measures its rows
-with `row_norms` and `squared_row_norms`, which stay right for rows whose squares leave float32's
-range, and divides by the norms or uses the squares in its ranking key.
+`pairwise_distance` on tensors, differentiably. Every unit row in minisbert is made by `unit_rows`
+(pooling's normalisation too), whose norms are summed in float64 in one fixed order, so a row of
+entries near 1e-20 is a unit row everywhere. The search's definition of a returned score,
+`exact_scores`, is here too (minisbert/retrieval.py states it).
 
 These are sentence-transformers' `SentenceTransformer.similarity` and `similarity_pairwise`
 functions; tests/test_similarity.py checks each against its definition computed entry by entry in
@@ -27,20 +28,18 @@ float64, tests/test_st_calls.py against sentence-transformers' own results.
 import numpy as np
 import torch
 
-from .pooling import normalize
-
 SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
 
 
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """(n, m) scale · cos(a_i, b_j) of a (n, D) and b (m, D): unit rows multiplied (a zero row scores
     0), a's scaled before the product (the multiple-negatives ranking loss's inverse temperature)."""
-    return (scale * normalize(a)) @ normalize(b).T  # (n, m)
+    return (scale * unit_rows(a)) @ unit_rows(b).T  # (n, m)
 
 
 def pairwise_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(n,) cos(a_i, b_i) of a and b (n, D)."""
-    return (normalize(a) * normalize(b)).sum(dim=-1)  # (n,)
+    return (unit_rows(a) * unit_rows(b)).sum(dim=-1)  # (n,)
 
 
 def pairwise_distance(a: torch.Tensor, b: torch.Tensor, ord: float = 2.0) -> torch.Tensor:
@@ -48,41 +47,50 @@ def pairwise_distance(a: torch.Tensor, b: torch.Tensor, ord: float = 2.0) -> tor
     return torch.linalg.vector_norm(a - b, ord=ord, dim=-1)  # (n,)
 
 
+def fixed_sum(terms: torch.Tensor) -> torch.Tensor:
+    """(...,) the sums of `terms` (..., d) over the last dimension, in float64, always added in the
+    same order: padded with zeros to a power of two, then halves added pairwise until one is left.
+    Every step is one correctly rounded float64 addition, so the result depends on the terms alone,
+    never on a kernel, a thread count or how many rows came together."""
+    terms = terms.to(torch.float64)
+    width = 1 << max(0, terms.shape[-1] - 1).bit_length()
+    terms = torch.nn.functional.pad(terms, (0, width - terms.shape[-1]))
+    while terms.shape[-1] > 1:
+        half = terms.shape[-1] // 2
+        terms = terms[..., :half] + terms[..., half:]
+    return terms[..., 0]
+
+
 def row_norms(matrix: torch.Tensor) -> torch.Tensor:
-    """(n,) Euclidean norms of the rows. Squares beyond float32's range overflow to inf or
-    underflow to zero, so a row whose norm comes out as inf or below 2^-60 is measured again after
-    dividing by its largest entry (otherwise a row of entries near 1e30 would have norm inf, one
-    of entries near 1e-30 norm 0)."""
-    norms = torch.linalg.vector_norm(matrix, dim=1)  # (n,)
-    redo = ((norms < 2.0**-60) | torch.isposinf(norms)).nonzero()[:, 0]  # (r,)
-    if redo.numel():
-        rows = matrix[redo]  # (r, d)
-        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(matrix.dtype).tiny)  # (r, 1)
-        norms[redo] = scale[:, 0] * torch.linalg.vector_norm(rows / scale, dim=1)
-    return norms
+    """(...,) float64 Euclidean norms of the rows of `matrix` (..., d): the square root of the
+    `fixed_sum` of the squares. A float32 entry's square is exact in float64 and can neither
+    overflow nor underflow there, so the norm of any finite float32 row is right to float64
+    rounding, whatever its scale."""
+    rows = matrix.to(torch.float64)
+    return fixed_sum(rows * rows).sqrt()
 
 
-SQUARES_PIECE_ROWS = 4096
+def unit_rows(matrix: torch.Tensor) -> torch.Tensor:
+    """Each row of `matrix` (..., d) divided by its norm (`row_norms`), in float64, then rounded to
+    `matrix`'s dtype; rows of zeros stay zero. The one place minisbert makes unit rows: pooling's
+    normalisation, the losses' and STS's cosines, `util.cos_sim` and every search divide here, so
+    all of them agree on every input, from rows of entries near 1e-30 to rows near 1e30.
+    Differentiable."""
+    norms = row_norms(matrix)  # (...,)
+    tiniest = torch.finfo(torch.float64).tiny  # a zero row divided by it stays zero
+    return (matrix.to(torch.float64) / norms.clamp_min(tiniest)[..., None]).to(matrix.dtype)
 
 
-def squared_row_norms(matrix: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """(n,) squared Euclidean norms of the rows (written into `out` if given), for the search: on
-    a CPU no gradient flows through them."""
-    # Summing squares directly (not squaring a norm) keeps |c|² exact for integer-valued rows, so
-    # rows at equal distance get exactly equal ranking keys.
-    if matrix.device.type != "cpu":
-        return torch.linalg.vecdot(matrix, matrix, out=out)
-    # On a CPU the squares are made SQUARES_PIECE_ROWS rows at a time, in a buffer that stays in
-    # the cache: over 200,000 x 384 rows on a 2-core AMD EPYC (Zen 4), torch.linalg.vecdot and
-    # (matrix * matrix).sum(1) took 93-96 ms, in pieces 11 ms (a norm, one pass, takes 9).
-    matrix = matrix.detach()
-    out = torch.empty(matrix.shape[0], dtype=matrix.dtype) if out is None else out
-    squares = torch.empty(min(matrix.shape[0], SQUARES_PIECE_ROWS), matrix.shape[1], dtype=matrix.dtype)
-    for start in range(0, matrix.shape[0], SQUARES_PIECE_ROWS):
-        piece = matrix[start : start + SQUARES_PIECE_ROWS]  # (p, d)
-        torch.mul(piece, piece, out=squares[: piece.shape[0]])
-        torch.sum(squares[: piece.shape[0]], dim=1, out=out[start : start + piece.shape[0]])
-    return out
+def exact_scores(queries: torch.Tensor, rows: torch.Tensor, score: str) -> torch.Tensor:
+    """(M,) the score of each query row with the row beside it, (M, d) each, as the search defines
+    it (minisbert/retrieval.py): `fixed_sum` of the float64 products (exact: two float32 numbers
+    multiply without rounding in float64), rounded once to float32. cosine and dot take the rows
+    as scored (unit rows for cosine); euclidean returns sqrt(fixed_sum((q - c)²)), the distance."""
+    queries, rows = queries.to(torch.float64), rows.to(torch.float64)
+    if score == "euclidean":
+        differences = queries - rows
+        return fixed_sum(differences * differences).sqrt().to(torch.float32)
+    return fixed_sum(queries * rows).to(torch.float32)
 
 
 def similarity(a, b, function: str = "cosine") -> torch.Tensor:

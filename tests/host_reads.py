@@ -2,7 +2,7 @@
 
 A GPU runs what the host queues, ahead of it; each time the host needs a value computed there
 (`.item()`, `if tensor:`, a mask's True entries), it stops and waits. Code meant to run on a GPU
-keeps such reads out of its loops: tests/test_device_search.py and tests/test_training.py count them
+keeps such reads out of its loops: tests/test_training.py counts them
 with `HostReads`, on the CPU, where the same calls are made.
 """
 
@@ -12,7 +12,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 # Tensor methods and torch functions that read a tensor's values on the host, or whose result's
 # size depends on its values (so that the host must read it before queueing what follows).
 # Moves to the CPU are not listed: on the CPU, where these tests run, they move nothing (a CUDA test
-# in tests/test_device_search.py catches them).
+# of the training loop would catch them).
 HOST_READS = {
     "item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "nonzero",
     "argwhere", "unique", "unique_consecutive", "masked_select", "repeat_interleave", "equal",

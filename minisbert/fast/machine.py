@@ -67,34 +67,29 @@ def known() -> dict:
 
 def fact(name: str, measure: Callable[[], object]):
     """The kept value of fact `name`, measuring it with `measure()` (JSON-able) if none is kept yet.
-    Processes measure one at a time (a lock beside the file), and one that finds the fact written
-    meanwhile reads it back, so every process on the machine uses the same value."""
+    The first value written wins: the file is read again and written under a lock, so a process that
+    measured at the same time as another takes the other's value, and every process on the machine
+    uses the same one. (The measuring runs outside the lock: it may need other facts.)"""
     global _kept
     if name in known():
         return _kept[name]
+    value = json.loads(json.dumps(measure()))
     path = machine_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_name(path.name + ".lock"), "a")
     except OSError:  # a read-only cache: the fact is kept for this process only
-        _kept[name] = json.loads(json.dumps(measure()))
-        return _kept[name]
+        _kept[name] = value
+        return value
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _kept = None
         facts = known()
         if name not in facts:
-            facts[name] = json.loads(json.dumps(measure()))
+            facts[name] = value
             atomic_write(path, lambda tmp: tmp.write_text(json.dumps(facts, indent=1, sort_keys=True)))
             _kept = facts
-        return _kept[name]
-
-
-def report() -> str:
-    """The machine and each fact kept about it, one a line."""
-    facts = known()
-    lines = [f"machine: {facts.pop('machine')}", f"facts kept in {machine_file()}:"]
-    return "\n".join(lines + [f"  {name}: {value}" for name, value in sorted(facts.items())])
+    return _kept[name]
 
 
 def forget() -> None:

@@ -1,172 +1,104 @@
-"""The screen of the fast CPU search (minisbert/fast/retrieval.py) with its bfloat16 blocks, and the
-merge it shares.
+"""The screens of the fast CPU search, and what they share.
 
-Most of a matrix product of many queries against a corpus chunk is spent on scores that cannot enter
-the top-k. Where the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), a bfloat16 product runs
-about three times as fast as a float32 one, and it is accurate enough to rule those scores out: a
-proven bound on its error (`_error_bounds`, about 2·2^-8 |q| |c|) turns each approximate score into an
-upper bound on the exact one. Once a query's top-k is full, only the entries whose upper bound beats
-its k-th best are scored in float32, one dot product each, and only those can enter. The top-k is
-the same as without screening. Where the scores are too crowded for the bound to rule out enough,
-the block is computed in float32 instead (see `_Screen`). Where torch's int8 product is exact and
-quicker still, the approximate blocks are int8 products instead (minisbert/fast/int8_screen.py's
-`Int8Blocks`); the rest of the screen is the same.
+Most of a matrix product of many queries against a corpus chunk is spent on scores that cannot reach
+the top-k. A screen computes the block approximately, cheaper than float32 (here: bfloat16 products,
+`Bfloat16Blocks`; fast/int8_blocks.py: int8 products; fast/int8_rows.py: one query against a
+prepared corpus's int8 copy), and a proven bound on its error turns each approximate score into an
+upper bound on the float32 one. Every screen implements the same two calls:
 
-Tested through every search in tests/test_retrieval.py (the bound itself in
-test_error_bound_holds_and_is_nearly_reached).
+    load_chunk(chunk)                                 take the next corpus chunk (a `Chunk`)
+    candidates(rows, excluded, doc_start, floor)      (M,) query rows and (M,) chunk rows whose upper
+                                                      bound reaches `floor` (Qc,), or None
+
+`Screen` wraps one: it rescores the candidates in float32 and keeps those at or above the floor
+(the float32 bound of search_inputs.py's `Bounds` then relates them to the exact scores, which
+`settle` computes), and it waits before trying again where screening failed (too many candidates).
+The floor comes from the search: nothing below it can reach the top-k, so a screen changes only
+speed, never a result. Tested through every forced way in tests/test_retrieval.py, and each bound on
+rows built to round badly in tests/test_screens.py.
 """
+
+from dataclasses import dataclass
 
 import torch
 
-from ..search_inputs import TINY, drop_excluded
-from ..similarity import row_norms
+from ..search_inputs import drop_excluded
+from .tuning import GROUP_SIZE, RESCORE_PIECE, UNIT_PIECE_ROWS
 
-# Columns per group in the first, coarse filter of each block (fast/retrieval.py's _merge_block, and
-# the screen's group maxima).
-GROUP_SIZE = 64
-# Candidates scored at once after screening (see _Screen): 1024 x 384 float32 rows take 1.5 MB.
-RESCORE_PIECE = 1024
-# Rows of an undivided cosine chunk made unit rows at once for the bfloat16 copy (`_Screen.load_chunk`):
-# 1.5 MB of float32 for d = 384, which stays in the cache until it is copied.
-UNIT_PIECE_ROWS = 1024
-# Unit roundoffs: rounding to bfloat16 (8 significant bits) or float32 (24) moves a value by at
-# most this fraction of itself.
-BF16_UNIT = 2.0**-8
+BF16_UNIT = 2.0**-8  # rounding to bfloat16 moves a value by at most this fraction of itself
 F32_UNIT = 2.0**-24
+TINY = torch.finfo(torch.float32).tiny
 
 
-def screen_rows(rows: torch.Tensor, norm_terms: torch.Tensor, score: str) -> torch.Tensor:
-    """The (N, d') bfloat16 copy of (N, d) rows as scored that the screen multiplies (see _Screen):
-    the rows themselves, and for euclidean their (N,) squared norms as one more column."""
-    if score != "euclidean":
+@dataclass
+class Chunk:
+    """A corpus chunk as the fast search multiplies it."""
+
+    rows: torch.Tensor  # (n, d) float32 rows multiplied with the queries (unit rows for cosine, maybe undivided)
+    divisors: torch.Tensor | None  # (n, 1) what undivided cosine rows are divided by, else None
+    squared_norms: torch.Tensor | None  # (n,) float32 squared norms, for euclidean's keys
+    largest_norm: float  # an upper bound on the norms of the rows as multiplied
+    kept: object = None  # a prepared corpus's copy of these rows for the screen, if it keeps one
+
+
+def screen_rows(rows: torch.Tensor, squared_norms: torch.Tensor | None) -> torch.Tensor:
+    """The (N, d') bfloat16 copy of (N, d) rows as scored that `Bfloat16Blocks` multiplies: the rows,
+    and for euclidean (given their squared norms) one more column holding them."""
+    if squared_norms is None:
         return rows.to(torch.bfloat16)
-    return torch.cat([rows, norm_terms[:, None]], dim=1).to(torch.bfloat16)
+    return torch.cat([rows, squared_norms[:, None]], dim=1).to(torch.bfloat16)
 
 
-def _merge_candidates(
-    cand_rows: torch.Tensor,
-    cand_indices: torch.Tensor,
-    cand_values: torch.Tensor,
-    top_scores: torch.Tensor,
-    top_indices: torch.Tensor,
-) -> None:
-    """Merge (M,) candidates, sorted by row and then by corpus index, all with higher corpus
-    indices than any already held, into the running (Qc, k) top-k, in place."""
-    if cand_rows.numel() == 0:
-        return
-    k = top_scores.shape[1]
-    # Lay the candidates out as a padded (A, width) matrix, one line per row that gains any.
-    active, line, per_line = torch.unique_consecutive(
-        cand_rows, return_inverse=True, return_counts=True
-    )  # (A,), (M,), (A,)
-    slot = torch.arange(line.numel(), device=line.device) - (per_line.cumsum(0) - per_line)[line]
-    width = int(per_line.max())
-    new_scores = torch.full((active.numel(), width), -torch.inf, device=line.device)
-    new_scores[line, slot] = cand_values
-    new_indices = torch.full_like(new_scores, -1, dtype=torch.long)
-    new_indices[line, slot] = cand_indices
+class Screen:
+    """One screen (`Bfloat16Blocks`, `Int8Blocks`, `Int8Rows`) with the float32 rescoring beside it."""
 
-    # Running entries come first and hold lower indices, new ones follow in index order, so a
-    # stable descending sort orders equal scores by ascending index.
-    scores = torch.cat([top_scores[active], new_scores], dim=1)  # (A, k + width)
-    indices = torch.cat([top_indices[active], new_indices], dim=1)  # (A, k + width)
-    scores, order = scores.sort(dim=1, descending=True, stable=True)
-    top_scores[active] = scores[:, :k]
-    top_indices[active] = indices.gather(1, order[:, :k])
-
-
-class _Screen:
-    """Screening with an approximate matrix product: find the few entries of a block that can
-    enter the running top-k without computing the block in float32.
-
-    The block is computed approximately, here from bfloat16 copies of the queries and the chunk
-    (`Bfloat16Blocks`), or from int8 copies (minisbert/fast/int8_screen.py's `Int8Blocks`). A
-    proven bound on how far each approximate score can lie from the float32 score turns it into
-    an upper bound on that score. Only the entries whose upper bound beats their row's k-th best
-    are scored in float32, one dot product each, and merged. An entry left out provably scores at
-    most the k-th best, so the top-k is the same as with the float32 block.
-    """
-
-    def __init__(self, queries: torch.Tensor, blocks: "Bfloat16Blocks"):
-        """queries (Q, d) float32 as scored (unit rows for cosine); `blocks` makes the approximate
-        blocks and their candidates (`Bfloat16Blocks`, or int8_screen.py's `Int8Blocks`)."""
-        self.queries = queries
-        self.euclidean = blocks.euclidean
-        self.blocks = blocks
-        # Per query chunk (keyed by its first row): screens failed in a row, and blocks left to
-        # compute in float32 before trying again. Each failure doubles the wait, so scores too
-        # crowded to screen cost few wasted approximate products.
+    def __init__(self, queries: torch.Tensor, approximate, euclidean: bool = False):
+        """queries (Q, d) float32 as multiplied (unit rows for cosine); `approximate` the screen."""
+        self.queries, self.approximate, self.euclidean = queries, approximate, euclidean
+        # Per query chunk (keyed by its first row): screens failed in a row, and blocks left to compute
+        # in float32 before trying again. Each failure doubles the wait.
         self.failures: dict[int, int] = {}
         self.wait: dict[int, int] = {}
 
-    def load_chunk(
-        self,
-        chunk: torch.Tensor,
-        largest_norm: torch.Tensor,
-        squared_norms: torch.Tensor | None,
-        kept: torch.Tensor | None = None,
-        divisors: torch.Tensor | None = None,
-    ) -> None:
-        """Take the next (Nc, d) float32 corpus chunk, as scored (unit rows for cosine), an upper
-        bound on its row norms, (for euclidean) its (Nc,) float32 squared row norms, and its
-        (Nc, d') bfloat16 copy if one is kept (`screen_rows`).
-
-        For cosine the chunk may come undivided, with the (Nc, 1) `divisors` that make its unit
-        rows (`search_inputs.unit_divisors`): the approximate copy is then made from unit rows
-        UNIT_PIECE_ROWS at a time, in the cache, and the rows rescored are divided one by one,
-        with the same bits; the search divides the whole chunk only where the screen fails."""
+    def load_chunk(self, chunk: Chunk) -> None:
         self.chunk = chunk
-        self.divisors = divisors
-        self.blocks.load_chunk(chunk, largest_norm, squared_norms, kept, divisors)
+        self.approximate.load_chunk(chunk)
 
-    def merge(
-        self,
-        rows: slice,
-        excluded: torch.Tensor | None,
-        doc_start: int,
-        top_scores: torch.Tensor,
-        top_indices: torch.Tensor,
-    ) -> bool:
-        """Merge the block of query `rows` against the loaded chunk into the running (Qc, k)
-        top-k, in place, and return True; or return False, changing nothing, when the screen
-        would not save work: some row's top-k is not full yet (it has no k-th best to beat), or
-        too many entries survive it.
-        """
-        kth = top_scores[:, -1]  # (Qc,)
-        if not torch.isfinite(kth).all():
-            return False
+    def candidates(self, rows: slice, excluded: torch.Tensor | None, doc_start: int,
+                   floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(M,) query rows (ascending, within `rows`) and (M,) chunk rows of the entries whose float32
+        scores reach the (Qc,) `floor`, or None where the screen would not save work: a floor still
+        -inf (no k-th best to beat yet), or too many entries surviving it."""
+        if not torch.isfinite(floor).all():
+            return None
         if self.wait.get(rows.start, 0) > 0:
             self.wait[rows.start] -= 1
-            return False
-        candidates = self.blocks.candidates(rows, excluded, doc_start, kth)
-        if candidates is None:
+            return None
+        strict = torch.nextafter(floor, floor.new_tensor(-torch.inf))  # screens keep what lies above
+        found = self.approximate.candidates(rows, excluded, doc_start, strict)
+        if found is None:
             self.failures[rows.start] = self.failures.get(rows.start, 0) + 1
             self.wait[rows.start] = 2 ** self.failures[rows.start] - 1
-            return False
+            return None
         self.failures[rows.start] = 0
-        cand_rows, cand_cols = candidates
-        exact = self._rescore(rows, cand_rows, cand_cols)  # (M,)
-        enters = exact > kth[cand_rows]
-        _merge_candidates(
-            cand_rows[enters], cand_cols[enters] + doc_start, exact[enters], top_scores, top_indices
-        )
-        return True
+        cand_rows, cand_cols = found
+        keep = self._rescore(rows, cand_rows, cand_cols) >= floor[cand_rows]
+        return cand_rows[keep], cand_cols[keep]
 
     def _rescore(self, rows: slice, cand_rows: torch.Tensor, cand_cols: torch.Tensor) -> torch.Tensor:
-        """(M,) float32 scores (ranking keys for euclidean) of the candidates, a piece at a time
-        to keep the gathered rows small and in cache."""
-        exact = torch.empty(cand_rows.shape[0], device=cand_rows.device)  # (M,)
-        query_chunk = self.queries[rows]  # (Qc, d)
+        """(M,) float32 scores (keys 2 q·c - |c|² for euclidean) of the candidates, a piece at a time."""
+        scores = torch.empty(cand_rows.shape[0], device=cand_rows.device)  # (M,)
+        query_chunk, chunk = self.queries[rows], self.chunk
         for start in range(0, cand_rows.shape[0], RESCORE_PIECE):
             part = slice(start, start + RESCORE_PIECE)
             query_rows = query_chunk.index_select(0, cand_rows[part])  # (m, d)
-            doc_rows = self.chunk.index_select(0, cand_cols[part])  # (m, d)
-            if self.divisors is not None:  # the unit rows of an undivided chunk, bit for bit
-                doc_rows = torch.div(doc_rows, self.divisors.index_select(0, cand_cols[part]))
+            doc_rows = chunk.rows.index_select(0, cand_cols[part])  # (m, d)
+            if chunk.divisors is not None:  # the unit rows of an undivided chunk, bit for bit
+                doc_rows = torch.div(doc_rows, chunk.divisors.index_select(0, cand_cols[part]))
             if self.euclidean:
                 query_rows = 2 * query_rows - doc_rows  # 2 q·c - |c|² = (2q - c)·c
-            exact[part] = torch.linalg.vecdot(query_rows, doc_rows)
-        return exact
+            scores[part] = torch.linalg.vecdot(query_rows, doc_rows)
+        return scores
 
 
 def block_candidates(
@@ -181,13 +113,8 @@ def block_candidates(
     num_rows, num_groups = group_maxima.shape
     promising = passes(group_maxima, slice(None), slice(None))  # (Qc, W / G)
     block_rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,)
-    # Past these sizes the float32 block is the cheaper way. Measured on a 2-core CPU: each
-    # entry of a float32 block costs about 6 ns (2·384 FLOP), each opened entry about 1 ns,
-    # and each candidate scored on its own about 0.3 µs, mostly gathering its two rows. (With
-    # the wider int8 bound, the second chunk of 1,000 random queries over 200,000 unit rows had
-    # 26% of its groups promising but few enough candidates: refused at a quarter of the groups,
-    # as at first, it and the chunk after it were done in float32, and the search took 1.1 times
-    # as long, on a 2-core AMD EPYC, Zen 4.)
+    # Past these sizes the float32 block is the cheaper way: an opened entry costs about a sixth of a
+    # float32 entry, a candidate rescored on its own about fifty (bench/README.md, "Search").
     block_entries = num_rows * num_groups * GROUP_SIZE
     if block_rows.numel() * GROUP_SIZE * 2 > block_entries:
         return None
@@ -201,56 +128,54 @@ def block_candidates(
 
 
 class Bfloat16Blocks:
-    """The approximate blocks of the bfloat16 screen (`_Screen`): products of bfloat16 copies of
-    the queries and the chunk, and the bound `_error_bounds` on their error.
+    """The approximate blocks of the bfloat16 screen: products of bfloat16 copies of the queries and
+    the chunk, and the bound `_error_bounds` on their error. Where the CPU multiplies bfloat16
+    natively a block takes about a third of the float32 one's time (bench/README.md, "Search").
 
-    For euclidean the ranking key 2 q·c - |c|² is one dot product of longer vectors,
-    [2q, -1]·[c, |c|²], so it is screened the same way.
+    For euclidean the key 2 q·c - |c|² is one dot product of longer vectors, [2q, -1]·[c, |c|²], so it
+    is screened the same way.
     """
 
     def __init__(self, queries: torch.Tensor, score: str, query_chunk_size: int, width: int, kept: bool = False):
-        """queries (Q, d) float32 as scored; blocks of at most query_chunk_size x width entries;
+        """queries (Q, d) float32 as multiplied; blocks of at most query_chunk_size x width entries;
         `kept`: the corpus keeps its own bfloat16 copy (a prepared corpus)."""
         self.euclidean = score == "euclidean"
-        self.query_norms = row_norms(queries)  # (Q,)
+        self.query_norms = torch.linalg.vector_norm(queries.double(), dim=1).float() * (1 + 2.0**-20)  # (Q,) bounds
         if self.euclidean:
             queries = torch.cat([2 * queries, -torch.ones_like(queries[:, :1])], dim=1)  # (Q, d + 1)
         self.queries_bf16 = queries.to(torch.bfloat16)  # (Q, d'), d' = d + 1 for euclidean
         rows = min(query_chunk_size, queries.shape[0])
         bf16 = {"dtype": torch.bfloat16, "device": queries.device}
         self.block_buffer = torch.empty(rows * width, **bf16)
-        # A prepared corpus keeps its own bfloat16 copy (`kept`); otherwise each chunk is copied here.
         self.chunk_buffer = None if kept else torch.empty(width, queries.shape[1], **bf16)
         self.unit_piece = None  # float32 unit rows of a piece of an undivided chunk (`load_chunk`)
         self.width = width
 
-    def load_chunk(self, chunk: torch.Tensor, largest_norm: torch.Tensor, squared_norms: torch.Tensor | None,
-                   kept: torch.Tensor | None, divisors: torch.Tensor | None) -> None:
-        """See `_Screen.load_chunk`: make (or take the kept) bfloat16 copy of the chunk."""
-        self.num_docs, self.dim = chunk.shape
-        self.largest_norm = largest_norm
-        if kept is not None:
-            self.chunk_bf16 = kept
+    def load_chunk(self, chunk: Chunk) -> None:
+        """Make (or take the kept) bfloat16 copy of the chunk."""
+        self.num_docs, self.dim = chunk.rows.shape
+        self.largest_norm = chunk.largest_norm
+        if chunk.kept is not None:
+            self.chunk_bf16 = chunk.kept
             return
-        self.chunk_bf16 = self.chunk_buffer[: chunk.shape[0]]  # (Nc, d')
-        if divisors is not None:
+        self.chunk_bf16 = self.chunk_buffer[: self.num_docs]  # (Nc, d')
+        if chunk.divisors is not None:  # unit rows made a piece at a time, in the cache
             if self.unit_piece is None:
-                self.unit_piece = torch.empty(min(UNIT_PIECE_ROWS, self.width), chunk.shape[1], device=chunk.device)
+                self.unit_piece = torch.empty(min(UNIT_PIECE_ROWS, self.width), self.dim, device=chunk.rows.device)
             piece_rows = self.unit_piece.shape[0]
-            for start in range(0, chunk.shape[0], piece_rows):
+            for start in range(0, self.num_docs, piece_rows):
                 rows = slice(start, start + piece_rows)
-                unit = torch.div(chunk[rows], divisors[rows], out=self.unit_piece[: chunk[rows].shape[0]])
-                self.chunk_bf16[rows] = unit
+                piece = chunk.rows[rows]
+                self.chunk_bf16[rows] = torch.div(piece, chunk.divisors[rows], out=self.unit_piece[: piece.shape[0]])
             return
-        self.chunk_bf16[:, : chunk.shape[1]] = chunk
+        self.chunk_bf16[:, : self.dim] = chunk.rows
         if self.euclidean:
-            self.chunk_bf16[:, -1] = squared_norms
+            self.chunk_bf16[:, -1] = chunk.squared_norms
 
-    def candidates(
-        self, rows: slice, excluded: torch.Tensor | None, doc_start: int, kth: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(M,) block rows and (M,) chunk columns of the entries that may beat the (Qc,) k-th
-        best scores, sorted by row and then by column; None if too many survive."""
+    def candidates(self, rows: slice, excluded: torch.Tensor | None, doc_start: int,
+                   kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(M,) block rows and (M,) chunk columns of the entries whose float32 scores may lie above
+        the (Qc,) `kth`, sorted by row and then by column; None if too many survive."""
         num_rows, num_docs = kth.shape[0], self.num_docs
         approximate = self.block_buffer[: num_rows * self.width].view(num_rows, self.width)
         torch.mm(self.queries_bf16[rows], self.chunk_bf16.T, out=approximate[:, :num_docs])
@@ -297,7 +222,7 @@ def _error_bounds(
     query_norms: torch.Tensor, largest_norm: torch.Tensor, dim: int, euclidean: bool
 ) -> torch.Tensor:
     """(Qc,) bounds on |s̃ - s| for every row c of a chunk, where s̃ is the float32 sum of
-    q̃·c̃ (q and c rounded to bfloat16) and s is q·c as `_Screen._rescore` computes it in float32,
+    q̃·c̃ (q and c rounded to bfloat16) and s is q·c as `Screen._rescore` computes it in float32,
     for d-long queries with norms `query_norms` and rows with norms at most `largest_norm`. For
     euclidean, q and c stand for [2q, -1] and [c, |c|²] (d + 1 long), the norms for |q| and |c|.
 

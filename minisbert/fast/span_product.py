@@ -17,21 +17,15 @@ a time, PIECE_ENTRIES / Q' rows, so that the (piece, Q') product is copied while
 the cache; the copy reads and writes Q' numbers per corpus row, against the d it reads to make
 them.
 
-Which is quickest depends on the processor, by large factors, so no rule is written down. Over
-200,000 x 384 rows on a 2-core AMD EPYC (Zen 4, AVX-512; torch 2.13 with MKL), 2 factor rows took
-65 ms as "queries", 9 ms as "rows" and 22 ms as "onednn"; 17 rows took 50, 47 and 22 ms; one row,
-28 ms by MKL's matrix-vector kernel. On a 2-core Intel Xeon with AMX, an earlier measurement (before
-this choice existed) found the (Q', n) layout the quicker for 2 or 3 rows. The first time a search
-meets a number of factor rows (rounded up to a power of two), `way` times each way on a probe of
-64 MB of rows (fewer for many factor rows), in turns, keeping each one's best of a few rounds, and
-uses the quickest for the rest of the process; that first search takes 0.1-0.2 s longer (Zen 4,
-d = 384). The environment variable
-MINISBERT_SPAN_PRODUCT=queries, rows or onednn skips the measurement and forces one; unset (or
-"auto") measures.
+Which is quickest depends on the processor, by large factors (bench/README.md, "Search"), so no
+rule is written down: the first search on a machine that meets a number of factor rows (rounded up
+to a power of two) times each way on a probe of PROBE_BYTES of rows, in turns, keeping each one's
+best of a few rounds, and keeps the quickest as a fact of the machine (minisbert/fast/machine.py),
+which every later process reads back. The environment variable MINISBERT_SPAN_PRODUCT=queries,
+rows or onednn forces one.
 
-Every way computes each score as a float32 dot product of the same two vectors, summed in the
-order its kernel sums: scores agree to float32 rounding (tests/test_retrieval.py checks each way
-forced against brute force).
+Every way sums each score in its own order, so the scores agree to float32 rounding; the search
+rescores every candidate exactly (minisbert/retrieval.py), so results never depend on the way.
 """
 
 import math
@@ -41,22 +35,11 @@ import time
 import torch
 
 from .. import cpu
+from .machine import fact
+from .tuning import PIECE_ENTRIES, PROBE_BYTES, PROBE_FLOP, PROBE_ROUNDS
 
 WAYS = ("queries", "rows", "onednn")
-WAY_VARIABLE = "MINISBERT_SPAN_PRODUCT"  # one of WAYS forces it; unset or "auto" measures
-PROBE_BYTES = 2**26  # the probe's float32 rows: more than a 2-core machine's caches hold ...
-PROBE_FLOP = 2**30  # ... unless that would take more than this many FLOP per product (many rows)
-PROBE_ROUNDS = 3  # timed rounds per way, after one untimed round
-# Entries of the (piece, Q') product of the "rows" and "onednn" ways (256 KB of float32, which a
-# core's L2 cache holds), so a piece has PIECE_ENTRIES / Q' corpus rows. On a 2-core AMD EPYC
-# (Zen 4): over 200,000 x 384 rows with 16 queries (17 factor rows), oneDNN took 42.7 ms in one
-# product per span and 33 ms in pieces of 4096 rows, the product of each in the cache when it is
-# copied; with one query (two factor rows), spans of 524,224 rows were multiplied at 31.6 GB/s in
-# pieces of 4096 rows and 33.8 GB/s in pieces of 32,768.
-PIECE_ENTRIES = 2**16
-# The way chosen for each (factor rows rounded up to a power of two, d, threads), for the life of
-# the process.
-_chosen = {}
+WAY_VARIABLE = "MINISBERT_SPAN_PRODUCT"  # one of WAYS forces it; unset or "auto": the machine's fact
 
 
 class SpanProduct:
@@ -103,7 +86,7 @@ def runs(name: str, device: torch.device) -> bool:
 
 def way(factor_rows: int, dim: int, device: torch.device) -> str:
     """The way to multiply `factor_rows` rows of `dim` numbers with spans of rows: forced by
-    MINISBERT_SPAN_PRODUCT, else the quickest as measured."""
+    MINISBERT_SPAN_PRODUCT, else the quickest as measured once on this machine."""
     forced = os.environ.get(WAY_VARIABLE, "auto")
     if forced not in WAYS + ("auto",):
         raise ValueError(f"{WAY_VARIABLE}={forced!r}: choose one of {list(WAYS)}, or auto (the default)")
@@ -116,10 +99,7 @@ def way(factor_rows: int, dim: int, device: torch.device) -> str:
     if device.type != "cpu":
         return "queries"
     rounded = 2 ** math.ceil(math.log2(max(1, factor_rows)))
-    key = (rounded, dim, torch.get_num_threads())
-    if key not in _chosen:
-        _chosen[key] = _quickest(rounded, dim, device)
-    return _chosen[key]
+    return fact(f"span product, {rounded} x {dim}", lambda: _quickest(rounded, dim, device))
 
 
 def _quickest(factor_rows: int, dim: int, device: torch.device) -> str:

@@ -1,29 +1,30 @@
-"""Tests for the int8 screens (minisbert/fast/int8_screen.py): of a one-query search over a prepared
-corpus, and the int8 blocks of a search of many queries. Their bounds hold for every row or entry,
-the one-query screen rules out almost every row of ordinary embeddings, and a search through either
-finds what the plain search and brute force find, ties and left-out rows included.
+"""Tests for the int8 screens: of a one-query search over a prepared corpus (minisbert/fast/int8_rows.py)
+and the int8 blocks of a search of many queries (minisbert/fast/int8_blocks.py). Their bounds hold for
+every row or entry, the one-query screen rules out almost every row of ordinary embeddings, a search
+through either finds what the plain search and brute force find, ties and left-out rows included,
+and which searches take them (minisbert/search.py's WAYS).
 
-tests/test_retrieval.py runs every one-query search over a prepared corpus through the screen too
-(its corpora are prepared with screen=True); on its small corpora most spans are too short to screen.
+tests/test_one_answer.py runs every way, these among them, against the plain loop on corpora built to tie.
 """
 
 import pytest
 import torch
 
-from minisbert.fast import int8_screen
-from minisbert.search import load_corpus, prepare_corpus, search
-
-from minisbert.search_inputs import unit_divisors
+from minisbert.fast import int8_blocks, int8_rows
+from minisbert.fast.retrieval import kept
+from minisbert.fast.screen import Chunk
+from minisbert.search import choose_way, load_corpus, prepare_corpus, search
+from minisbert.search_inputs import check_inputs
 
 from .test_retrieval import assert_matches_brute_force, brute_force, count_calls, two_norm_embeddings
 
-needs_int8 = pytest.mark.skipif(not int8_screen.int8_product_runs(24, torch.device("cpu")),
+needs_int8 = pytest.mark.skipif(not int8_rows.int8_product_runs(24, torch.device("cpu")),
                                 reason="torch's int8 product does not run exactly on this CPU")
 
 
 def screened_spans(monkeypatch) -> list:
-    """Record what each OneQueryScreen.merge returns: True for a span the screen merged."""
-    return count_calls(monkeypatch, int8_screen.OneQueryScreen, "merge")
+    """Record what each Int8RowsScreen.candidates returns: None where a span failed the screen."""
+    return count_calls(monkeypatch, int8_rows.Int8RowsScreen, "candidates")
 
 
 def exact_problem(score: str, rows: int, generator: torch.Generator):
@@ -48,7 +49,7 @@ def test_one_query_through_the_int8_screen_finds_what_the_plain_search_finds(sco
     corpus = exact_problem(score, 20000, generator)
     merged = screened_spans(monkeypatch)
     prepared = prepare_corpus(corpus, score=score, screen=True)
-    assert prepared.int8 is not None
+    assert kept(prepared, "int8") is not None
     for row in (0, 5000, 19999):
         query = corpus[row : row + 1]
         ids = {"query_ids": [f"d{row}"], "corpus_ids": [f"d{i}" for i in range(corpus.shape[0])]}
@@ -57,7 +58,7 @@ def test_one_query_through_the_int8_screen_finds_what_the_plain_search_finds(sco
                 scores, indices = search(query, prepared, k, **kwargs)
                 plain_scores, plain_indices = search(query, corpus, k, score=score, fast=False, **kwargs)
                 assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
-    assert any(merged), "no span went through the screen"
+    assert any(result is not None for result in merged), "no span went through the screen"
 
 
 @needs_int8
@@ -69,14 +70,14 @@ def test_random_embeddings_through_the_int8_screen_match_brute_force(score, monk
     path = tmp_path / "corpus.safetensors"
     prepare_corpus(corpus, score=score).save(path)
     for prepared in (prepare_corpus(corpus, score=score, screen=True), load_corpus(path, screen=True)):
-        assert prepared.int8 is not None
+        assert kept(prepared, "int8") is not None
         for _ in range(5):
             query = torch.randn(1, 64, generator=generator)
             _, indices = search(query, prepared, 10)
             assert torch.equal(indices, brute_force(query, corpus, 10, score)[1])
-    # Each search's first span finds its first k-th best in float32 (merge returns False there);
+    # Each search's first span finds its first k-th best in float32 (the screen is not tried there);
     # every later span must pass the screen.
-    assert merged.count(False) == 10 and merged.count(True) >= 10, merged
+    assert len(merged) >= 10 and all(result is not None for result in merged), merged
 
 
 @pytest.mark.parametrize("dim", [24, 384])
@@ -95,14 +96,14 @@ def test_int8_bound_holds(dim):
     rows[900:1000] *= 2.0**52
     rows[1000] = 0
     rows[1001:1100] = torch.randint(-63, 64, (99, dim), generator=generator) / 8
-    kept = int8_screen.int8_rows(rows)
+    copy = int8_rows.int8_rows(rows)
     largest = rows.abs().amax(dim=1)
-    outside = (largest < int8_screen.SMALLEST_ENTRY) | (largest > int8_screen.LARGEST_ENTRY)
-    assert torch.isposinf(kept.error_norms[outside]).all() and torch.isfinite(kept.error_norms[~outside]).all()
+    outside = (largest < int8_rows.SMALLEST_ENTRY) | (largest > int8_rows.LARGEST_ENTRY)
+    assert torch.isposinf(copy.error_norms[outside]).all() and torch.isfinite(copy.error_norms[~outside]).all()
     for query in (torch.randn(1, dim, generator=generator), rows[1001:1002], rows[:1] * 2.0**-20):
-        screen = int8_screen.OneQueryScreen(query, kept, rows.shape[0])
+        screen = int8_rows.Int8RowsScreen(query, rows.shape[0])
         assert screen.usable()
-        bounds = screen.upper_bounds(kept).double()
+        bounds = screen.upper_bounds(copy).double()
         float32_scores = torch.mv(rows, query[0]).double()
         exact = rows.double() @ query[0].double()
         finite = torch.isfinite(float32_scores)
@@ -119,16 +120,15 @@ def test_the_int8_bound_is_close_enough_to_screen():
     rows /= rows.norm(dim=1, keepdim=True)
     query = torch.randn(1, 384, generator=generator)
     query /= query.norm()
-    kept = int8_screen.int8_rows(rows)
-    screen = int8_screen.OneQueryScreen(query, kept, rows.shape[0])
-    margin = screen.upper_bounds(kept).double() - rows.double() @ query[0].double()
+    copy = int8_rows.int8_rows(rows)
+    screen = int8_rows.Int8RowsScreen(query, rows.shape[0])
+    margin = screen.upper_bounds(copy).double() - rows.double() @ query[0].double()
     assert float(margin.max()) < 0.1
 
 
 def test_queries_outside_the_screened_range_are_not_screened():
-    kept = int8_screen.int8_rows(torch.randn(10, 8))
     for scale in (0.0, 2.0**-31, 2.0**51):
-        assert not int8_screen.OneQueryScreen(torch.full((1, 8), scale), kept, 10).usable()
+        assert not int8_rows.Int8RowsScreen(torch.full((1, 8), scale), 10).usable()
 
 
 def test_an_int8_product_that_saturates_is_not_used(monkeypatch):
@@ -141,22 +141,18 @@ def test_an_int8_product_that_saturates_is_not_used(monkeypatch):
         return (fours.sum(1) - 128 * column[:, 0].long().sum()).int()[:, None]
 
     monkeypatch.setattr(torch, "_int_mm", saturating)
-    int8_screen._int8_product_runs.cache_clear()
-    try:
-        assert not int8_screen.int8_product_runs(24, torch.device("cpu"))
-    finally:
-        int8_screen._int8_product_runs.cache_clear()
+    assert not int8_rows._int8_product_runs(24)  # what the machine's fact is measured by
 
 
 def test_which_corpora_keep_an_int8_copy():
     corpus = torch.randn(100, 24)
-    assert prepare_corpus(corpus, screen=False).int8 is None
-    assert prepare_corpus(corpus, score="euclidean", screen=True).int8 is None
-    assert prepare_corpus(torch.randn(10, 5000), screen=True).int8 is None  # 5000 · 63² >= 2^24
-    if int8_screen.int8_product_runs(24, torch.device("cpu")):
-        assert prepare_corpus(corpus, score="dot", screen=True).int8 is not None
+    assert kept(prepare_corpus(corpus, screen=False), "int8") is None
+    assert kept(prepare_corpus(corpus, score="euclidean", screen=True), "int8") is None
+    assert kept(prepare_corpus(torch.randn(10, 5000), screen=True), "int8") is None  # 5000 · 63² >= 2^24
+    if int8_rows.int8_product_runs(24, torch.device("cpu")):
+        assert kept(prepare_corpus(corpus, score="dot", screen=True), "int8") is not None
     # By default, where the int8 product is measured quicker than the float32 one.
-    assert (prepare_corpus(corpus).int8 is not None) == int8_screen.int8_screen_pays(24)
+    assert (kept(prepare_corpus(corpus), "int8") is not None) == int8_rows.int8_screen_pays(24)
 
 
 @needs_int8
@@ -165,32 +161,32 @@ def test_one_query_that_cannot_be_screened_is_searched_in_float32(monkeypatch):
     corpus = torch.randn(20000, 24)
     prepared = prepare_corpus(corpus, score="dot", screen=True)
     query = torch.randn(1, 24) * 2.0**-40
-    _, indices = search(query, prepared, 5)
+    _, indices = search(query, prepared, 5, way="spans, int8")
     assert torch.equal(indices, brute_force(query, corpus, 5, "dot")[1])
     assert merged == []
 
 
 # ---- The int8 blocks of a search of many queries -------------------------------------------------
 
-needs_int8_blocks = pytest.mark.skipif(not int8_screen.int8_blocks_exact(24),
+needs_int8_blocks = pytest.mark.skipif(not int8_blocks.int8_blocks_exact(24),
                                        reason="torch's int8 product is not exact for rows of 127 on this CPU")
 
 
 def screened_blocks(monkeypatch) -> list:
     """Record what each Int8Blocks.candidates call returns: None where the block failed the screen."""
-    return count_calls(monkeypatch, int8_screen.Int8Blocks, "candidates")
+    return count_calls(monkeypatch, int8_blocks.Int8Blocks, "candidates")
 
 
 def loaded_blocks(queries, rows, divided: bool):
     """Int8Blocks for `queries` with `rows` loaded as one chunk: as given (dot; or unit rows),
     or undivided with the divisors that make unit rows (`divided`); and the rows as scored."""
-    blocks = int8_screen.Int8Blocks(queries, queries.shape[0], -(-rows.shape[0] // 64) * 64)
+    blocks = int8_blocks.Int8Blocks(queries, queries.shape[0], -(-rows.shape[0] // 64) * 64)
     norms = torch.linalg.vector_norm(rows, dim=1)
     if divided:
-        divisors = unit_divisors(norms)
-        blocks.load_chunk(rows, torch.tensor(1 + 2 * (rows.shape[1] + 2) * 2.0**-24), None, None, divisors)
+        divisors = norms.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
+        blocks.load_chunk(Chunk(rows, divisors, None, 1 + 2.0**-10, None))
         return blocks, rows / divisors
-    blocks.load_chunk(rows, norms.amax(), None, None, None)
+    blocks.load_chunk(Chunk(rows, None, None, float(norms.amax()), None))
     return blocks, rows
 
 
@@ -242,7 +238,7 @@ def test_many_queries_through_the_int8_screen_match_brute_force(score, monkeypat
     queries, corpus = torch.randn(300, 32, generator=generator), torch.randn(20000, 32, generator=generator)
     corpus[:5000] *= 3.0  # rows of two sizes for dot
     screened = screened_blocks(monkeypatch)
-    assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=2000, int8_screen=True)
+    assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=2000, way="blocks, int8")
     assert len(screened) == 9 and all(result is not None for result in screened), screened
 
 
@@ -262,7 +258,7 @@ def test_many_queries_through_the_int8_screen_find_what_the_plain_search_finds(s
         for kwargs in ({}, ids):
             plain_scores, plain_indices = search(queries, corpus, k, score=score, fast=False, **kwargs)
             for searched in (corpus, prepare_corpus(corpus, score=score)):
-                scores, indices = search(queries, searched, k, score=score, int8_screen=True, **kwargs)
+                scores, indices = search(queries, searched, k, score=score, way="blocks, int8", **kwargs)
                 assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
     assert any(result is not None for result in screened), "no block went through the screen"
 
@@ -284,10 +280,10 @@ def test_queries_and_rows_the_int8_blocks_cannot_scale_are_still_found(score):
     if score == "dot":
         corpus[2000:3000] = 0
     corpus[5000:6000] *= 2.0**-34
-    _, indices = search(queries, corpus, 10, score=score, corpus_chunk_size=1000, int8_screen=True)
+    _, indices = search(queries, corpus, 10, score=score, corpus_chunk_size=1000, way="blocks, int8")
     _, plain_indices = search(queries, corpus, 10, score=score, fast=False)
     assert torch.equal(indices[:3], plain_indices[:3])
-    assert_matches_brute_force(queries[1:], corpus, 10, score, corpus_chunk_size=1000, int8_screen=True)
+    assert_matches_brute_force(queries[1:], corpus, 10, score, corpus_chunk_size=1000, way="blocks, int8")
 
 
 def test_an_int8_block_product_that_saturates_is_not_used(monkeypatch):
@@ -300,52 +296,33 @@ def test_an_int8_block_product_that_saturates_is_not_used(monkeypatch):
 
     assert saturating(torch.ones(2, 4, dtype=torch.int8), torch.ones(4, 3, dtype=torch.int8)).eq(4).all()
     monkeypatch.setattr(torch, "_int_mm", saturating)
-    int8_screen.int8_blocks_exact.cache_clear()
-    try:
-        assert not int8_screen.int8_blocks_exact(24)
-    finally:
-        int8_screen.int8_blocks_exact.cache_clear()
+    assert not int8_blocks._int8_blocks_exact(24)  # what the machine's fact is measured by
+
+
+def ways(num_queries, corpus, score="cosine"):
+    """The way minisbert/search.py's WAYS chooses for a search of `num_queries` over `corpus`."""
+    return choose_way(check_inputs(torch.randn(num_queries, 24), corpus, 5, score, 1024, None, None, None, None))
 
 
 def test_which_searches_screen_with_int8_blocks():
-    # Never for euclidean, nor with int8_screen=False; with int8_screen=True wherever the product is
-    # exact; by default where it is measured to pay.
-    from minisbert.fast.retrieval import _many_query_blocks
-    from minisbert.fast.screen import Bfloat16Blocks
-    from minisbert.search_inputs import check_inputs
-
-    def blocks(score, bf16_screen, int8):
-        inputs = check_inputs(torch.randn(300, 24), torch.randn(100, 24), 5, score, 1024, None, None, None, None)
-        return _many_query_blocks(inputs, bf16_screen, int8)
-
-    exact = int8_screen.int8_blocks_exact(24)
-    assert blocks("euclidean", True, True) is Bfloat16Blocks and blocks("euclidean", False, True) is None
-    assert blocks("cosine", True, False) is Bfloat16Blocks and blocks("dot", False, False) is None
-    assert blocks("cosine", False, True) is (int8_screen.Int8Blocks if exact else None)
-    pays = int8_screen.int8_blocks_pay(24, True)
-    assert blocks("dot", True, None) is (int8_screen.Int8Blocks if pays else Bfloat16Blocks)
+    # Never for euclidean; by default where the int8 product is exact and measured to pay.
+    corpus = torch.randn(20_000, 24)
+    pays = int8_blocks.int8_blocks_pay(24, True) if int8_blocks.int8_blocks_exact(24) else False
+    assert ways(300, corpus, "euclidean") != "blocks, int8"
+    assert (ways(300, corpus, "dot") == "blocks, int8") == pays
+    with pytest.raises(ValueError, match="cannot run here"):
+        search(torch.randn(300, 24), corpus, 5, score="euclidean", way="blocks, int8")
 
 
-def test_int8_screen_needs_the_fast_path():
-    with pytest.raises(ValueError, match="int8_screen=True needs the fast path"):
-        search(torch.randn(3, 4), torch.randn(10, 4), 2, int8_screen=True, fast=False)
-
-
-@needs_int8_blocks
-def test_with_int8_blocks_the_search_by_blocks_starts_at_fewer_queries(monkeypatch):
-    # Over embeddings as given, from FEW_QUERIES_INT8 + 1 queries when the blocks are int8 ones,
-    # from FEW_QUERIES + 1 otherwise; over a prepared corpus from FEW_QUERIES_PREPARED + 1 either way.
-    from minisbert.fast import retrieval as fast_retrieval
-
-    by_blocks = count_calls(monkeypatch, fast_retrieval, "_search_many")
-    corpus = torch.randn(500, 24)
-    prepared = prepare_corpus(corpus)
-    for num_queries, searched, int8, expected in (
-        (fast_retrieval.FEW_QUERIES_INT8, corpus, True, 0),
-        (fast_retrieval.FEW_QUERIES_INT8 + 1, corpus, True, 1),
-        (fast_retrieval.FEW_QUERIES, corpus, False, 0),
-        (fast_retrieval.FEW_QUERIES_PREPARED, prepared, True, 0),
-    ):
-        by_blocks.clear()
-        search(torch.randn(num_queries, 24), searched, 5, int8_screen=int8)
-        assert len(by_blocks) == expected, (num_queries, int8)
+def test_which_way_each_search_takes():
+    from minisbert.fast import tuning
+    corpus = torch.randn(20_000, 24)
+    small = torch.randn(tuning.SMALL_CORPUS_ROWS, 24)
+    prepared = prepare_corpus(corpus, screen=True)
+    pays = int8_blocks.int8_blocks_exact(24) and int8_blocks.int8_blocks_pay(24, True)
+    few = tuning.FEW_QUERIES_INT8 if pays else tuning.FEW_QUERIES
+    assert ways(1, small) == ways(few, small) == "one span"
+    assert ways(few, corpus) == "spans" and ways(few + 1, corpus).startswith("blocks")
+    assert ways(1, prepared) == ("spans, int8" if kept(prepared, "int8") is not None else "spans")
+    assert ways(tuning.FEW_QUERIES_PREPARED, prepared) == "spans, bfloat16"
+    assert ways(tuning.FEW_QUERIES_PREPARED + 1, prepared).startswith("blocks")

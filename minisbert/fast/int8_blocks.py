@@ -1,0 +1,186 @@
+"""The int8 screen of a search of many queries (`Int8Blocks`; a screen as fast/screen.py describes).
+
+Where torch's int8 product is exact for integers in [-127, 127] (with AVX512-VNNI it is; without,
+oneDNN saturates: fast/int8_rows.py says how) and quicker than the product it replaces, it makes the
+approximate blocks of a search of many queries (bench/README.md, "Search"). Its bound is wider than
+bfloat16's, so more entries are rescored on their own.
+
+The products must order the entries of a query's row of the block as their scores do, so that a
+group's largest integer bounds the group (fast/screen.py's `block_candidates`). So all the rows of a
+piece of INT8_PIECE_ROWS rows (a whole number of groups) share one scale: s = m / 127, m the
+piece's largest |c_i| (of its unit rows for cosine, made as the search makes them), and
+c' = round(c / s). Each entry is then off by at most s (1/2 + 2^-14) (the float32 division, or a
+multiplication by 1 / s, adds less than 2^-15). Each query has its own scale s_q, q' and
+e_q = q - s_q q' (in float64). Writing q̂ = s_q q' and ĉ = s c',
+    q·c - q̂·ĉ = q̂·(c - ĉ) + e_q·c,   so   |q·c - s_q s (q'·c')| <= s_q s L1(q') (1/2 + 2^-14) + |e_q| R,
+with L1(q') = sum_i |q'_i| and R the chunk's largest row norm. The float32 score that decides
+(`Screen._rescore`) lies within γ |q| R of q·c (γ as in screen.py's `_summation_error`). So an
+entry can beat the k-th best only if its integer q'·c' is above
+    T = floor((kth - B) / (s_q s)),   B = (s_q s L1(q') (1/2 + 2^-14) + (|e_q| + γ |q|) R) · 1.01,
+computed in float64 (its roundings, below 2^-40 of |T|, are covered by the 1%, since B / (s_q s) is
+at least 63). The comparisons are then between integers. A query or a piece whose largest entry
+lies outside [2^-30, 2^50] (zero among them) is not screened: T is the lowest int32.
+"""
+
+import torch
+
+from ..search_inputs import drop_excluded
+from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY
+from .machine import fact
+from .screen import GROUP_SIZE, Chunk, _summation_error, block_candidates
+from .span_product import best_times
+from .tuning import INT8_BLOCKS_RATIO, INT8_PIECE_ROWS
+
+MANY_LEVELS = 127
+# Query rows are padded to a multiple of this many: the probe checks such shapes only ((1, d) @ (d, N)
+# came out wrong on one CPU).
+QUERY_ROWS_MULTIPLE = 64
+SENTINEL = torch.iinfo(torch.int32).min  # the product of an entry left out or past the chunk
+
+
+class Int8Blocks:
+    """The approximate blocks of the int8 screen of many queries (module docstring). For cosine and
+    dot; euclidean is not screened so."""
+
+    def __init__(self, queries: torch.Tensor, query_chunk_size: int, width: int):
+        """queries (Q, d) float32 as scored; blocks of at most query_chunk_size x width entries."""
+        self.query_values, self.query_scales, self.query_terms, self.usable = _quantize_rows(queries)
+        rows = -(-min(query_chunk_size, queries.shape[0]) // QUERY_ROWS_MULTIPLE) * QUERY_ROWS_MULTIPLE
+        device = queries.device
+        self.padded_queries = torch.zeros(rows, queries.shape[1], dtype=torch.int8, device=device)
+        self.block_buffer = torch.empty(rows * width, dtype=torch.int32, device=device)
+        self.chunk_buffer = torch.empty(width, queries.shape[1], dtype=torch.int8, device=device)
+        self.piece = torch.empty(min(INT8_PIECE_ROWS, width), queries.shape[1], device=device)
+
+    def load_chunk(self, chunk: Chunk) -> None:
+        """The chunk's int8 copy, with one scale for each piece of INT8_PIECE_ROWS rows (a bfloat16
+        copy kept by a prepared corpus is not used)."""
+        divisors, chunk, self.largest_norm = chunk.divisors, chunk.rows, chunk.largest_norm
+        self.num_docs, self.dim = chunk.shape
+        piece_rows = self.piece.shape[0]
+        scales = []  # float64 s of each piece; 0 for a piece not screened
+        for start in range(0, self.num_docs, piece_rows):
+            rows = slice(start, min(start + piece_rows, self.num_docs))
+            piece = chunk[rows]
+            if divisors is not None:  # unit rows, with the bits the search gives them
+                piece = torch.div(piece, divisors[rows], out=self.piece[: rows.stop - start])
+            smallest, largest = (float(value) for value in torch.aminmax(piece))
+            largest = max(-smallest, largest)
+            if not SMALLEST_ENTRY <= largest <= LARGEST_ENTRY:  # zeros, or too small or large to scale
+                self.chunk_buffer[rows] = 0
+                scales.append(0.0)
+                continue
+            scale = float(torch.tensor(largest / MANY_LEVELS, dtype=torch.float32))
+            steps = torch.div(piece, scale, out=self.piece[: rows.stop - start])  # (in place if unit rows)
+            self.chunk_buffer[rows] = steps.round_().clamp_(-MANY_LEVELS, MANY_LEVELS)
+            scales.append(scale)
+        self.scales = torch.tensor(scales, dtype=torch.float64, device=chunk.device)  # (pieces,)
+
+    def candidates(self, rows: slice, excluded: torch.Tensor | None, doc_start: int,
+                   kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """See fast/screen.py's `Bfloat16Blocks.candidates`."""
+        num_rows, num_docs = kth.shape[0], self.num_docs
+        padded_rows = -(-num_rows // QUERY_ROWS_MULTIPLE) * QUERY_ROWS_MULTIPLE
+        width = -(-num_docs // GROUP_SIZE) * GROUP_SIZE  # the chunk's rows in whole groups
+        self.padded_queries[:num_rows] = self.query_values[rows]  # rows past them: unused products
+        products = self.block_buffer[: padded_rows * width].view(padded_rows, width)
+        torch._int_mm(self.padded_queries[:padded_rows], self.chunk_buffer[:width].T, out=products)
+        products = products[:num_rows]  # (Qc, W)
+        if num_docs < width:
+            products[:, num_docs:] = SENTINEL
+        if excluded is not None:
+            drop_excluded(products[:, :num_docs], excluded, rows.start, doc_start, SENTINEL)
+        # Each group lies in one piece (INT8_PIECE_ROWS is a whole number of groups): its threshold.
+        piece_thresholds = self._thresholds(rows, kth)  # (Qc, pieces) int32
+        groups_per_piece = self.piece.shape[0] // GROUP_SIZE
+        groups = products.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
+        group_maxima = groups.amax(dim=2)  # (Qc, W / G)
+        thresholds = piece_thresholds.repeat_interleave(groups_per_piece, dim=1)[:, : group_maxima.shape[1]]
+
+        def passes(values: torch.Tensor, block_rows, group) -> torch.Tensor:
+            threshold = thresholds[block_rows, group]
+            return values > (threshold if values.dim() == threshold.dim() else threshold[:, None])
+
+        return block_candidates(groups, group_maxima, passes)
+
+    def bounds(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Qc, pieces) float64 s_q s and B for the query `rows` and each piece of the loaded
+        chunk: |s_fl - s_q s (q'·c')| <= B for each of their entries (the comment above
+        Int8Blocks; B with its 1%); s_q s is 0 where the query or the piece is not screened."""
+        scales = self.query_scales[rows, None] * self.scales  # (Qc, pieces)
+        l1_norms, error_norms, norms = self.query_terms[rows, :, None].unbind(dim=1)  # (Qc, 1) each
+        gamma = _summation_error(self.dim)
+        bounds = scales * l1_norms * (0.5 + 2.0**-14) + (error_norms + gamma * norms) * self.largest_norm
+        return scales, bounds * 1.01
+
+    def _thresholds(self, rows: slice, kth: torch.Tensor) -> torch.Tensor:
+        """(Qc, pieces) int32 T: an entry of a query row and a piece can beat the query's float32
+        k-th best (`kth`, (Qc,)) only if its q'·c' > T (see the comment above Int8Blocks); the
+        lowest int32 where the query or the piece is not screened."""
+        scales, bounds = self.bounds(rows)
+        thresholds = ((kth.double()[:, None] - bounds) / scales).floor_()
+        screened = self.usable[rows, None] & (self.scales > 0)
+        thresholds = torch.where(screened, thresholds, SENTINEL).clamp_(SENTINEL, -SENTINEL - 1)
+        return thresholds.to(torch.int32)
+
+
+def _quantize_rows(queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The many-query screen's copy of (Q, d) float32 queries: (Q, d) int8 values q' in
+    [-MANY_LEVELS, MANY_LEVELS], (Q,) float64 scales s_q (0 for a query not screened), (Q, 3)
+    float64 L1(q'), |q - s_q q'| and |q|, and the (Q,) usable mask."""
+    rows = queries.double()
+    largest = rows.abs().amax(dim=1)  # (Q,)
+    usable = (largest >= SMALLEST_ENTRY) & (largest <= LARGEST_ENTRY)
+    scales = torch.where(usable, largest / MANY_LEVELS, 0.0)  # (Q,)
+    values = (rows / torch.where(usable, scales, 1.0)[:, None]).round_().clamp_(-MANY_LEVELS, MANY_LEVELS)
+    values[~usable] = 0
+    terms = torch.stack([values.abs().sum(dim=1), torch.linalg.vector_norm(rows - values * scales[:, None], dim=1),
+                         torch.linalg.vector_norm(rows, dim=1)], dim=1)  # (Q, 3)
+    return values.to(torch.int8), scales, terms, usable
+
+
+def int8_blocks_exact(dim: int) -> bool:
+    """Whether torch's int8 product gives exact sums here for the blocks of `Int8Blocks` with rows of
+    `dim` numbers (measured once per machine): a probe of extreme and random integers in
+    [-MANY_LEVELS, MANY_LEVELS], 64 and 1,024 query rows against a transposed chunk of 512 rows."""
+    if dim * MANY_LEVELS**2 >= 2**31:
+        return False
+    return fact(f"int8 blocks exact, d = {dim}", lambda: _int8_blocks_exact(dim))
+
+
+def _int8_blocks_exact(dim: int) -> bool:
+    generator = torch.Generator().manual_seed(0)
+    chunk = torch.randint(-MANY_LEVELS, MANY_LEVELS + 1, (512, dim), generator=generator, dtype=torch.int8)
+    queries = torch.randint(-MANY_LEVELS, MANY_LEVELS + 1, (1024, dim), generator=generator, dtype=torch.int8)
+    for rows in (chunk, queries):  # every sign pairing of the extremes
+        rows[:4] = torch.tensor([MANY_LEVELS, -MANY_LEVELS, MANY_LEVELS, -MANY_LEVELS], dtype=torch.int8)[:, None]
+        rows[2:4, ::2] *= -1
+    for num_rows in (QUERY_ROWS_MULTIPLE, 1024):
+        try:
+            products = torch._int_mm(queries[:num_rows], chunk.T)
+        except RuntimeError:  # not built for this CPU or shape
+            return False
+        if not torch.equal(products.double(), queries[:num_rows].double() @ chunk.double().T):
+            return False
+    return True
+
+
+def int8_blocks_pay(dim: int, bfloat16: bool) -> bool:
+    """Whether `Int8Blocks` should screen the many-query search here (measured once per machine): its
+    product exact and, for a block of 512 queries against 2,112 rows, taking under INT8_BLOCKS_RATIO
+    of the time of the product it replaces, the bfloat16 screen's if `bfloat16`, else float32's."""
+    if not int8_blocks_exact(dim):
+        return False
+    other = "bfloat16" if bfloat16 else "float32"
+    return fact(f"int8 blocks pay against {other}, d = {dim}", lambda: _int8_blocks_ratio(dim, bfloat16) < INT8_BLOCKS_RATIO)
+
+
+def _int8_blocks_ratio(dim: int, bfloat16: bool) -> float:
+    queries, chunk = torch.ones(512, dim, dtype=torch.int8), torch.ones(2048 + GROUP_SIZE, dim, dtype=torch.int8)
+    other = torch.bfloat16 if bfloat16 else torch.float32
+    other_queries, other_chunk = queries.to(other), chunk.to(other)
+    products = torch.empty(queries.shape[0], chunk.shape[0], dtype=torch.int32)
+    other_products = torch.empty(queries.shape[0], chunk.shape[0], dtype=other)
+    best = best_times({"int8": lambda: torch._int_mm(queries, chunk.T, out=products),
+                       "other": lambda: torch.mm(other_queries, other_chunk.T, out=other_products)})
+    return best["int8"] / best["other"]

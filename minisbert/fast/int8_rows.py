@@ -1,0 +1,200 @@
+"""The int8 screen of a one-query search over a prepared corpus (a screen as fast/screen.py describes).
+
+One query over a corpus of float32 rows can go no faster than the rows can be read: 4·d bytes a row.
+A prepared corpus (minisbert/search.py) can keep a second, smaller copy of its rows to read
+instead, and use it to rule out almost every row. For one query a bfloat16 copy does not pay on a
+CPU, but an integer one does (bench/README.md, "Search"): each row is kept as d int8 numbers and a
+scale, a quarter of the float32 bytes.
+
+Quantizing. A row c is kept as c' = round(c / s), integers in [-63, 63], with s = max_i |c_i| / 63,
+so that ĉ = s·c' is close to c; the query is quantized the same way when the search starts
+(q', s_q, q̂ = s_q·q'). The product q'·c' is a sum of integers, computed exactly (see below), and
+s_q·s·(q'·c') is q̂·ĉ. Writing e_c = c - ĉ and e_q = q - q̂,
+    q·c - q̂·ĉ = q·e_c + e_q·ĉ,   so   |q·c - q̂·ĉ| <= |q| |e_c| + |e_q| |ĉ|
+(Cauchy-Schwarz). For each row the copy keeps |e_c| and |ĉ|, measured when it is made, and the
+search measures |q| and |e_q|. That bound is about 3% of |q| |c| for random unit rows with
+d = 384, where the bound by the largest entries, max_i |q_i| · sum_i |e_c,i| + ..., is about 8%.
+Three roundings are added to it (`_quantize_query`): the float32 multiplications that scale q'·c'
+(at most 3·2^-24 of |q̂| |ĉ|), the float32 sum of the exact score it is compared with (γ |q| |c|,
+γ = d·2^-24 / (1 - d·2^-24): Higham, Accuracy and Stability of Numerical Algorithms, section
+3.1), and the float32 arithmetic of the bound itself (1% of it, far more than it needs).
+
+So every row gets an upper bound on its float32 score, and only rows whose bound reaches the
+search's floor are candidates (`Int8RowsScreen`): the rest cannot reach the top-k.
+
+Why [-63, 63] and not [-127, 127]. Not every CPU multiplies int8 the same way. Without AVX512-VNNI,
+oneDNN (torch's int8 kernel on x86) multiplies unsigned by signed bytes with an instruction that
+adds two products into a 16-bit integer, saturating at 32,767: one side, shifted to unsigned
+bytes, reaches 255, and 2 · 255 · 127 = 64,770 saturates (products of rows of 127 came out wrong
+with ONEDNN_MAX_CPU_ISA=AVX2), while 2 · 255 · 63 = 32,130 does not. Before the copy is used, a
+probe of extreme and random integers checks the product against float64, once per machine
+(`int8_product_runs`), and the sum of d products of at most 63² must stay below 2^24, where its conversion to float32 is
+exact: d < 4,227.
+
+A row whose largest entry lies outside [2^-30, 2^50] (zero rows among them) gets the bound +inf: it
+is always scored in float32. Rows are kept only for cosine and dot; a euclidean corpus keeps none.
+Tested through every one-query search in tests/test_retrieval.py, and the bound itself in
+tests/test_screens.py.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..search_inputs import drop_excluded
+from .machine import fact
+from .screen import Chunk
+from .span_product import SpanProduct, best_times
+from .tuning import INT8_ROWS_RATIO, MOST_CANDIDATES, PROBE_BYTES
+
+LEVELS = 63  # int8 copies hold integers in [-LEVELS, LEVELS]: see the module docstring
+SMALLEST_ENTRY = 2.0**-30  # rows (and queries) whose largest entry lies outside this range
+LARGEST_ENTRY = 2.0**50  # are never screened out (their squares stay in float32's range)
+PIECE_ROWS = 8192  # rows quantized at once when a copy is made
+
+
+@dataclass
+class Int8Rows:
+    """A corpus's int8 copy for the one-query screen (see the module docstring)."""
+
+    values: torch.Tensor  # (N, d) int8 in [-LEVELS, LEVELS]: c' = round(c / s)
+    scales: torch.Tensor  # (N,) float32 s, 0 for rows never screened out
+    error_norms: torch.Tensor  # (N,) float32 upper bounds on |c - s c'|; +inf: never screened out
+    norms: torch.Tensor  # (N,) float32 upper bounds on |s c'|
+
+    def __getitem__(self, rows: slice) -> "Int8Rows":
+        """The copy of these rows (views)."""
+        return Int8Rows(self.values[rows], self.scales[rows], self.error_norms[rows], self.norms[rows])
+
+
+def int8_rows(rows: torch.Tensor) -> Int8Rows:
+    """The int8 copy of (N, d) float32 rows, PIECE_ROWS at a time."""
+    values = torch.empty(rows.shape, dtype=torch.int8, device=rows.device)
+    scales, error_norms, norms = (torch.empty(rows.shape[0], device=rows.device) for _ in range(3))
+    for start in range(0, rows.shape[0], PIECE_ROWS):
+        part = slice(start, start + PIECE_ROWS)
+        values[part], scales[part], error_norms[part], norms[part] = _quantize(rows[part])
+    return Int8Rows(values, scales, error_norms, norms)
+
+
+def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(n, d) int8 values, and (n,) scales, error norms and norms of (n, d) float32 rows."""
+    largest = rows.abs().amax(dim=1)  # (n,)
+    usable = (largest >= SMALLEST_ENTRY) & (largest <= LARGEST_ENTRY)
+    scales = torch.where(usable, largest / LEVELS, 0.0)  # (n,)
+    divisors = torch.where(usable, scales, 1.0)[:, None]  # (n, 1)
+    values = (rows / divisors).round_().clamp_(-LEVELS, LEVELS)  # (n, d), integers
+    values[~usable] = 0
+    approximations = values * scales[:, None]  # (n, d) ĉ, each entry off by at most 2^-24 of itself
+    norms = torch.linalg.vector_norm(approximations, dim=1)  # (n,)
+    # |c - ĉ| as computed, plus what the rounding of ĉ may hide (2^-24 |ĉ|, taken twice) and what
+    # squares that underflowed may hide (each below 2^-126: sqrt(d) 2^-63 in all, taken twice); the
+    # float32 norms are off by less than 2^-10 of themselves for d < 16,000 (γ_d).
+    error_norms = torch.linalg.vector_norm(rows - approximations, dim=1) + 2.0**-23 * norms
+    error_norms += rows.shape[1] ** 0.5 * 2.0**-62
+    error_norms = torch.where(usable, error_norms * (1 + 2.0**-10), torch.inf)
+    return values.to(torch.int8), scales, error_norms, norms * (1 + 2.0**-10)
+
+
+class Int8RowsScreen:
+    """Screens spans of a prepared corpus for one query with the corpus's int8 copy (`Chunk.kept`)."""
+
+    def __init__(self, query: torch.Tensor, span_rows: int):
+        """query (1, d) float32; spans of at most `span_rows` rows."""
+        values, scale, self.coefficients = _quantize_query(query[0])
+        self.query_values = values[:, None]  # (d, 1) int8
+        self.query_scale = scale
+        self.products = torch.empty(span_rows, 1, dtype=torch.int32, device=query.device)  # q'·c'
+        self.bounds = torch.empty(span_rows, device=query.device)
+
+    def usable(self) -> bool:
+        """Whether the query can be screened at all (its largest entry in range)."""
+        return self.coefficients is not None
+
+    def load_chunk(self, chunk: Chunk) -> None:
+        self.kept = chunk.kept
+
+    def candidates(self, rows: slice, excluded: torch.Tensor | None, span_start: int,
+                   kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rows of the span whose float32 scores may lie above `kth` (1,), or None if too many."""
+        bounds = self.upper_bounds(self.kept)  # (n,)
+        if excluded is not None:
+            drop_excluded(bounds[None], excluded, 0, span_start)
+        # Written as "not <=" so that a NaN (from an overflowing bound) keeps a row in.
+        candidates = (~(bounds <= kth[0])).nonzero()[:, 0]  # (M,) ascending
+        if candidates.numel() > MOST_CANDIDATES * bounds.shape[0]:
+            return None
+        return torch.zeros_like(candidates), candidates
+
+    def upper_bounds(self, kept: Int8Rows) -> torch.Tensor:
+        """(n,) upper bounds on the float32 scores of the n rows whose int8 copy is `kept`:
+        s_q s (q'·c') + α |e_c| + β |ĉ| (see `_quantize_query`); NaN where one overflowed."""
+        span_rows = kept.values.shape[0]
+        products = self.products[:span_rows]  # (n, 1) q'·c'
+        torch._int_mm(kept.values, self.query_values, out=products)  # exact: see the module docstring
+        bounds = torch.mul(products[:, 0], self.query_scale, out=self.bounds[:span_rows])
+        bounds.mul_(kept.scales).add_(kept.error_norms, alpha=self.coefficients[0])
+        return bounds.add_(kept.norms, alpha=self.coefficients[1])
+
+
+def _quantize_query(query: torch.Tensor) -> tuple[torch.Tensor, float, tuple[float, float] | None]:
+    """(d,) int8 values and the scale of a (d,) float32 query, and the coefficients (α, β) of the
+    rows' |e_c| and |ĉ| in the bound on |s_fl - s_q s (q'·c')| (module docstring), where s_fl is
+    a row's score as float32 computes it; None if the query cannot be screened."""
+    largest = float(query.abs().max())
+    if not SMALLEST_ENTRY <= largest <= LARGEST_ENTRY:
+        return torch.zeros_like(query, dtype=torch.int8), 0.0, None
+    # The scale as float32 holds it, since the search multiplies by it in float32.
+    scale = float(torch.tensor(largest / LEVELS, dtype=torch.float32))
+    values = (query.double() / scale).round().clamp(-LEVELS, LEVELS)  # (d,)
+    query64 = query.double()
+    norm = float(torch.linalg.vector_norm(query64))  # |q|, in float64: off by far less than 1%
+    error_norm = float(torch.linalg.vector_norm(query64 - values * scale))  # |e_q|
+    dim = query.shape[0]
+    gamma = dim * 2.0**-24 / (1 - dim * 2.0**-24)
+    scaling = 2.0**-20 * (norm + error_norm)  # the scaling's roundings, 3·2^-24 |q̂| |ĉ|, and more
+    alpha = (norm + scaling + gamma * norm) * 1.01
+    beta = (error_norm + scaling + gamma * norm) * 1.01
+    return values.to(torch.int8), scale, (alpha, beta)
+
+
+def int8_product_runs(dim: int, device: torch.device) -> bool:
+    """Whether torch's int8 product runs here for rows of `dim` numbers and gives exact sums on a
+    probe of extreme and random integers in [-LEVELS, LEVELS] (measured once per machine)."""
+    if device.type != "cpu" or dim * LEVELS**2 >= 2**24:
+        return False
+    return fact(f"int8 product of one query exact, d = {dim}", lambda: _int8_product_runs(dim))
+
+
+def _int8_product_runs(dim: int) -> bool:
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(-LEVELS, LEVELS + 1, (1024, dim), generator=generator, dtype=torch.int8)
+    rows[:4] = torch.tensor([LEVELS, -LEVELS, LEVELS, -LEVELS], dtype=torch.int8)[:, None]
+    for query in (rows[0], rows[1], rows[5]):
+        try:
+            products = torch._int_mm(rows, query[:, None].contiguous())
+        except RuntimeError:  # not built for this CPU or shape
+            return False
+        if not torch.equal(products[:, 0].double(), rows.double() @ query.double()):
+            return False
+    return True
+
+
+def int8_screen_pays(dim: int) -> bool:
+    """Whether the int8 product of a probe of PROBE_BYTES of float32 rows with one query takes less
+    than INT8_ROWS_RATIO of the time of the float32 one here (measured once per machine)."""
+    if not int8_product_runs(dim, torch.device("cpu")):
+        return False
+    return fact(f"int8 rows pay for one query, d = {dim}", lambda: _int8_time_ratio(dim) < INT8_ROWS_RATIO)
+
+
+def _int8_time_ratio(dim: int) -> float:
+    probe_rows = PROBE_BYTES // (4 * dim) // 64 * 64 + 32  # + 32: no power-of-two row count
+    rows = torch.full((probe_rows, dim), 0.5)
+    values = torch.ones((probe_rows, dim), dtype=torch.int8)
+    query, query_values = torch.full((1, dim), 0.25), torch.ones((dim, 1), dtype=torch.int8)
+    block, products = torch.empty(1, probe_rows), torch.empty(probe_rows, 1, dtype=torch.int32)
+    float_product = SpanProduct(query, probe_rows)
+    best = best_times({"int8": lambda: torch._int_mm(values, query_values, out=products),
+                       "float32": lambda: float_product(rows, block)})
+    return best["int8"] / best["float32"]

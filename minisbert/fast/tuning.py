@@ -1,0 +1,35 @@
+"""The fast search's tuning numbers, in one place. Each changes only speed and memory, never a result
+(every result is decided by the exact rescoring: minisbert/retrieval.py). Each line says why; the
+measurements behind them are in bench/README.md, in the section named after "bench:".
+"""
+
+# Which way a search takes (minisbert/search.py's WAYS).
+SMALL_CORPUS_ROWS = 16384  # up to this many rows one float32 block is quickest. bench: "Search", small corpora
+FEW_QUERIES = 128  # up to this many queries the corpus is read a span at a time. bench: "Search"
+FEW_QUERIES_PREPARED = 384  # ... over a prepared corpus with a bfloat16 copy. bench: "Search"
+FEW_QUERIES_INT8 = 64  # ... where the blocks screen with int8 products. bench: "Search"
+SCREENED_FEW_QUERIES = 4  # from this many queries a span is screened with the bfloat16 copy. bench: "Search"
+INT8_ROWS_RATIO = 0.75  # the one-query int8 screen is kept where its product takes under this share of float32's
+INT8_BLOCKS_RATIO = 0.6  # the int8 blocks screen where their product takes under this share of the one replaced
+
+# Spans of the few-query search (fast/retrieval.py's `search_spans`).
+GROUP_SIZE = 64  # corpus rows per group of the coarse filter: one group maximum opens or skips 64 scores
+SPAN_ROWS = 2**19 - GROUP_SIZE  # long spans: a span costs a few dozen torch calls; not a multiple of 4096,
+#                                 whose (Q, span) rows map onto the same cache sets
+SPAN_ENTRIES = 2**22  # a span's (Q, span) float32 scores: at most 16 MB
+FIRST_SPAN_ROWS = 4096 - GROUP_SIZE  # the first span is short, so that the k-th best is known early
+SPAN_GROWTH = 4  # a screened search's spans grow this many times a step, each meeting a k-th best high enough
+NORM_PIECE_ROWS = 4096  # raw rows are measured a piece at a time, right after their product, in the cache
+PIECE_BYTES = 64 * 2**20  # a corpus stored in another dtype is copied to float32 this many bytes at a time
+PIECE_ENTRIES = 2**16  # entries of a (piece, Q') product the span product copies while in the L2 cache
+
+# Screens (fast/screen.py, fast/int8_blocks.py, fast/int8_rows.py).
+RESCORE_PIECE = 1024  # candidates rescored in float32 at once: 1.5 MB of gathered rows for d = 384
+UNIT_PIECE_ROWS = 1024  # rows of a raw cosine chunk made unit rows at once for a screen's copy, in the cache
+INT8_PIECE_ROWS = 1024  # rows of a chunk that share one int8 scale (a whole number of groups)
+MOST_CANDIDATES = 1 / 64  # a one-query span whose candidates pass this share of its rows is scored in float32
+
+# Probes that measure a fact once per machine (fast/machine.py).
+PROBE_BYTES = 2**26  # float32 rows of a timing probe: more than a 2-core machine's caches hold
+PROBE_FLOP = 2**30  # ... unless that would take more than this many FLOP per product
+PROBE_ROUNDS = 3  # timed rounds per contender, after one untimed round
