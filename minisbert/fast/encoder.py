@@ -28,6 +28,8 @@ Checked equal to the plain encoder (embeddings to 1e-6, training gradients too) 
 tests/test_encoder_fast.py, and against Hugging Face transformers in tests/test_encoder.py.
 """
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -69,31 +71,36 @@ def embed(embeddings, input_ids, token_type_ids, token_positions):
 
 
 def texts_by_length(attention_mask):
-    """For each length the batch's texts have: (texts, length) rows of those texts' tokens in the pack.
-    The pack holds the real tokens of each text in turn, as `attention_mask.flatten().nonzero()` lists them."""
-    lengths = attention_mask.sum(dim=1)  # (B,)
-    starts = lengths.cumsum(0) - lengths  # (B,) each text's first row in the pack
+    """For each length the batch's texts have: (the rows of those texts' tokens in the pack, how many
+    texts, the length). The pack holds the real tokens of each text in turn. The rows are a slice where
+    the texts are next to each other in the batch, as in encode()'s batches (sorted by length), so that
+    attention reads them in place; an index where they are not."""
+    lengths = attention_mask.sum(dim=1).tolist()  # (B,)
+    starts = [0] + list(itertools.accumulate(lengths))[:-1]  # each text's first row in the pack
     groups = []
-    for length in lengths[lengths > 0].unique().tolist():
-        texts = (lengths == length).nonzero().squeeze(1)  # (B_L,)
-        groups.append(starts[texts, None] + torch.arange(length, device=lengths.device))  # (B_L, L)
+    for length in sorted(set(lengths) - {0}, reverse=True):
+        texts = [text for text, n in enumerate(lengths) if n == length]
+        if texts[-1] - texts[0] == len(texts) - 1:
+            rows = slice(starts[texts[0]], starts[texts[0]] + len(texts) * length)
+        else:
+            first_rows = torch.tensor([starts[text] for text in texts], device=attention_mask.device)  # (B_L,)
+            rows = (first_rows[:, None] + torch.arange(length, device=attention_mask.device)).flatten()  # (B_L * L,)
+        groups.append((rows, len(texts), length))
     return groups
 
 
 def attention(module, x, groups):
     """The plain `SelfAttention` module's output for packed tokens: (N, H) -> (N, H).
-    groups: `texts_by_length`'s rows; rows of x in none of them (tile padding) come out as zeros."""
+    groups: `texts_by_length`'s; the context of rows in none of them (tile padding) is zeros."""
     H, nh, hs = x.shape[-1], module.num_heads, module.head_size
     qkv = linear(x, [module.query, module.key, module.value], keep_as="qkv")  # (N, 3H)
     dropout = module.attention_dropout.p if module.attention_dropout.training else 0.0
     context = qkv.new_zeros(x.shape[0], H)  # (N, H)
-    for rows in groups:
-        texts, length = rows.shape
-        rows = rows.flatten()  # (B_L * L,)
+    for rows, texts, length in groups:
         # Q, K and V of these texts side by side; each one's heads are then views into them.
         q, k, v = qkv[rows].view(texts, length, 3, nh, hs).permute(2, 0, 3, 1, 4)  # 3 x (B_L, nh, L, hs)
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)  # (B_L, nh, L, hs)
-        context.index_copy_(0, rows, out.transpose(1, 2).reshape(texts * length, H))
+        context[rows] = out.transpose(1, 2).reshape(texts * length, H)  # (B_L * L, H)
     return linear(context, [module.output])  # (N, H)
 
 
