@@ -222,3 +222,15 @@ def test_a_bad_or_impossible_kernel_choice_is_refused(value, message, monkeypatc
     encoder.double()  # float64: torch's kernel only
     with torch.no_grad(), pytest.raises(ValueError, match=message):
         fast_encoder.forward(encoder, ids, MASK)
+
+
+def test_the_kept_kernel_choices_are_printed_with_the_machine(monkeypatch, fresh_machine_file):
+    """What bench/encode.py and evaluate.py --verbose print: the machine, then each fact kept about it."""
+    monkeypatch.delenv(fast_linear.BACKEND_VARIABLE, raising=False)
+    encoder, ids = random_encoder("bert", "gelu")
+    with torch.no_grad():
+        fast_encoder.forward(encoder, ids, MASK)
+    lines = machine.report().splitlines()
+    assert lines[0] == f"machine: {machine.describe()}" and str(fresh_machine_file) in lines[1]
+    assert all(f"  {name}: {value}" in lines for name, value in kernel_facts().items())
+    assert len(kernel_facts()) == (4 if len(BACKENDS_HERE) > 1 else 0)

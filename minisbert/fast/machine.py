@@ -92,6 +92,13 @@ def fact(name: str, measure: Callable[[], object]):
     return _kept[name]
 
 
+def report() -> str:
+    """The machine and each fact kept about it, one a line."""
+    facts = known()
+    lines = [f"machine: {facts.pop('machine')}", f"facts kept in {machine_file()}:"]
+    return "\n".join(lines + [f"  {name}: {value}" for name, value in sorted(facts.items())])
+
+
 def forget() -> None:
     """Drop this process's copy of the facts (tests that point MINISBERT_MACHINE_FILE elsewhere)."""
     global _kept
