@@ -25,9 +25,14 @@ The loop. For each (query chunk, corpus chunk) block it
 
     1. scores the block in float32: one matrix product, (Qc, d) @ (d, Nc) (for euclidean the key
        2 q·c - |c|², which orders rows as the distance does);
-    2. keeps the candidates: each float32 score lies within a proven bound of the exact one
-       (search_inputs.py's `Bounds`), so only entries within twice the bound of the query's k-th best
-       can be in its top k;
+    2. keeps the candidates: each float32 score lies within a proven bound E of the exact one, so
+       only entries within 2E of the query's k-th best can be in its top k (search_inputs.py's
+       `Bounds`). A float32 sum of d products, in any order, fused or not, lies within γ Σ|q_i c_i|
+       of the true sum, γ = d·u / (1 - d·u), u = 2^-24 (Higham, "Accuracy and Stability of Numerical
+       Algorithms", 3.1); Σ|q_i c_i| <= |q| |c| (Cauchy-Schwarz); the exact score rounds once more
+       (u), and products below float32's normal range may be flushed to zero (2^-126 each). So
+           E = 1.01 (γ + 2u) |q| R + d·2^-124,   R the chunk's largest row norm
+       (for euclidean's keys 1.01 (γ + 2u) (|q| + R)², and the distance rounds within 2u);
     3. scores the candidates exactly and merges them into the running top-k (`settle`).
 
 Memory is a few blocks whatever N is, and the corpus is read once; the candidates are usually the k

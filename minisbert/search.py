@@ -24,6 +24,7 @@ sentence-transformers `util.semantic_search` and faiss `IndexFlatIP` in bench/re
 """
 
 import os
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,36 +43,61 @@ from .similarity import row_norms
 WAY_VARIABLE = "MINISBERT_SEARCH_WAY"
 
 
-def _int8_blocks(s: SearchInputs) -> bool:
-    return s.score != "euclidean" and int8_blocks_pay(s.queries.shape[1], cpu.native_bfloat16())
-
-
-def _few(s: SearchInputs) -> bool:
-    few = FEW_QUERIES_PREPARED if s.prepared is not None else FEW_QUERIES
-    if s.prepared is None and s.queries.shape[0] > FEW_QUERIES_INT8 and _int8_blocks(s):
-        few = FEW_QUERIES_INT8
-    return s.queries.shape[0] <= min(few, s.query_chunk_size)
-
-
+# Facts about a search (s: its checked inputs) and the machine that the table below reads.
 def _on_cpu(s: SearchInputs) -> bool:
     return s.device.type == "cpu"
 
 
-# name                   can run (else a forced way is refused)        taken when                       runs
+def _small(s: SearchInputs) -> bool:
+    return s.corpus.shape[0] <= SMALL_CORPUS_ROWS and _few(s)
+
+
+def _int8_copy(s: SearchInputs) -> bool:
+    return _on_cpu(s) and s.queries.shape[0] == 1 and fast.kept(s.prepared, "int8") is not None
+
+
+def _bfloat16_copy(s: SearchInputs) -> bool:
+    return _on_cpu(s) and fast.kept(s.prepared, "bfloat16") is not None
+
+
+def _screened_few(s: SearchInputs) -> bool:
+    return s.queries.shape[0] >= SCREENED_FEW_QUERIES and _few(s)
+
+
+def _few(s: SearchInputs) -> bool:
+    few = FEW_QUERIES_PREPARED if s.prepared is not None else FEW_QUERIES
+    if s.prepared is None and s.queries.shape[0] > FEW_QUERIES_INT8 and _int8_blocks_pay(s):
+        few = FEW_QUERIES_INT8
+    return s.queries.shape[0] <= min(few, s.query_chunk_size)
+
+
+def _int8_product(s: SearchInputs) -> bool:
+    return _on_cpu(s) and s.score != "euclidean" and int8_blocks_exact(s.queries.shape[1])
+
+
+def _int8_blocks_pay(s: SearchInputs) -> bool:
+    return s.score != "euclidean" and int8_blocks_pay(s.queries.shape[1], cpu.native_bfloat16())
+
+
+def _native_bfloat16(s: SearchInputs) -> bool:
+    return cpu.native_bfloat16()
+
+
+def _anywhere(s: SearchInputs) -> bool:
+    return True
+
+
+# The ways, first match wins. A forced way runs where "can run" holds, else it is refused.
 WAYS = (
-    ("plain",              lambda s: True,                                lambda s: not _on_cpu(s),         retrieval.chunked_search),
-    ("one span",           _on_cpu,                                       lambda s: s.corpus.shape[0] <= SMALL_CORPUS_ROWS and _few(s),
-                                                                                                            lambda s: fast.search_spans(s, one_span=True)),
-    ("spans, int8",        lambda s: _on_cpu(s) and s.queries.shape[0] == 1 and fast.kept(s.prepared, "int8") is not None,
-                                                                          lambda s: True,                   lambda s: fast.search_spans(s, "int8")),
-    ("spans, bfloat16",    lambda s: _on_cpu(s) and fast.kept(s.prepared, "bfloat16") is not None,
-                                                                          lambda s: s.queries.shape[0] >= SCREENED_FEW_QUERIES and _few(s),
-                                                                                                            lambda s: fast.search_spans(s, "bfloat16")),
-    ("spans",              _on_cpu,                                       _few,                             fast.search_spans),
-    ("blocks, int8",       lambda s: _on_cpu(s) and s.score != "euclidean" and int8_blocks_exact(s.queries.shape[1]),
-                                                                          _int8_blocks,                     lambda s: fast.search_blocks(s, "int8")),
-    ("blocks, bfloat16",   _on_cpu,                                       lambda s: cpu.native_bfloat16(),  lambda s: fast.search_blocks(s, "bfloat16")),
-    ("blocks",             _on_cpu,                                       lambda s: True,                   fast.search_blocks),
+    # name               can run          taken when          runs
+    ("plain",            _anywhere,       lambda s: not _on_cpu(s), retrieval.chunked_search),
+    ("one span",         _on_cpu,         _small,             partial(fast.search_spans, one_span=True)),
+    ("spans, int8",      _int8_copy,      _anywhere,          partial(fast.search_spans, screen="int8")),
+    ("spans, bfloat16",  _bfloat16_copy,  _screened_few,      partial(fast.search_spans, screen="bfloat16")),
+    ("spans",            _on_cpu,         _few,               fast.search_spans),
+    ("blocks, int8",     _int8_product,   _int8_blocks_pay,   partial(fast.search_blocks, screen="int8")),
+    ("blocks, bfloat16", _on_cpu,         _native_bfloat16,   partial(fast.search_blocks, screen="bfloat16")),
+    ("blocks",           _on_cpu,         _anywhere,          fast.search_blocks),
 )
 WAY_NAMES = tuple(name for name, *_ in WAYS)
 

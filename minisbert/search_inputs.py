@@ -1,12 +1,10 @@
 """What the plain and the fast search share: checked inputs, the error bound of a float32 score, and
 the one step that decides every result (`settle`: score the candidates exactly, merge them).
 
-Checks, for the queries and the corpus alike: each is a 2-D floating-point torch tensor or numpy
-array of the same dimension; k and the chunk sizes are positive integers; ids, if given, are one per
-row; every row holds only finite numbers and its norm (its squared norm for euclidean) fits float32;
-for dot and euclidean no score can pass float32's range (|q·c| <= |q| |c| and |q - c|² <= (|q| + |c|)²
-by Cauchy-Schwarz, so the largest norms bound every score). A failure raises a ValueError naming
-the input and the row. A `PreparedCorpus` was checked when it was made or loaded.
+Checks: queries and corpus are 2-D floating-point tensors or arrays of one dimension; k and the chunk
+sizes positive integers; ids one per row; every row finite, its norm (squared for euclidean) within
+float32; for dot and euclidean no score beyond float32 (|q·c| <= |q| |c|, |q - c|² <= (|q| + |c|)²).
+A failure raises a ValueError naming the input and the row.
 """
 
 import copy
@@ -125,17 +123,8 @@ def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size,
 
 
 class Bounds:
-    """How far a float32 score of a block can lie from the exact score (`exact_scores`), and so which
-    entries of a block can still reach a query's top-k.
-
-    A float32 sum of d products, in any order, fused or not, lies within γ Σ|q_i c_i| of the true sum,
-    γ = d·u / (1 - d·u), u = 2^-24 (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1);
-    Σ|q_i c_i| <= |q| |c| (Cauchy-Schwarz); the exact score is the true sum rounded once more (u), and
-    products below float32's normal range may be flushed to zero (2^-126 each, d of them, twice). So
-        |approximate - exact| <= E = 1.01 (γ + 2u) |q| R + d·2^-124,   R the chunk's largest row norm.
-    For euclidean the block holds keys 2 q·c - |c|² (= |q|² - |q - c|²): E = 1.01 (γ + 2u) (|q| + R)²
-    bounds the key, and the distance, rounded to float32, lies within 2u of the true one.
-    """
+    """How far a float32 score of a block can lie from the exact score, E (minisbert/retrieval.py,
+    step 2, says why), and so which entries of a block can still reach a query's top-k."""
 
     def __init__(self, score: str, query_norms: torch.Tensor, largest_norm: float, dim: int, sums: int = 1,
                  roundings: int = 2):

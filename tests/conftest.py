@@ -1,13 +1,15 @@
 """Shared test setup.
 
-Real-data tests are marked `slow`: CI runs them; `pytest -m "not slow"` skips them locally. They read
-the datasets from MINISBERT_DATA_MIRROR, which defaults here to ../shared/data beside the repository.
+Real-data tests, and tests that take minutes, are marked `slow`: CI runs them; `pytest -m "not slow"`
+skips them locally. The real-data ones read the datasets from MINISBERT_DATA_MIRROR, which defaults
+here to ../shared/data beside the repository.
 """
 
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,9 @@ from safetensors.torch import load_file
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 os.environ.setdefault("MINISBERT_DATA_MIRROR", str(REPO.parent / "shared" / "data"))
+# Facts measured about the machine (minisbert/fast/machine.py) go to a file of the test session's own:
+# tests shrink the probes that measure them, and the user's kept facts must not come from those.
+os.environ["MINISBERT_MACHINE_FILE"] = os.path.join(tempfile.mkdtemp(prefix="minisbert-tests-"), "machine.json")
 
 # Parity is judged in exact fp32 arithmetic: no TF32 shortcuts on GPUs that have them.
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -30,7 +35,7 @@ def reference(name):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: real weights or real data; minutes, not seconds")
+    config.addinivalue_line("markers", "slow: real weights, real data, or minutes of work")
     config.addinivalue_line("markers", "network: needs internet; set MINISBERT_TEST_NETWORK=1")
 
 

@@ -66,10 +66,18 @@ def assert_same(got, expected, what):
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), what
 
 
+KINDS = ("small integers", "multiples", "near duplicates", "norms from 1e-30 to 1e15", "zero rows", "bfloat16",
+         "float16")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("score", ["cosine", "dot", "euclidean"])
-def test_every_way_returns_the_plain_loops_bits_on_adversarial_corpora(score, short_spans, tmp_path):
-    generator = torch.Generator().manual_seed(0)
+def test_every_way_returns_the_plain_loops_bits_on_adversarial_corpora(score, kind, short_spans, tmp_path):
+    generator = torch.Generator().manual_seed(KINDS.index(kind))
     for name, corpus in adversarial_corpora(generator):
+        if name != kind:
+            continue
         num_docs = corpus.shape[0]
         # Queries: rows of the corpus (exact ties with themselves and their copies) and fresh ones.
         queries = corpus[torch.randint(0, num_docs, (390,), generator=generator)].float()
@@ -77,7 +85,7 @@ def test_every_way_returns_the_plain_loops_bits_on_adversarial_corpora(score, sh
         ids = {"query_ids": [f"d{i}" for i in torch.randint(0, num_docs, (390,), generator=generator).tolist()],
                "corpus_ids": [f"d{i}" for i in range(num_docs)]}
         searched_forms = forms(corpus, score, tmp_path)
-        for k in (1, 10, num_docs - 1, num_docs + 1):
+        for k in (1, 10, num_docs + 1):
             # Around the ways' thresholds (fast/tuning.py): 4, 64, 128 and 384 queries.
             for num_queries in (1, 4, 65, 129, 390):
                 chosen = {"query_ids": ids["query_ids"][:num_queries], "corpus_ids": ids["corpus_ids"]}
