@@ -87,17 +87,28 @@ def _anywhere(s: SearchInputs) -> bool:
     return True
 
 
+def _settled(way):
+    """A fast way as a runner: its approximate top-K scored exactly (`fast.finish`), and the plain loop
+    for the queries whose answer that cannot prove (ties past the rows it keeps)."""
+    def run(inputs: SearchInputs):
+        values, indices, unproved = fast.finish(inputs, *way(inputs))
+        if unproved.any():
+            values[unproved], indices[unproved] = retrieval.chunked_search(inputs.subset(unproved))
+        return values, indices
+    return run
+
+
 # The ways, first match wins. A forced way runs where "can run" holds, else it is refused.
 WAYS = (
     # name               can run          taken when          runs
     ("plain",            _anywhere,       lambda s: not _on_cpu(s), retrieval.chunked_search),
-    ("one span",         _on_cpu,         _small,             partial(fast.search_spans, one_span=True)),
-    ("spans, int8",      _int8_copy,      _anywhere,          partial(fast.search_spans, screen="int8")),
-    ("spans, bfloat16",  _bfloat16_copy,  _screened_few,      partial(fast.search_spans, screen="bfloat16")),
-    ("spans",            _on_cpu,         _few,               fast.search_spans),
-    ("blocks, int8",     _int8_product,   _int8_blocks_pay,   partial(fast.search_blocks, screen="int8")),
-    ("blocks, bfloat16", _on_cpu,         _native_bfloat16,   partial(fast.search_blocks, screen="bfloat16")),
-    ("blocks",           _on_cpu,         _anywhere,          fast.search_blocks),
+    ("one span",         _on_cpu,         _small,             _settled(partial(fast.search_spans, one_span=True))),
+    ("spans, int8",      _int8_copy,      _anywhere,          _settled(partial(fast.search_spans, screen="int8"))),
+    ("spans, bfloat16",  _bfloat16_copy,  _screened_few,      _settled(partial(fast.search_spans, screen="bfloat16"))),
+    ("spans",            _on_cpu,         _few,               _settled(fast.search_spans)),
+    ("blocks, int8",     _int8_product,   _int8_blocks_pay,   _settled(partial(fast.search_blocks, screen="int8"))),
+    ("blocks, bfloat16", _on_cpu,         _native_bfloat16,   _settled(partial(fast.search_blocks, screen="bfloat16"))),
+    ("blocks",           _on_cpu,         _anywhere,          _settled(fast.search_blocks)),
 )
 WAY_NAMES = tuple(name for name, *_ in WAYS)
 

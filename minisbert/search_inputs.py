@@ -8,6 +8,7 @@ A failure raises a ValueError naming the input and the row.
 """
 
 import copy
+import dataclasses
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -87,6 +88,16 @@ class SearchInputs:
             raise ValueError(f"queries row {query_row} (norm {query_norm:.3g}) and corpus row {start + doc_row} "
                              f"(norm {doc_norm:.3g}) may score beyond float32 with score={self.score!r}; scale "
                              "the embeddings down or use score='cosine'")
+
+    def subset(self, chosen: torch.Tensor) -> "SearchInputs":
+        """The same search for the queries where the (Q,) bool `chosen` holds, numbered anew."""
+        excluded = self.excluded
+        if excluded is not None:
+            renumbered = chosen.long().cumsum(0) - 1  # (Q,) each chosen query's new row
+            excluded = excluded[chosen[excluded[:, 0]]]
+            excluded = torch.stack([renumbered[excluded[:, 0]], excluded[:, 1]], dim=1)
+        return dataclasses.replace(self, queries=self.queries[chosen], query_norms=self.query_norms[chosen],
+                                   excluded=excluded)
 
     def results(self, values: torch.Tensor, indices: torch.Tensor):
         """What `search` returns from the running (Q, k) values and indices: distances for euclidean
@@ -170,14 +181,21 @@ def settle(queries: torch.Tensor, doc_rows, candidates: tuple, doc_start: int, s
     chunk rows; `queries` (Qc, d) the query chunk as scored, and doc_rows(chunk rows) gives rows as
     scored. Scored SETTLE_PIECE at a time, so memory stays bounded however many candidates tie."""
     rows, columns = candidates
-    if rows.numel() == 0:
-        return
     values = torch.empty(rows.shape, device=rows.device)  # (M,)
     for start in range(0, rows.numel(), SETTLE_PIECE):
         piece = slice(start, start + SETTLE_PIECE)
         values[piece] = exact_scores(queries[rows[piece]], doc_rows(columns[piece]), score)
-    if score == "euclidean":
-        values = -values  # larger is better
+    merge_candidates(-values if score == "euclidean" else values, candidates, doc_start, top_values, top_indices)
+
+
+def merge_candidates(values: torch.Tensor, candidates: tuple, doc_start: int, top_values: torch.Tensor,
+                     top_indices: torch.Tensor) -> None:
+    """Merge (M,) candidates' values (larger is better) at (M,) query rows (ascending) and chunk rows
+    into the running (Qc, k) top-k, in place, with the tie rule."""
+    rows, columns = candidates
+    if rows.numel() == 0:
+        return
+    # Lay the candidates out as a padded (A, width) matrix, one line per query row that has any.
     active, line, per_line = torch.unique_consecutive(rows, return_inverse=True, return_counts=True)
     slot = torch.arange(rows.numel(), device=rows.device) - (per_line.cumsum(0) - per_line)[line]
     new_values = torch.full((active.numel(), int(per_line.max())), -math.inf, device=rows.device)

@@ -49,16 +49,17 @@ def pairwise_distance(a: torch.Tensor, b: torch.Tensor, ord: float = 2.0) -> tor
 
 def fixed_sum(terms: torch.Tensor) -> torch.Tensor:
     """(...,) the sums of `terms` (..., d) over the last dimension, in float64, always added in the
-    same order: padded with zeros to a power of two, then halves added pairwise until one is left.
-    Every step is one correctly rounded float64 addition, so the result depends on the terms alone,
-    never on a kernel, a thread count or how many rows came together."""
-    terms = terms.to(torch.float64)
-    width = 1 << max(0, terms.shape[-1] - 1).bit_length()
-    terms = torch.nn.functional.pad(terms, (0, width - terms.shape[-1]))
-    while terms.shape[-1] > 1:
-        half = terms.shape[-1] // 2
-        terms = terms[..., :half] + terms[..., half:]
-    return terms[..., 0]
+    same order: the last half of the columns added onto the first half, again and again (an odd
+    middle column waits for a later round) until one is left. Every step is one correctly rounded
+    float64 addition, so the result depends on the terms alone, never on a kernel, a thread count or
+    how many rows came together."""
+    terms = terms.to(torch.float64, copy=True)  # added into in place
+    width = terms.shape[-1]
+    while width > 1:
+        half = width // 2
+        terms[..., :half] += terms[..., width - half : width]
+        width -= half
+    return terms[..., 0] if terms.shape[-1] else terms.sum(-1)
 
 
 def row_norms(matrix: torch.Tensor) -> torch.Tensor:

@@ -32,14 +32,14 @@ import weakref
 
 import torch
 
-from ..search_inputs import Bounds, SearchInputs, drop_excluded, settle
+from ..search_inputs import Bounds, SearchInputs, drop_excluded, merge_candidates, settle
 from ..similarity import unit_rows
 from .int8_blocks import Int8Blocks
 from .int8_rows import Int8RowsScreen, int8_product_runs, int8_rows, int8_screen_pays
 from .screen import Bfloat16Blocks, Chunk, Screen, screen_rows
 from .span_product import SpanProduct
-from .tuning import (FIRST_SPAN_ROWS, GROUP_SIZE, NORM_PIECE_ROWS, PIECE_BYTES, SPAN_ENTRIES, SPAN_GROWTH,
-                     SPAN_ROWS)
+from .tuning import (FIRST_SPAN_ROWS, GROUP_SIZE, KEPT_BEYOND_K, NORM_PIECE_ROWS, PIECE_BYTES, SPAN_ENTRIES,
+                     SPAN_GROWTH, SPAN_ROWS)
 
 ROUGH = {"sums": 2, "roundings": 4}  # the bound of a score made from rows measured in float32 here
 _copies = weakref.WeakKeyDictionary()  # prepared corpus -> {"bfloat16": rows, "int8": Int8Rows}
@@ -63,13 +63,12 @@ def kept(prepared, name: str):
 
 
 def search_spans(inputs: SearchInputs, screen: str | None = None, one_span: bool = False):
-    """The running (Q, k) values and indices after reading the corpus a span at a time (module
-    docstring); `screen`: "bfloat16" or "int8" screens a prepared corpus's spans with its copy;
-    `one_span`: the whole corpus in one span (a small one)."""
-    queries, score, device, k = inputs.queries, inputs.score, inputs.device, inputs.k
+    """The (Q, K) running approximate top-K (`_running`) after reading the corpus a span at a time
+    (module docstring), and the largest row norm met; `screen`: "bfloat16" or "int8" screens a
+    prepared corpus's spans with its copy; `one_span`: the whole corpus in one span (a small one)."""
+    queries, score, device = inputs.queries, inputs.score, inputs.device
     (num_queries, dim), num_docs = queries.shape, inputs.corpus.shape[0]
-    top_values = torch.full((num_queries, k), -math.inf, device=device)  # (Q, k)
-    top_indices = torch.full_like(top_values, -1, dtype=torch.long)  # (Q, k)
+    top_values, top_indices = _running(inputs)
     span = min(SPAN_ROWS, min(SPAN_ENTRIES, inputs.corpus_chunk_size * inputs.query_chunk_size) // max(1, num_queries))
     if inputs.corpus.dtype != torch.float32 or inputs.corpus.device != device:
         span = min(span, PIECE_BYTES // (4 * dim))  # copied to float32 a piece at a time
@@ -82,26 +81,73 @@ def search_spans(inputs: SearchInputs, screen: str | None = None, one_span: bool
         screened = Screen(queries, Bfloat16Blocks(queries, score, num_queries, height, kept=True), score == "euclidean")
     elif screen == "int8" and (one_query := Int8RowsScreen(queries, height)).usable():
         screened = Screen(queries, one_query)
-    first = None if one_span else FIRST_SPAN_ROWS
-    for start, rows in _spans(num_docs, span, k, first, SPAN_GROWTH if screened else None):
+    first, reach = None if one_span else FIRST_SPAN_ROWS, 0.0
+    for start, rows in _spans(num_docs, span, top_values.shape[1], first, SPAN_GROWTH if screened else None):
         if screened is not None:
-            chunk, scored, bounds = _prepared_chunk(inputs, start, rows, kept(inputs.prepared, screen))
-            floor = bounds.floor(top_values[:, -1].double())
+            chunk = _prepared_chunk(inputs, start, rows, kept(inputs.prepared, screen))
             screened.load_chunk(chunk)
-            found = screened.candidates(slice(0, num_queries), inputs.excluded, start, floor)
+            kth = _threshold(inputs, slice(None), top_values, max(reach, chunk.largest_norm))
+            found = screened.candidates(slice(0, num_queries), inputs.excluded, start, kth)
             if found is not None:
-                settle(queries, scored, found, start, score, top_values, top_indices)
+                reach = max(reach, chunk.largest_norm)
+                merge_candidates(found[2], found[:2], start, top_values, top_indices)
                 continue
         width = -(-rows // GROUP_SIZE) * GROUP_SIZE
         block = block_buffer[: num_queries * width].view(num_queries, width)  # (Q, W)
-        scored, bounds = _score_span(inputs, start, rows, product, block[:, :rows])
+        reach = max(reach, _score_span(inputs, start, rows, product, block[:, :rows]))
         with _one_thread(device):
             block[:, rows:] = -math.inf
             if inputs.excluded is not None:
                 drop_excluded(block[:, :rows], inputs.excluded, 0, start)
-            found = _block_candidates(block, top_values, bounds)
-            settle(queries, scored, found, start, score, top_values, top_indices)
-    return top_values, top_indices
+            kth = _threshold(inputs, slice(None), top_values, reach)
+            found = _block_candidates(block, kth, top_values.shape[1])
+            merge_candidates(found[2], found[:2], start, top_values, top_indices)
+    return top_values, top_indices, reach
+
+
+def _running(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Q, K) -inf values and -1 indices: the running top-K of the approximate scores that a fast way
+    keeps, K = k + KEPT_BEYOND_K (at most N), so that `finish` can prove the exact top-k lies in it."""
+    width = min(inputs.k + KEPT_BEYOND_K, inputs.corpus.shape[0])
+    values = torch.full((inputs.queries.shape[0], width), -math.inf, device=inputs.device)
+    return values, torch.full_like(values, -1, dtype=torch.long)
+
+
+def _threshold(inputs: SearchInputs, rows: slice, top_values: torch.Tensor, reach: float) -> torch.Tensor:
+    """(Qc,) float32: an approximate score a row of the query `rows` must pass to be kept. The K-th
+    kept score, and where it is higher, the floor of the k-th (search_inputs.py's `Bounds`, for rows
+    of norm at most `reach`): a row below that floor cannot be in the exact top-k, whatever follows."""
+    bounds = Bounds(inputs.score, inputs.query_norms[rows], reach, inputs.queries.shape[1], **ROUGH)
+    return torch.maximum(top_values[:, -1], bounds.floor(bounds.lower(top_values[:, inputs.k - 1])))
+
+
+def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Tensor, reach: float):
+    """The (Q, k) exact values and indices from the running approximate top-K of a fast way, and the
+    (Q,) queries for which it cannot prove them (to be searched again by the plain loop).
+
+    Every approximate score lies within E of the exact one (search_inputs.py's `Bounds`, for rows of
+    norm at most `reach`), so a row can be in a query's exact top-k only if its approximate score
+    reaches the floor of the k-th kept one. A row was left out either below such a floor when it was
+    met (`_threshold`), or below the K-th kept score: where that lies below the floor, the kept rows,
+    scored exactly (`settle`), give the answer. Where it does not (K rows or more within 2E of the
+    k-th: ties), the query is returned as unproved."""
+    k, num_docs = inputs.k, inputs.corpus.shape[0]
+    bounds = Bounds(inputs.score, inputs.query_norms, reach, inputs.queries.shape[1], **ROUGH)
+    floor = bounds.floor(bounds.lower(top_values[:, k - 1]))  # (Q,)
+    unproved = (top_indices[:, -1] >= 0) & ~(top_values[:, -1] < floor)
+    if top_values.shape[1] >= num_docs:  # every row is kept
+        unproved[:] = False
+    values = torch.full((top_values.shape[0], k), -math.inf, device=top_values.device)  # (Q, k)
+    indices = torch.full_like(values, -1, dtype=torch.long)  # (Q, k)
+    # Only kept rows at or above the floor can be in the exact top-k: those are scored exactly.
+    rows, slots = ((top_indices >= 0) & (top_values >= floor[:, None])).nonzero(as_tuple=True)  # (M,), (M,)
+
+    def doc_rows(columns):
+        doc = inputs.corpus[columns].to(device=inputs.device, dtype=torch.float32)
+        return unit_rows(doc) if inputs.score == "cosine" and inputs.prepared is None else doc
+
+    settle(inputs.queries, doc_rows, (rows, top_indices[rows, slots]), 0, inputs.score, values, indices)
+    return values, indices, unproved
 
 
 def _spans(num_docs: int, span: int, k: int, first: int | None, growth: int | None):
@@ -121,20 +167,18 @@ def _span_length(rows: int) -> int:
     return span - GROUP_SIZE if span % 4096 == 0 else span
 
 
-def _prepared_chunk(inputs: SearchInputs, start: int, rows: int, copy=None):
+def _prepared_chunk(inputs: SearchInputs, start: int, rows: int, copy=None) -> Chunk:
     """Rows start to start + rows of a prepared corpus (or of one as given, read by the plain search's
-    checks) as a `Chunk`, the function giving candidates' rows as scored, and the chunk's bound."""
+    checks) as a `Chunk`."""
     doc_rows, norms = inputs.corpus_chunk(start, rows)  # (n, d) as scored, (n,) float64
-    largest = float(norms.max())
     squared = (norms**2).float() if inputs.score == "euclidean" else None
-    chunk = Chunk(doc_rows, None, squared, largest, None if copy is None else copy[start : start + rows])
-    return chunk, doc_rows.__getitem__, Bounds(inputs.score, inputs.query_norms, largest, doc_rows.shape[1])
+    return Chunk(doc_rows, None, squared, float(norms.max()), None if copy is None else copy[start : start + rows])
 
 
-def _raw_bound(inputs: SearchInputs, raw: torch.Tensor, norms: torch.Tensor):
-    """For (n, d) float32 rows as given and their (n,) float32 `norms`: the function giving candidates'
-    rows as scored, and the bound; None where a row or a score needs the plain search's checks."""
-    if raw.shape[0] == 0:
+def _raw_reach(inputs: SearchInputs, norms: torch.Tensor) -> float | None:
+    """For rows as given with (n,) float32 `norms`: an upper bound on their norms as multiplied (unit
+    rows for cosine), or None where a row or a score needs the plain search's checks."""
+    if norms.numel() == 0:
         return None
     smallest, largest = (float(value) for value in torch.aminmax(norms))
     largest *= 1 + 2.0**-10  # float32 norms are off by less than 2^-10 of themselves (d < 16,000)
@@ -146,14 +190,12 @@ def _raw_bound(inputs: SearchInputs, raw: torch.Tensor, norms: torch.Tensor):
         fits = fits and (query_norm + largest) ** 2 <= torch.finfo(torch.float32).max / 4
     if not fits:  # written so that a NaN fails too
         return None
-    scored = (lambda columns: unit_rows(raw[columns])) if inputs.score == "cosine" else raw.__getitem__
-    reach = 1 + 2.0**-10 if inputs.score == "cosine" else largest
-    return scored, Bounds(inputs.score, inputs.query_norms, reach, raw.shape[1], **ROUGH)
+    return 1 + 2.0**-10 if inputs.score == "cosine" else largest
 
 
-def _score_span(inputs: SearchInputs, start: int, rows: int, product: SpanProduct, block: torch.Tensor):
+def _score_span(inputs: SearchInputs, start: int, rows: int, product: SpanProduct, block: torch.Tensor) -> float:
     """Write the (Q, rows) float32 scores (keys 2 q·c - |c|² for euclidean) of the corpus rows from
-    `start` into `block`; return the function giving candidates' rows as scored, and the bound."""
+    `start` into `block`; return an upper bound on the norms of the rows as multiplied."""
     score = inputs.score
     if inputs.prepared is None:
         doc_rows = inputs.corpus[start : start + rows].to(device=inputs.device, dtype=torch.float32)  # (n, d)
@@ -162,21 +204,21 @@ def _score_span(inputs: SearchInputs, start: int, rows: int, product: SpanProduc
             piece = slice(piece_start, piece_start + NORM_PIECE_ROWS)
             product(doc_rows[piece], block[:, piece])
             torch.linalg.vector_norm(doc_rows[piece], dim=1, out=norms[piece])  # the piece is in the cache
-        found = _raw_bound(inputs, doc_rows, norms)
-        if found is not None:
+        reach = _raw_reach(inputs, norms)
+        if reach is not None:
             if score == "cosine":
                 block /= norms
             elif score == "euclidean":
                 block.mul_(2).sub_(norms * norms)
-            return found
-    chunk, scored, bounds = _prepared_chunk(inputs, start, rows)
+            return reach
+    chunk = _prepared_chunk(inputs, start, rows)
     if inputs.prepared is not None:
         product(chunk.rows, block)
         if score == "euclidean":
             block.mul_(2).sub_(chunk.squared_norms)
     else:
         _score_rows(chunk, inputs.queries, score, block.T)
-    return scored, bounds
+    return chunk.largest_norm
 
 
 def _score_rows(chunk: Chunk, queries: torch.Tensor, score: str, out: torch.Tensor) -> None:
@@ -189,13 +231,13 @@ def _score_rows(chunk: Chunk, queries: torch.Tensor, score: str, out: torch.Tens
 
 
 def search_blocks(inputs: SearchInputs, screen: str | None = None):
-    """The running (Q, k) values and indices after blocks of queries against chunks of corpus (module
-    docstring); `screen`: "bfloat16" or "int8" screens each block with such a product."""
-    queries, score, device, k = inputs.queries, inputs.score, inputs.device, inputs.k
+    """The (Q, K) running approximate top-K (`_running`) after blocks of queries against chunks of
+    corpus (module docstring), and the largest row norm met; `screen`: "bfloat16" or "int8" screens
+    each block with such a product."""
+    queries, score, device = inputs.queries, inputs.score, inputs.device
     (num_queries, dim), num_docs = queries.shape, inputs.corpus.shape[0]
     query_chunk_size, corpus_chunk_size = inputs.query_chunk_size, inputs.corpus_chunk_size
-    top_values = torch.full((num_queries, k), -math.inf, device=device)  # (Q, k)
-    top_indices = torch.full_like(top_values, -1, dtype=torch.long)  # (Q, k)
+    top_values, top_indices = _running(inputs)
     # One buffer for the score blocks, laid out (corpus rows, queries), its height in whole groups.
     height = -(-min(corpus_chunk_size, num_docs) // GROUP_SIZE) * GROUP_SIZE
     block_buffer = torch.empty(height * min(query_chunk_size, num_queries), device=device)
@@ -208,16 +250,17 @@ def search_blocks(inputs: SearchInputs, screen: str | None = None):
     elif screen == "bfloat16":
         copy = kept(inputs.prepared, "bfloat16") is not None
         screened = Screen(queries, Bfloat16Blocks(queries, score, query_chunk_size, height, copy), score == "euclidean")
+    reach = 0.0
     for doc_start in range(0, num_docs, corpus_chunk_size):
         with _one_thread(device):
-            chunk, scored, bounds = _block_chunk(inputs, doc_start, unit_buffer, screened is not None)
+            chunk = _block_chunk(inputs, doc_start, unit_buffer, screened is not None)
+        reach = max(reach, chunk.largest_norm)
         if screened is not None:
             screened.load_chunk(chunk)
         for query_start in range(0, num_queries, query_chunk_size):
             rows = slice(query_start, min(query_start + query_chunk_size, num_queries))
-            chunk_bounds = bounds.of(rows)
-            floor = chunk_bounds.floor(top_values[rows, -1].double())
-            found = None if screened is None else screened.candidates(rows, inputs.excluded, doc_start, floor)
+            kth = _threshold(inputs, rows, top_values[rows], reach)
+            found = None if screened is None else screened.candidates(rows, inputs.excluded, doc_start, kth)
             if found is None:
                 if chunk.divisors is not None:  # the screen failed: the chunk's unit rows, once
                     chunk.rows = torch.div(chunk.rows, chunk.divisors, out=unit_buffer[: chunk.rows.shape[0]])
@@ -228,54 +271,50 @@ def search_blocks(inputs: SearchInputs, screen: str | None = None):
                     block[chunk.rows.shape[0] :] = -math.inf
                     if inputs.excluded is not None:
                         drop_excluded(block.T, inputs.excluded, query_start, doc_start)
-                    found = _block_candidates(block.T, top_values[rows], chunk_bounds)
-            settle(queries[rows], scored, found, doc_start, score, top_values[rows], top_indices[rows])
-    return top_values, top_indices
+                    found = _block_candidates(block.T, kth, top_values.shape[1])
+            merge_candidates(found[2], found[:2], doc_start, top_values[rows], top_indices[rows])
+    return top_values, top_indices, reach
 
 
-def _block_chunk(inputs: SearchInputs, start: int, unit_buffer: torch.Tensor | None, screened: bool):
-    """The corpus chunk from `start` as `search_blocks` multiplies it (cosine rows as given divided by
-    their float32 norms now, or, for a screen, left undivided with their divisors), the function
-    giving candidates' rows as scored, and the chunk's bound."""
+def _block_chunk(inputs: SearchInputs, start: int, unit_buffer: torch.Tensor | None, screened: bool) -> Chunk:
+    """The corpus chunk from `start` as `search_blocks` multiplies it: cosine rows as given divided by
+    their float32 norms now, or, for a screen, left undivided with their divisors."""
     rows = min(inputs.corpus_chunk_size, inputs.corpus.shape[0] - start)
     if inputs.prepared is None:
         raw = inputs.corpus[start : start + rows].to(device=inputs.device, dtype=torch.float32)  # (Nc, d)
         norms = torch.linalg.vector_norm(raw, dim=1)  # (Nc,)
-        found = _raw_bound(inputs, raw, norms)
-        if found is not None:
-            scored, bounds = found
+        reach = _raw_reach(inputs, norms)
+        if reach is not None:
             divisors = norms[:, None] if inputs.score == "cosine" else None  # (Nc, 1)
             if divisors is not None and not screened:
                 raw, divisors = torch.div(raw, divisors, out=unit_buffer[:rows]), None
             squared = norms * norms if inputs.score == "euclidean" else None
-            largest = 1 + 2.0**-10 if inputs.score == "cosine" else float(norms.max()) * (1 + 2.0**-10)
-            return Chunk(raw, divisors, squared, largest, None), scored, bounds
+            return Chunk(raw, divisors, squared, reach, None)
     return _prepared_chunk(inputs, start, rows, kept(inputs.prepared, "bfloat16"))
 
 
-def _block_candidates(scores: torch.Tensor, top_values: torch.Tensor, bounds: Bounds):
-    """(M,) query rows and (M,) block columns of the entries of a (Qc, H) float32 block (H a multiple
-    of GROUP_SIZE; maybe the transpose of an (H, Qc) one) that can reach the running (Qc, k) top-k:
-    at or above the floor of the k-th best so far, or of what the block's own k best guarantee."""
-    k = top_values.shape[1]
+def _block_candidates(scores: torch.Tensor, kth: torch.Tensor, size: int):
+    """(M,) query rows, (M,) block columns and (M,) scores of the entries of a (Qc, H) float32 block
+    (H a multiple of GROUP_SIZE; maybe the transpose of an (H, Qc) one) that enter a running top-`size`
+    whose rows must lie above `kth` (Qc,) (`_threshold`; an equal score loses the tie: a higher index)."""
     groups = scores.unflatten(1, (-1, GROUP_SIZE))  # (Qc, H / G, G)
     # Reduced along the block's rows in memory (across, torch's reduction is many times slower).
     if scores.stride(1) == 1:
         group_maxima = groups.amax(dim=2)  # (Qc, H / G)
     else:
         group_maxima = scores.T.unflatten(0, (-1, GROUP_SIZE)).amax(dim=1).T  # (Qc, H / G)
-    kth = top_values[:, -1].double()  # (Qc,)
-    if torch.isneginf(kth).any() and scores.shape[1] >= k:
-        # The k-th largest group maximum: k groups, so k entries, reach it.
-        source = group_maxima if group_maxima.shape[1] >= k else scores
-        kth = torch.maximum(kth, bounds.lower(source.topk(k, dim=1).values[:, -1]))
-    floor = bounds.floor(kth)[:, None]  # (Qc, 1)
-    promising = (group_maxima >= floor) & (group_maxima > -math.inf)  # (Qc, H / G)
+    floor = kth[:, None]
+    if torch.isneginf(kth).any() and scores.shape[1] > size:
+        # A running top-K not full yet: the K-th largest group maximum (K groups, so K entries, reach
+        # it) rules out the rest, so that the first block is not merged whole.
+        source = group_maxima if group_maxima.shape[1] >= size else scores
+        floor = torch.where(torch.isneginf(kth), source.topk(size, dim=1).values[:, -1], kth)[:, None]
+    promising = (group_maxima > kth[:, None]) & (group_maxima >= floor)  # (Qc, H / G)
     rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,)
     values = groups[rows, group]  # (P, G)
-    pair, offset = ((values >= floor[rows]) & (values > -math.inf)).nonzero(as_tuple=True)  # (M,), (M,)
+    pair, offset = ((values > kth[rows, None]) & (values >= floor[rows])).nonzero(as_tuple=True)  # (M,), (M,)
     # nonzero() lists pairs query by query, groups and offsets ascending: sorted by query, then row.
-    return rows[pair], group[pair] * GROUP_SIZE + offset
+    return rows[pair], group[pair] * GROUP_SIZE + offset, values[pair, offset]
 
 
 @contextlib.contextmanager

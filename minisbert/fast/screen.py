@@ -65,25 +65,25 @@ class Screen:
         self.approximate.load_chunk(chunk)
 
     def candidates(self, rows: slice, excluded: torch.Tensor | None, doc_start: int,
-                   floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(M,) query rows (ascending, within `rows`) and (M,) chunk rows of the entries whose float32
-        scores reach the (Qc,) `floor`, or None where the screen would not save work: a floor still
-        -inf (no k-th best to beat yet), or too many entries surviving it."""
+                   floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(M,) query rows (ascending, within `rows`), (M,) chunk rows and (M,) float32 scores of the
+        entries whose float32 scores lie above the (Qc,) `floor`, or None where the screen would not
+        save work: a floor still -inf (nothing to beat yet), or too many entries surviving it."""
         if not torch.isfinite(floor).all():
             return None
         if self.wait.get(rows.start, 0) > 0:
             self.wait[rows.start] -= 1
             return None
-        strict = torch.nextafter(floor, floor.new_tensor(-torch.inf))  # screens keep what lies above
-        found = self.approximate.candidates(rows, excluded, doc_start, strict)
+        found = self.approximate.candidates(rows, excluded, doc_start, floor)
         if found is None:
             self.failures[rows.start] = self.failures.get(rows.start, 0) + 1
             self.wait[rows.start] = 2 ** self.failures[rows.start] - 1
             return None
         self.failures[rows.start] = 0
         cand_rows, cand_cols = found
-        keep = self._rescore(rows, cand_rows, cand_cols) >= floor[cand_rows]
-        return cand_rows[keep], cand_cols[keep]
+        scores = self._rescore(rows, cand_rows, cand_cols)
+        keep = scores > floor[cand_rows]
+        return cand_rows[keep], cand_cols[keep], scores[keep]
 
     def _rescore(self, rows: slice, cand_rows: torch.Tensor, cand_cols: torch.Tensor) -> torch.Tensor:
         """(M,) float32 scores (keys 2 q·c - |c|² for euclidean) of the candidates, a piece at a time."""

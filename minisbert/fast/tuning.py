@@ -12,6 +12,10 @@ SCREENED_FEW_QUERIES = 4  # from this many queries a span is screened with the b
 INT8_ROWS_RATIO = 0.75  # the one-query int8 screen is kept where its product takes under this share of float32's
 INT8_BLOCKS_RATIO = 0.6  # the int8 blocks screen where their product takes under this share of the one replaced
 
+# A fast way keeps its top k + KEPT_BEYOND_K by float32 scores; the rows past the k-th prove (or not)
+# that nothing left out could be in the exact top k, which is rare ties only. bench: "Search"
+KEPT_BEYOND_K = 16
+
 # Spans of the few-query search (fast/retrieval.py's `search_spans`).
 GROUP_SIZE = 64  # corpus rows per group of the coarse filter: one group maximum opens or skips 64 scores
 SPAN_ROWS = 2**19 - GROUP_SIZE  # long spans: a span costs a few dozen torch calls; not a multiple of 4096,
