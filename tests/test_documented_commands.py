@@ -69,6 +69,7 @@ COMMANDS = {
     "python evaluate.py --run run.trec --qrels qrels.txt --k 10 --definitions trec": Run(),
     "python train.py --arch siamese --metric cosine": Run(STEPS),
     "python -m minisbert.experiments siamese-vs-triplet --quick": Run(slow=True),
+    "python -m minisbert.experiments summary": Run(),
     "python -m minisbert.experiments siamese-vs-triplet": Run(QUICK, slow=True),
     "python -m minisbert.experiments embedding-size": Run(QUICK, slow=True),
     "python -m minisbert.experiments sbert-objectives": Run(QUICK, slow=True, data=True),  # STS-B, SICK
@@ -90,13 +91,7 @@ COMMANDS = {
     "python bench/int8.py --limit 320 --rounds 3": Run(BENCH, slow=True, data=True),
     "python bench/int8.py --limit 64 --rounds 1 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
     "python bench/retrieval.py --peer-python PEER/bin/python": SMALL_SEARCH,
-    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 --queries 1000 --repeats 5 --methods "
-    "minisbert-dot minisbert-cosine minisbert-prepared minisbert-util plain faiss": SMALL_SEARCH,
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 10000": SMALL_SEARCH,
-    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 --queries 10000 --methods minisbert-dot "
-    "minisbert-cosine minisbert-prepared minisbert-util plain faiss": SMALL_SEARCH,
-    "python bench/retrieval.py --sizes 1000000 --queries 1 16 1000 --devices cuda --methods minisbert-dot "
-    "minisbert-cosine minisbert-prepared plain": Run("--sizes 2000 --queries 1 --repeats 1", needs="gpu"),
     "python bench/train.py --peer-python PEER/bin/python --repeats 3": Run("--pairs 32 --repeats 1", slow=True,
                                                                           data=True, needs="peer"),
     "python -m minisbert.experiments": Run(),

@@ -100,3 +100,22 @@ def test_a_sentence_transformers_snippet_runs_with_the_import_changed():
     assert torch.equal(similarities, similarity(embeddings, embeddings, "cosine"))  # the same call
     # Unit rows (the model normalises): cosine with itself is 1 up to a float32 sum over D.
     assert torch.allclose(similarities.diagonal(), torch.ones(3), rtol=0, atol=float32_apart(embeddings.shape[1]))
+
+
+def test_one_cosine_at_float32s_limits():
+    # Rows of entries near 1e-20 and 1e30: their squares leave float32's range, not float64's, where
+    # unit_rows measures them. Pooling's normalisation, util.cos_sim and the search agree on them: the
+    # true cosines (1, -1, 1/sqrt(8)·sum of signs...), to float32 rounding (2 roundings of order 1).
+    from minisbert import util
+    from minisbert.pooling import normalize
+    from minisbert.search import search
+
+    signs = torch.tensor([[1.0, -1, 1, 1, -1, 1, 1, 1]])
+    corpus = torch.cat([torch.full((1, 8), 1e-20), torch.full((1, 8), -3e-20), signs * 1e30, signs * 1e-30])
+    query = torch.full((1, 8), 2e-20)
+    expected = torch.tensor([1.0, -1.0, 0.5, 0.5])  # (6 - 2) / 8 for the signed rows
+    assert torch.allclose(torch.linalg.vector_norm(normalize(corpus), dim=1), torch.ones(4), atol=1e-6)
+    assert torch.allclose(util.cos_sim(query, corpus)[0], expected, atol=1e-6)
+    scores, rows = search(query, corpus, 4)
+    assert torch.allclose(scores[0], expected[rows[0]], atol=1e-6)
+    assert rows[0].tolist() == [0, 2, 3, 1]  # 0.5 twice: the lower row first

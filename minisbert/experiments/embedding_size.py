@@ -55,7 +55,7 @@ MAIN_METRIC, MAIN_LABEL = "ndcg@10", "NDCG@10"
 # The full preset: every SciFact training triplet (919) for 3 epochs of batch 16 (174 steps; the paper
 # trains 10 and saw it converge after about 2), one model per D (8 to twice the width, every fourfold
 # step and the width itself) and the base model. The encoder's learning rate 2e-5, SBERT's; the
-# projection's 3e-4. About 65 minutes on a 2-core Zen 4 EPYC. The quick preset's sizes stay below the
+# projection's 3e-4 (minutes on 2 cores: the README). The quick preset's sizes stay below the
 # 22 texts of data/example's training triplets: a PCA of n texts gives at most n directions.
 PRESETS = {
     "full": {"data": "scifact", "model": "all-MiniLM-L6-v2", "dims": [8, 32, 128, 384, 768], "examples": None,

@@ -71,10 +71,9 @@ BASELINE_LABELS = {"untrained": "start model, untrained", "untrained-euclidean":
                    "bm25": "BM25"}
 # The full preset: every SciFact training triplet (919) for 2 epochs at SBERT's learning rate of 2e-5,
 # decaying linearly as fit() does after its warmup, batch 16: 116 steps for a Triplet network, 230 for
-# a Siamese one, which sees two pairs per triplet; 59 minutes per seed on a 2-core Zen 4 EPYC. The
-# paper trains 3 epochs (section 2.4): --epochs 3 took 87 minutes on that machine and would likely
-# pass 90 on the slower AVX2 EPYCs. The paper's own data (MS MARCO, batch 64) is --data FOLDER
-# --batch-size 64 --max-seq-length 256 on a GPU.
+# a Siamese one, which sees two pairs per triplet (minutes per seed on 2 cores: the README). The
+# paper trains 3 epochs (section 2.4): --epochs 3. The paper's own data (MS MARCO, batch 64) is
+# --data FOLDER --batch-size 64 --max-seq-length 256 on a GPU.
 PRESETS = {
     "full": {"data": "scifact", "model": "all-MiniLM-L6-v2", "examples": None, "epochs": 2, "batch_size": 16,
              "max_seq_length": 128, "lr": 2e-5, "margins": [0.2, 1.0, 5.0], "seed": 42, "seeds": 1},

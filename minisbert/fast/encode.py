@@ -9,10 +9,8 @@ at a time.
 Batches: `SentenceModel.encode` sorts texts longest first and runs them batch by batch, at most
 `batch_size` texts each. On a CPU the fast way also stops a batch at CPU_TOKENS_PER_FORWARD tokens
 (padding included), so that each layer's activations stay in the processor's cache instead of
-streaming through main memory. On 2 cores, 4 forward passes of 8 x 256 tokens ran about 20% faster
-than one of 32 x 256 on one EPYC, and 7% faster on a Zen 3 EPYC, where budgets of 1,024 and 4,096
-tokens were within 5% of 2,048. Memory is reused from one batch
-to the next (fast/linear.py's `reusing_memory`).
+streaming through main memory (bench/README.md, "Encoding", has the budgets measured). Memory is
+reused from one batch to the next (fast/linear.py's `reusing_memory`).
 
 What is promised: on a CPU, a text's embedding has the same bits whatever batch it is encoded in:
 any batch_size, order, token budget or company of other texts, and one string or a list of them, in
