@@ -17,7 +17,7 @@ a file damaged or edited elsewhere is refused, naming it:
     corpus.save("corpus.safetensors")
     scores, rows = search(model.encode(["a question"]), load_corpus("corpus.safetensors"), k=10)
 
-On a GPU the plain loop runs (large chunks: few synchronisations). A large corpus can stay in CPU
+On a GPU the plain loop runs (its speed there not yet measured). A large corpus can stay in CPU
 memory (`search(..., device="cuda")` moves it chunk by chunk) or live on the GPU in float16.
 Checked against brute force and way against way in tests/test_retrieval.py; for speed against
 sentence-transformers `util.semantic_search` and faiss `IndexFlatIP` in bench/retrieval.py.

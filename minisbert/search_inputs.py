@@ -7,7 +7,6 @@ float32; for dot and euclidean no score beyond float32 (|q·c| <= |q| |c|, |q - 
 A failure raises a ValueError naming the input and the row.
 """
 
-import copy
 import dataclasses
 import math
 from collections.abc import Hashable, Sequence
@@ -146,12 +145,6 @@ class Bounds:
         gamma = dim * F32_UNIT / (1 - dim * F32_UNIT)
         reach = query_norms + largest_norm if score == "euclidean" else (query_norms * largest_norm).sqrt()
         self.error = 1.01 * (sums * gamma + roundings * F32_UNIT) * reach**2 + dim * 2.0**-124  # (Qc,)
-
-    def of(self, rows: slice) -> "Bounds":
-        """This bound for the query chunk `rows` of the queries it was made for."""
-        narrowed = copy.copy(self)
-        narrowed.query_norms, narrowed.error = self.query_norms[rows], self.error[rows]
-        return narrowed
 
     def lower(self, approximate: torch.Tensor) -> torch.Tensor:
         """(Qc,) float64 values below which the k-th best cannot lie, when k entries of each query's

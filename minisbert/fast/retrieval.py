@@ -1,9 +1,11 @@
 """Exact top-k search, fast: the plain loop's answer (minisbert/retrieval.py) with less work.
 
-Every way here does what the plain loop does: approximate scores, the candidates that can still
-reach the top-k under a proven bound, and `settle` (search_inputs.py), which scores the candidates
-exactly and merges them. Only the first two steps are faster, so no way can change a result.
-minisbert/search.py's WAYS says which way a search takes.
+Every way here keeps, for each query, its top k + KEPT_BEYOND_K rows by float32 scores, dropping on
+the way only rows that provably cannot be in the exact top-k (`_threshold`). `finish` then proves that
+nothing left out could be in it and scores the kept rows that can exactly (search_inputs.py's
+`settle`, the plain loop's last step), so no way can change a result; a query it cannot prove (ties
+crowding the kept rows) is answered by the plain loop (minisbert/search.py's `_settled`, beside the
+table WAYS that says which way a search takes).
 
 A few queries (`search_spans`). The product does little arithmetic per corpus row, so the search
 can go no faster than the corpus can be read: one product per long span of rows (SPAN_ROWS), the
