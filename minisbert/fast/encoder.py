@@ -33,7 +33,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from ..encoder_inputs import position_ids
+from ..encoder_inputs import additive_attention_mask, position_ids
 from .linear import linear, whole_tiles
 
 GELU_APPROXIMATION = {"gelu": "none", "gelu_new": "tanh"}  # EncoderConfig.activation -> F.gelu's name
@@ -89,12 +89,14 @@ def texts_by_length(attention_mask):
     return groups
 
 
-def attention(module, x, groups):
+def attention(module, x, groups, attention_mask, token_positions):
     """The plain `SelfAttention` module's output for packed tokens: (N, H) -> (N, H).
     groups: `texts_by_length`'s; the context of rows in none of them (tile padding) is zeros."""
     H, nh, hs = x.shape[-1], module.num_heads, module.head_size
     qkv = linear(x, [module.query, module.key, module.value], keep_as="qkv")  # (N, 3H)
     dropout = module.attention_dropout.p if module.attention_dropout.training else 0.0
+    if dropout:  # training: the padded (B, T) grid, so that dropout draws its masks as the plain encoder does
+        return padded_attention(module, qkv, attention_mask, token_positions, dropout)
     context = qkv.new_zeros(x.shape[0], H)  # (N, H)
     for rows, texts, length in groups:
         # Q, K and V of these texts side by side; each one's heads are then views into them.
@@ -102,6 +104,19 @@ def attention(module, x, groups):
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)  # (B_L, nh, L, hs)
         context[rows] = out.transpose(1, 2).reshape(texts * length, H)  # (B_L * L, H)
     return linear(context, [module.output])  # (N, H)
+
+
+def padded_attention(module, qkv, attention_mask, token_positions, dropout: float):
+    """Attention with dropout over the padded grid, its queries, keys and values put back in (B, T)."""
+    (B, T), H = attention_mask.shape, qkv.shape[-1] // 3
+    tokens = B * T if token_positions is None else token_positions.numel()  # rows past them: tile padding
+    grid = to_grid(qkv[:tokens], token_positions, B, T).view(B, T, 3, module.num_heads, module.head_size)
+    q, k, v = (grid[:, :, i].transpose(1, 2) for i in range(3))  # 3 x (B, nh, T, hs)
+    mask = None if token_positions is None else additive_attention_mask(attention_mask, qkv.dtype)  # (B, 1, 1, T)
+    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, nh, T, hs)
+    context = from_grid(context.transpose(1, 2).reshape(B, T, H), token_positions)  # (N, H)
+    context = torch.cat([context, context.new_zeros(qkv.shape[0] - tokens, H)])  # (N', H)
+    return linear(context, [module.output])  # (N', H)
 
 
 def feed_forward(module, x, activation: str):
@@ -121,7 +136,7 @@ def forward(encoder, input_ids, attention_mask, token_type_ids=None):
         x = whole_tiles(x)  # (N', H): padded once here, so that no product pads (fast/linear.py)
     groups = texts_by_length(attention_mask)
     for block in encoder.layers:
-        h = attention(block.attention, x, groups)  # (N', H)
+        h = attention(block.attention, x, groups, attention_mask, token_positions)  # (N', H)
         x = layer_norm(x + block.dropout(h), block.attention_norm)
         h = feed_forward(block.ffn, x, encoder.config.activation)  # (N', H)
         x = layer_norm(x + block.dropout(h), block.output_norm)
