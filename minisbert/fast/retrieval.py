@@ -120,7 +120,9 @@ def _threshold(inputs: SearchInputs, rows: slice, top_values: torch.Tensor, reac
     kept score, and where it is higher, the floor of the k-th (search_inputs.py's `Bounds`, for rows
     of norm at most `reach`): a row below that floor cannot be in the exact top-k, whatever follows."""
     bounds = Bounds(inputs.score, inputs.query_norms[rows], reach, inputs.queries.shape[1], **ROUGH)
-    return torch.maximum(top_values[:, -1], bounds.floor(bounds.lower(top_values[:, inputs.k - 1])))
+    floor = bounds.floor(bounds.lower(top_values[:, inputs.k - 1]))
+    # Rows are kept above the threshold: just below the floor, so that a row at the floor is kept.
+    return torch.maximum(top_values[:, -1], torch.nextafter(floor, floor.new_tensor(-math.inf)))
 
 
 def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Tensor, reach: float):
