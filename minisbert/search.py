@@ -23,6 +23,7 @@ Checked against brute force and way against way in tests/test_retrieval.py; for 
 sentence-transformers `util.semantic_search` and faiss `IndexFlatIP` in bench/retrieval.py.
 """
 
+import dataclasses
 import os
 from functools import partial
 from pathlib import Path
@@ -49,7 +50,7 @@ def _on_cpu(s: SearchInputs) -> bool:
 
 
 def _small(s: SearchInputs) -> bool:
-    return s.corpus.shape[0] <= SMALL_CORPUS_ROWS and _few(s)
+    return s.corpus.shape[0] <= SMALL_CORPUS_ROWS
 
 
 def _int8_copy(s: SearchInputs) -> bool:
@@ -87,13 +88,24 @@ def _anywhere(s: SearchInputs) -> bool:
     return True
 
 
+def _subset(inputs: SearchInputs, chosen: torch.Tensor) -> SearchInputs:
+    """The same search for the queries where the (Q,) bool `chosen` holds, numbered anew."""
+    excluded = inputs.excluded
+    if excluded is not None:
+        renumbered = chosen.long().cumsum(0) - 1  # (Q,) each chosen query's new row
+        excluded = excluded[chosen[excluded[:, 0]]]
+        excluded = torch.stack([renumbered[excluded[:, 0]], excluded[:, 1]], dim=1)
+    return dataclasses.replace(inputs, queries=inputs.queries[chosen], query_norms=inputs.query_norms[chosen],
+                               excluded=excluded)
+
+
 def _settled(way):
     """A fast way as a runner: its approximate top-K scored exactly (`fast.finish`), and the plain loop
     for the queries whose answer that cannot prove (ties past the rows it keeps)."""
     def run(inputs: SearchInputs):
         values, indices, unproved = fast.finish(inputs, *way(inputs))
         if unproved.any():
-            values[unproved], indices[unproved] = retrieval.chunked_search(inputs.subset(unproved))
+            values[unproved], indices[unproved] = retrieval.chunked_search(_subset(inputs, unproved))
         return values, indices
     return run
 
@@ -102,10 +114,10 @@ def _settled(way):
 WAYS = (
     # name               can run          taken when          runs
     ("plain",            _anywhere,       lambda s: not _on_cpu(s), retrieval.chunked_search),
-    ("one span",         _on_cpu,         _small,             _settled(partial(fast.search_spans, one_span=True))),
     ("spans, int8",      _int8_copy,      _anywhere,          _settled(partial(fast.search_spans, screen="int8"))),
     ("spans, bfloat16",  _bfloat16_copy,  _screened_few,      _settled(partial(fast.search_spans, screen="bfloat16"))),
     ("spans",            _on_cpu,         _few,               _settled(fast.search_spans)),
+    ("one block",        _on_cpu,         _small,             _settled(fast.search_whole)),
     ("blocks, int8",     _int8_product,   _int8_blocks_pay,   _settled(partial(fast.search_blocks, screen="int8"))),
     ("blocks, bfloat16", _on_cpu,         _native_bfloat16,   _settled(partial(fast.search_blocks, screen="bfloat16"))),
     ("blocks",           _on_cpu,         _anywhere,          _settled(fast.search_blocks)),

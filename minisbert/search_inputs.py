@@ -7,7 +7,6 @@ float32; for dot and euclidean no score beyond float32 (|q·c| <= |q| |c|, |q - 
 A failure raises a ValueError naming the input and the row.
 """
 
-import dataclasses
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -87,16 +86,6 @@ class SearchInputs:
             raise ValueError(f"queries row {query_row} (norm {query_norm:.3g}) and corpus row {start + doc_row} "
                              f"(norm {doc_norm:.3g}) may score beyond float32 with score={self.score!r}; scale "
                              "the embeddings down or use score='cosine'")
-
-    def subset(self, chosen: torch.Tensor) -> "SearchInputs":
-        """The same search for the queries where the (Q,) bool `chosen` holds, numbered anew."""
-        excluded = self.excluded
-        if excluded is not None:
-            renumbered = chosen.long().cumsum(0) - 1  # (Q,) each chosen query's new row
-            excluded = excluded[chosen[excluded[:, 0]]]
-            excluded = torch.stack([renumbered[excluded[:, 0]], excluded[:, 1]], dim=1)
-        return dataclasses.replace(self, queries=self.queries[chosen], query_norms=self.query_norms[chosen],
-                                   excluded=excluded)
 
     def results(self, values: torch.Tensor, indices: torch.Tensor):
         """What `search` returns from the running (Q, k) values and indices: distances for euclidean

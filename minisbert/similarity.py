@@ -53,7 +53,11 @@ def fixed_sum(terms: torch.Tensor) -> torch.Tensor:
     middle column waits for a later round) until one is left. Every step is one correctly rounded
     float64 addition, so the result depends on the terms alone, never on a kernel, a thread count or
     how many rows came together."""
-    terms = terms.to(torch.float64, copy=True)  # added into in place
+    return _fixed_sum_(terms.to(torch.float64, copy=True))
+
+
+def _fixed_sum_(terms: torch.Tensor) -> torch.Tensor:
+    """`fixed_sum` of float64 `terms`, added into them in place."""
     width = terms.shape[-1]
     while width > 1:
         half = width // 2
@@ -68,7 +72,7 @@ def row_norms(matrix: torch.Tensor) -> torch.Tensor:
     overflow nor underflow there, so the norm of any finite float32 row is right to float64
     rounding, whatever its scale."""
     rows = matrix.to(torch.float64)
-    return fixed_sum(rows * rows).sqrt()
+    return _fixed_sum_(rows * rows).sqrt()
 
 
 def unit_rows(matrix: torch.Tensor) -> torch.Tensor:
@@ -90,8 +94,8 @@ def exact_scores(queries: torch.Tensor, rows: torch.Tensor, score: str) -> torch
     queries, rows = queries.to(torch.float64), rows.to(torch.float64)
     if score == "euclidean":
         differences = queries - rows
-        return fixed_sum(differences * differences).sqrt().to(torch.float32)
-    return fixed_sum(queries * rows).to(torch.float32)
+        return _fixed_sum_(differences.mul_(differences)).sqrt().to(torch.float32)
+    return _fixed_sum_(queries * rows).to(torch.float32)
 
 
 def similarity(a, b, function: str = "cosine") -> torch.Tensor:

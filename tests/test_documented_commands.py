@@ -87,6 +87,8 @@ COMMANDS = {
     "\"torch float32\" \"ONNX float32\" \"ONNX int8\"": Run(BENCH, slow=True, data=True, needs="peer"),
     "python bench/encode.py --peer-python PEER/bin/python --limit 320 --rounds 3 --gemm-variants":
         Run(BENCH, slow=True, data=True, needs="peer"),
+    "python bench/encode.py --peer-python PEER/bin/python --limit 320 --rounds 3 --gemm-variants --peer-variants "
+    "\"torch float32\" \"torch bfloat16\"": Run(BENCH, slow=True, data=True, needs="peer"),
     "python bench/batch_invariance.py": Run("--threads 1 --rows 96"),
     "python bench/int8.py --limit 320 --rounds 3": Run(BENCH, slow=True, data=True),
     "python bench/int8.py --limit 64 --rounds 1 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
