@@ -180,7 +180,7 @@ def differences(path: Path, tests: dict, xlabel: str, margin: float | None = Non
     ax.set_yticks(range(len(tests)), list(reversed(list(tests))))
     ax.set_xlabel(xlabel)
     adjusted = all("p_holm" in test for test in tests.values())
-    ax.set_title(("dot filled: Holm-adjusted p < 0.05, hollow: not detectable after the adjustment;\n"
+    ax.set_title(("dot filled: Holm-adjusted p < 0.05;\nhollow: not detectable after the adjustment;\n"
                   if adjusted else "dot filled: p < 0.05, hollow: not detectable;\n")
                  + "bar: the 95% interval, not adjusted; small dots below: each seed"
                  + (f";\ngrey band: the ±{margin:g} equivalence margin" if margin else ""), fontsize="small")
