@@ -50,7 +50,7 @@ def _on_cpu(s: SearchInputs) -> bool:
 
 
 def _small(s: SearchInputs) -> bool:
-    return s.corpus.shape[0] <= SMALL_CORPUS_ROWS
+    return s.corpus.shape[0] <= SMALL_CORPUS_ROWS and _few(s)
 
 
 def _int8_copy(s: SearchInputs) -> bool:
@@ -114,10 +114,10 @@ def _settled(way):
 WAYS = (
     # name               can run          taken when          runs
     ("plain",            _anywhere,       lambda s: not _on_cpu(s), retrieval.chunked_search),
+    ("one span",         _on_cpu,         _small,             _settled(partial(fast.search_spans, one_span=True))),
     ("spans, int8",      _int8_copy,      _anywhere,          _settled(partial(fast.search_spans, screen="int8"))),
     ("spans, bfloat16",  _bfloat16_copy,  _screened_few,      _settled(partial(fast.search_spans, screen="bfloat16"))),
     ("spans",            _on_cpu,         _few,               _settled(fast.search_spans)),
-    ("one block",        _on_cpu,         _small,             _settled(fast.search_whole)),
     ("blocks, int8",     _int8_product,   _int8_blocks_pay,   _settled(partial(fast.search_blocks, screen="int8"))),
     ("blocks, bfloat16", _on_cpu,         _native_bfloat16,   _settled(partial(fast.search_blocks, screen="bfloat16"))),
     ("blocks",           _on_cpu,         _anywhere,          _settled(fast.search_blocks)),

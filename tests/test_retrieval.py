@@ -762,8 +762,8 @@ def _tensors(value):
 
 @pytest.mark.parametrize("score", SCORES)
 def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, path):
-    if path.get("way") == "one block":
-        pytest.skip("one block is the way of small corpora: its block is the whole (Qc, N) score matrix")
+    if path.get("way") == "one span":
+        pytest.skip("one span is the way of small corpora: its block is the whole (Q, N) score matrix")
     generator = torch.Generator().manual_seed(6)
     queries = torch.randn(64, 16, generator=generator)
     # Facts about the machine (the span product's way) are measured on a probe the first time: before.

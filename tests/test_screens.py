@@ -321,7 +321,7 @@ def test_which_way_each_search_takes():
     prepared = prepare_corpus(corpus, screen=True)
     pays = int8_blocks.int8_blocks_exact(24) and int8_blocks.int8_blocks_pay(24, True)
     few = tuning.FEW_QUERIES_INT8 if pays else tuning.FEW_QUERIES
-    assert ways(1, small) == "spans" and ways(1000, small) == "one block"
+    assert ways(1, small) == ways(few, small) == "one span"
     assert ways(few, corpus) == "spans" and ways(few + 1, corpus).startswith("blocks")
     assert ways(1, prepared) == ("spans, int8" if kept(prepared, "int8") is not None else "spans")
     assert ways(tuning.FEW_QUERIES_PREPARED, prepared) == "spans, bfloat16"

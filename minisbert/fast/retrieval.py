@@ -64,17 +64,17 @@ def kept(prepared, name: str):
     return None if prepared is None else _copies.get(prepared, {}).get(name)
 
 
-def search_spans(inputs: SearchInputs, screen: str | None = None):
+def search_spans(inputs: SearchInputs, screen: str | None = None, one_span: bool = False):
     """The (Q, K) running approximate top-K (`_running`) after reading the corpus a span at a time
     (module docstring), and the largest row norm met; `screen`: "bfloat16" or "int8" screens a
-    prepared corpus's spans with its copy."""
+    prepared corpus's spans with its copy; `one_span`: the whole corpus in one span (a small one)."""
     queries, score, device = inputs.queries, inputs.score, inputs.device
     (num_queries, dim), num_docs = queries.shape, inputs.corpus.shape[0]
     top_values, top_indices = _running(inputs)
     span = min(SPAN_ROWS, min(SPAN_ENTRIES, inputs.corpus_chunk_size * inputs.query_chunk_size) // max(1, num_queries))
     if inputs.corpus.dtype != torch.float32 or inputs.corpus.device != device:
         span = min(span, PIECE_BYTES // (4 * dim))  # copied to float32 a piece at a time
-    span = _span_length(span)
+    span = num_docs if one_span else _span_length(span)
     height = -(-min(span, num_docs) // GROUP_SIZE) * GROUP_SIZE
     block_buffer = torch.empty(num_queries * height, device=device)
     product = SpanProduct(queries, height)
@@ -83,8 +83,8 @@ def search_spans(inputs: SearchInputs, screen: str | None = None):
         screened = Screen(queries, Bfloat16Blocks(queries, score, num_queries, height, kept=True), score == "euclidean")
     elif screen == "int8" and (one_query := Int8RowsScreen(queries, height)).usable():
         screened = Screen(queries, one_query)
-    reach = 0.0
-    for start, rows in _spans(num_docs, span, top_values.shape[1], FIRST_SPAN_ROWS, SPAN_GROWTH if screened else None):
+    first, reach = None if one_span else FIRST_SPAN_ROWS, 0.0
+    for start, rows in _spans(num_docs, span, top_values.shape[1], first, SPAN_GROWTH if screened else None):
         if screened is not None:
             chunk = _prepared_chunk(inputs, start, rows, kept(inputs.prepared, screen))
             screened.load_chunk(chunk)
@@ -105,26 +105,6 @@ def search_spans(inputs: SearchInputs, screen: str | None = None):
             found = _block_candidates(block, kth, top_values.shape[1])
             merge_candidates(found[2], found[:2], start, top_values, top_indices)
     return top_values, top_indices, reach
-
-
-def search_whole(inputs: SearchInputs):
-    """The (Q, K) approximate top-K (`_running`) of a small corpus the one-liner's way: each chunk of
-    queries against every row in one float32 product, and its top-K; and the largest row norm."""
-    queries, num_docs = inputs.queries, inputs.corpus.shape[0]
-    top_values, top_indices = _running(inputs)
-    unit_buffer = None
-    if inputs.score == "cosine" and inputs.prepared is None:
-        unit_buffer = torch.empty(num_docs, queries.shape[1], device=inputs.device)
-    chunk = _block_chunk(inputs, 0, unit_buffer, False, num_docs)
-    for query_start in range(0, queries.shape[0], inputs.query_chunk_size):
-        rows = slice(query_start, query_start + inputs.query_chunk_size)
-        block = torch.empty(queries[rows].shape[0], num_docs, device=inputs.device)  # (Qc, N)
-        _score_rows(chunk, queries[rows], inputs.score, block.T)
-        if inputs.excluded is not None:
-            drop_excluded(block, inputs.excluded, query_start, 0)
-        values, indices = block.topk(top_values.shape[1], dim=1)  # (Qc, K)
-        top_values[rows], top_indices[rows] = values, indices.masked_fill_(torch.isneginf(values), -1)
-    return top_values, top_indices, chunk.largest_norm
 
 
 def _running(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,11 +154,11 @@ def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Te
     return values, indices, unproved
 
 
-def _spans(num_docs: int, span: int, k: int, first: int, growth: int | None):
-    """(start, rows) of each span: a short first span, then spans of `span` rows, or spans growing
-    `growth` times at each step up to `span` rows."""
+def _spans(num_docs: int, span: int, k: int, first: int | None, growth: int | None):
+    """(start, rows) of each span: a short first span (unless `first` is None), then spans of `span`
+    rows, or spans growing `growth` times at each step up to `span` rows."""
     start = 0
-    rows = min(span, _span_length(max(first, 4 * k + GROUP_SIZE)))
+    rows = span if first is None else min(span, _span_length(max(first, 4 * k + GROUP_SIZE)))
     while start < num_docs:
         yield start, min(rows, num_docs - start)
         start += rows
@@ -300,12 +280,10 @@ def search_blocks(inputs: SearchInputs, screen: str | None = None):
     return top_values, top_indices, reach
 
 
-def _block_chunk(inputs: SearchInputs, start: int, unit_buffer: torch.Tensor | None, screened: bool,
-                 rows: int | None = None) -> Chunk:
-    """The corpus chunk from `start` (of `rows` rows, default corpus_chunk_size) as `search_blocks`
-    multiplies it: cosine rows as given divided by their float32 norms now, or, for a screen, left
-    undivided with their divisors."""
-    rows = min(rows or inputs.corpus_chunk_size, inputs.corpus.shape[0] - start)
+def _block_chunk(inputs: SearchInputs, start: int, unit_buffer: torch.Tensor | None, screened: bool) -> Chunk:
+    """The corpus chunk from `start` as `search_blocks` multiplies it: cosine rows as given divided by
+    their float32 norms now, or, for a screen, left undivided with their divisors."""
+    rows = min(inputs.corpus_chunk_size, inputs.corpus.shape[0] - start)
     if inputs.prepared is None:
         raw = inputs.corpus[start : start + rows].to(device=inputs.device, dtype=torch.float32)  # (Nc, d)
         norms = torch.linalg.vector_norm(raw, dim=1)  # (Nc,)

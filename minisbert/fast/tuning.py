@@ -4,7 +4,7 @@ measurements behind them are in bench/README.md, in the section named after "ben
 """
 
 # Which way a search takes (minisbert/search.py's WAYS).
-SMALL_CORPUS_ROWS = 12288  # up to this many rows many queries are quickest in one float32 block. bench: "Search", small corpora
+SMALL_CORPUS_ROWS = 16384  # up to this many rows one float32 block is quickest. bench: "Search", small corpora
 FEW_QUERIES = 128  # up to this many queries the corpus is read a span at a time. bench: "Search"
 FEW_QUERIES_PREPARED = 384  # ... over a prepared corpus with a bfloat16 copy. bench: "Search"
 FEW_QUERIES_INT8 = 64  # ... where the blocks screen with int8 products. bench: "Search"
