@@ -280,6 +280,25 @@ def test_the_report_names_the_machine_that_made_the_models_not_the_one_that_read
     assert json.loads((output / "run.json").read_text())["date"] == "2026-01-01"  # reading back records nothing
 
 
+def test_a_run_continued_elsewhere_keeps_the_earlier_record_and_says_which_machine_made_which_models(
+        svt_run, tmp_path, monkeypatch):
+    # The first seed's models were made "elsewhere", before the margin was recorded; --seeds 2 here
+    # makes the second seed's. run.json keeps both records, and the report names both machines, the
+    # models each made, and that only part of the run predates the margin's record.
+    output = tmp_path / "run"
+    shutil.copytree(svt_run[0], output)
+    (output / "run.json").write_text(json.dumps({"date": "2026-01-01", "about": "Trained on a machine elsewhere."}))
+    run(siamese_vs_triplet, output, "--seeds", "2")
+    record = json.loads((output / "run.json").read_text())
+    assert record["earlier"] == [{"date": "2026-01-01", "about": "Trained on a machine elsewhere."}]
+    assert record["models"] == [f"{name}-seed43" for name in SVT_NETWORKS] and record["margin"] == 0.02
+    report = (output / "results.md").read_text()
+    assert "Made in 2 runs" in report and "Trained on a machine elsewhere. (its models not recorded.)" in report
+    assert f"{record['about']} (models {', '.join(record['models'])}.)" in report
+    assert "Part of this run predates the margin's record" in report
+    assert "the run of 2026-01-01 (its models not recorded)" in report
+
+
 def test_compare_runs_tests_each_pair_of_models_across_two_runs(svt_run, tmp_path):
     reference, results = svt_run
     output = tmp_path / "compared"

@@ -8,8 +8,9 @@ models therefore goes on with the models still missing, and one killed while a m
 from that model's last checkpoint (fit.py).
 
     OUTPUT/settings.json               the experiment and every setting it runs with
-    OUTPUT/run.json                    the machine that made the latest entry (date, device, CPU), the
-                                       code's git commit and the equivalence margin in force then
+    OUTPUT/run.json                    the machine that made the latest entries (date, device, CPU), the
+                                       code's git commit, the equivalence margin in force then and the
+                                       models it made; a run continued later keeps the earlier records
     OUTPUT/models/<name>/              log.jsonl, checkpoint.pt, final/ (fit.py), result.json
     OUTPUT/results.json, results.md    every number, each query's own included, and the tables
     OUTPUT/*.png                       the figures (figures.py, when matplotlib is installed)
@@ -148,7 +149,7 @@ class Study:
         report_only: every entry must be there already. device: where this run's models run, named in
         run.json when it makes an entry."""
         self.output, self.report_only, self.settings = Path(output), report_only, settings
-        self.device, self.recorded = device or str(default_device()), False
+        self.device, self.recorded = device or str(default_device()), None
         wanted = json.loads(json.dumps({"experiment": experiment, **vars(settings)}, default=str))
         path = self.output / "settings.json"
         found = read_json(path) if path.is_file() else None
@@ -175,19 +176,21 @@ class Study:
             raise ValueError(f"--report-only: {path} is missing; run the experiment without --report-only to "
                              f"make {name}")
         print(f"--- {name}")
-        if not self.recorded:  # a run that only reads results back leaves the machine that made them
-            write_json(self.output / "run.json", {"date": time.strftime("%Y-%m-%d"),
-                                                  "about": about_the_run(self.settings, self.device),
-                                                  "code": code_version(), "margin": verdicts.NDCG_MARGIN})
-            self.recorded = True
+        if not self.recorded:  # a run that only reads results back leaves the records as they are
+            earlier = history(self.run())
+            self.recorded = {"date": time.strftime("%Y-%m-%d"), "about": about_the_run(self.settings, self.device),
+                             "code": code_version(), "margin": verdicts.NDCG_MARGIN, "models": []}
+            if earlier:
+                self.recorded["earlier"] = earlier
         result = make(path.parent)
         write_json(path, result)
+        self.recorded["models"].append(name)
+        write_json(self.output / "run.json", self.recorded)
         return result
 
     def about(self) -> str:
-        """The report's line on the machine: what run.json records, or that it records nothing."""
-        path = self.output / "run.json"
-        return read_json(path)["about"] if path.is_file() else "The machine that ran it is not recorded (no run.json)."
+        """The report's line on the machines: what run.json records, or that it records nothing."""
+        return about_line(self.run())
 
     def run(self) -> dict:
         """run.json: the record of the machine and code that made the models ({} where there is none)."""
@@ -410,27 +413,74 @@ def code_version() -> dict | None:
     return {"commit": commit.stdout.strip(), "uncommitted_changes": bool(status.stdout.strip())}
 
 
+def history(run: dict) -> list:
+    """run.json's records, earliest first, each without the earlier ones ([] where there is none)."""
+    if not run:
+        return []
+    return run.get("earlier", []) + [{key: value for key, value in run.items() if key != "earlier"}]
+
+
+def made_by(record: dict) -> str:
+    models = record.get("models")
+    return f"models {', '.join(models)}" if models else "its models not recorded"
+
+
+def about_line(run: dict) -> str:
+    """The report's line on the machines that made the models: one record's line, or each record's
+    with the models it made, where a run was continued."""
+    records = history(run)
+    if not records:
+        return "The machine that ran it is not recorded (no run.json)."
+    if len(records) == 1:
+        return records[0]["about"]
+    return f"Made in {len(records)} runs, continued with the same settings: " + " ".join(
+        f"{record['about']} ({made_by(record)}.)" for record in records)
+
+
 def margin_record(run: dict) -> str:
-    """What run.json says of the equivalence margin: the one in force when the run made its models
-    (and the code's commit), or, where it records none, that the run predates the record and the
-    equivalence tests were applied afterwards to its stored scores."""
-    if "margin" not in run:
+    """What run.json says of the equivalence margin: the one in force when each run made its models
+    (and the code's commit), or, where a record has none, that those models predate the record and the
+    equivalence tests were applied afterwards to their stored scores."""
+    records = history(run)
+    before = [record for record in records if "margin" not in record]
+    if before and len(before) == len(records):
         return (f"This run predates the margin's record: its run.json records no margin, so nothing shows that "
                 f"±{verdicts.NDCG_MARGIN:g} was chosen before the run, and its equivalence tests were computed "
                 "afterwards from the stored per-query scores (--report-only).")
-    code = run.get("code") or {}
-    said = (f"The run's run.json records the margin in force when it made its models: ±{run['margin']:g} (code "
-            f"{code.get('commit', 'not recorded')[:12]}" + (", with uncommitted changes" if code.get("uncommitted_changes")
-                                                            else "") + ").")
-    if run["margin"] != verdicts.NDCG_MARGIN:
-        said += f" The tests here use ±{verdicts.NDCG_MARGIN:g}, set after the run."
-    return said
+    if before:
+        return ("Part of this run predates the margin's record: run.json records no margin for "
+                + "; ".join(f"the run of {record.get('date', 'an unrecorded date')} ({made_by(record)})"
+                            for record in before)
+                + f", so nothing shows that ±{verdicts.NDCG_MARGIN:g} was chosen before those models were made, and "
+                "the equivalence tests were computed afterwards from the stored per-query scores. "
+                + _margin_in_force([record for record in records if "margin" in record]))
+    return _margin_in_force(records)
 
 
-def machine(about: str) -> str:
-    """The device named in run.json's line ("cuda:0 (an NVIDIA H100)"), else its CPU ("2 CPU cores")."""
-    found = re.search(r"device ([^,]+)", about) or re.search(r"(\d+ CPU cores)", about)
-    return found.group(1) if found else "not recorded"
+def _margin_in_force(records: list) -> str:
+    said = []
+    for record in records:
+        code = record.get("code") or {}
+        said.append(f"±{record['margin']:g} (code {code.get('commit', 'not recorded')[:12]}"
+                    + (", with uncommitted changes" if code.get("uncommitted_changes") else "")
+                    + (f"; {made_by(record)}" if len(records) > 1 else "") + ")")
+    text = ("The run's run.json records the margin in force when it made its models: " if len(records) == 1
+            else "run.json records the margin in force when each later run made its models: ") + "; ".join(said) + "."
+    if any(record["margin"] != verdicts.NDCG_MARGIN for record in records):
+        text += f" The tests here use ±{verdicts.NDCG_MARGIN:g}, set after the run."
+    return text
+
+
+def machines(run: dict) -> str:
+    """The devices named in run.json's records ("cuda:0 (an NVIDIA H100)"), else their CPUs ("2 CPU
+    cores"), in the order they made models."""
+    found = []
+    for record in history(run):
+        about = record.get("about", "")
+        match = re.search(r"device ([^,]+)", about) or re.search(r"(\d+ CPU cores)", about)
+        if match and match.group(1) not in found:
+            found.append(match.group(1))
+    return " and ".join(found) or "not recorded"
 
 
 def deviation_table(rows: list, paper: str = "paper") -> str:

@@ -191,8 +191,8 @@ def deviations(s, results: dict, run: dict) -> str:
          "sentence similarity", "the one BERT-family checkpoint these machines can fetch (the Hugging Face hub is "
          "unreachable from them); so the numbers here are not the paper's and are not set beside them"],
         ["classification data", "SNLI and MultiNLI, about 1 million pairs (section 4)", f"SICK train, at most "
-         f"{s.examples:,} pairs", "the preset's budget, made for 2 CPU cores and kept on the GPU; SICK has the same "
-         "three entailment labels"],
+         f"{s.examples:,} pairs", "the preset's budget, made for 2 CPU cores; SICK has the same three entailment "
+         "labels"],
         ["regression data", "STS-B train", f"STS-B train, at most {s.examples:,} pairs", "the preset's budget"],
         ["triplet data", "Wikipedia sections triplets (Dor et al.), section 4.4", f"{s.data}: mined (query, relevant "
          f"document, negative) triplets, at most {s.examples:,}", "a retrieval task to score the triplet objective on"],
@@ -206,12 +206,19 @@ def deviations(s, results: dict, run: dict) -> str:
         ["learning rate", "2e-05, warmup over 10% of the steps", f"{s.lr:g}, warmup over 10% of the steps", "--lr"],
         ["metric", "STS: Spearman of cosine with the gold scores", "the same, and NDCG@10 on a retrieval test split",
          "what each objective costs on the task it was not trained for"],
-        ["device and time", "not stated", f"{runner.machine(run.get('about', ''))}; {min(seconds) / 60:.1f} to "
+        ["device and time", "not stated", f"{runner.machines(run)}; {min(seconds) / 60:.1f} to "
          f"{max(seconds) / 60:.1f} min a network", "the machine the models were made on (run.json)"],
         ["seeds", "not stated", ", ".join(map(str, runner.seed_list(s))), "training variance: the t over the seeds "
          "stands beside each per-query test"],
     ]
     return runner.deviation_table(rows)
+
+
+def time_cell(seconds: list) -> str:
+    """A model's training time: the one seed's, or the range over the seeds (each on its own machine,
+    run.json)."""
+    low, high = f"{min(seconds) / 60:.1f}", f"{max(seconds) / 60:.1f}"
+    return f"{low} min" if low == high else f"{low} to {high} min"
 
 
 def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_test, run: dict,
@@ -225,7 +232,7 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
         result, training = results[name], results[name]["runs"][0]["training"]
         rows.append([label, data, runner.mean_cell(result, "spearman"), spearman_cell(tests[name]["spearman"]),
                      runner.mean_cell(result, "ndcg@10"), verdicts.difference_cell(tests[name]["ndcg@10"]),
-                     runner.minutes(np.mean([r["training"]["seconds"] for r in result["runs"]])),
+                     time_cell([r["training"]["seconds"] for r in result["runs"]]),
                      f"{training['examples']:,}", f"{training['steps']:,}"])
     ensemble = "Spearman of the seeds' ensemble" if len(seeds) > 1 else "Spearman"
     findings = [f"- {label}: on STS-B, {verdicts.verdict(tests[name]['spearman'], ensemble, 'trained', 'start', 'p_holm')}; "

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from ..fileio import read_json
-from . import verdicts
+from . import runner, verdicts
 
 STUDIES = Path(__file__).resolve().parents[2] / "bench" / "studies"
 
@@ -30,13 +30,29 @@ def short(test: dict, first: str, second: str) -> str:
 
 
 def margin_sentence(studies: Path) -> str:
-    """Which committed runs predate the margin's record (their run.json records no margin)."""
+    """Which committed runs predate the margin's record (their run.json records no margin), wholly or
+    in part (a run continued later: some of its records have one)."""
     runs = sorted(studies.rglob("run.json"))
-    before = [str(path.parent.relative_to(studies)) for path in runs if "margin" not in read_json(path)]
-    if len(before) == len(runs):
+    before = []  # (run, whether all its models predate the record)
+    for path in runs:
+        records = runner.history(read_json(path))
+        lacking = [record for record in records if "margin" not in record]
+        if lacking:
+            before.append((str(path.parent.relative_to(studies)), len(lacking) == len(records)))
+    if len(before) == len(runs) and all(whole for _, whole in before):
         return ("Every committed run predates the margin's record in run.json: its equivalence tests were computed "
                 "afterwards, from stored scores.")
-    return f"These committed runs predate the margin's record in run.json: {', '.join(before) or 'none'}."
+    named = [name + ("" if whole else " (in part)") for name, whole in before]
+    return f"These committed runs predate the margin's record in run.json: {', '.join(named) or 'none'}."
+
+
+def seed_counts(studies: Path) -> str:
+    """"3 seeds" where every committed run trained with seeds has 3, else "3 seeds (5 in sbert-objectives)"."""
+    settings = {str(path.parent.relative_to(studies)): read_json(path) for path in sorted(studies.rglob("settings.json"))}
+    counts = {name: found["seeds"] for name, found in settings.items() if found.get("seeds")}  # trained with seeds
+    usual = max(set(counts.values()), key=list(counts.values()).count)
+    others = [f"{count} in {name}" for name, count in counts.items() if count != usual]
+    return f"{usual} seeds" + (f" ({', '.join(others)})" if others else "")
 
 
 def paragraphs(studies: Path = STUDIES) -> str:
@@ -50,7 +66,7 @@ def paragraphs(studies: Path = STUDIES) -> str:
         "Every study takes `--quick`, `--data`, `--model`, `--output DIR`, `--device` and `--seeds N`, resumes with "
         "the same `--output`, and writes `results.md`, `results.json` and figures. Every difference is tested two "
         "ways: per query, given the seeds (randomization test, Holm-adjusted; bootstrap 95% interval), and by a t over "
-        "the seeds' own differences, which with 3 seeds detects only large, consistent differences. A p above "
+        "the seeds' own differences, which with " + seed_counts(studies) + " detects only large, consistent differences. A p above "
         f"{verdicts.ALPHA:g} is \"not detectable\"; only two one-sided tests at {verdicts.NDCG_MARGIN:g} NDCG@10 may call "
         "two models equivalent, and each results.md gives the bound at which they would. " + margin_sentence(studies)
         + " The "
