@@ -24,7 +24,7 @@ import argparse
 from pathlib import Path
 
 from ..fileio import read_json, write_json
-from . import runner, verdicts
+from . import records, runner, verdicts
 
 NAME = "compare-runs"
 
@@ -109,6 +109,6 @@ def report(args, first: dict, second: dict, pairs: list, tests: list) -> str:
         "",
         *([f"**Equivalence margin**: {verdicts.MARGIN_REASON}; \"bound\" is the smallest margin at which the "
            "equivalence test would hold.", "",
-           *[f"- {name}: {runner.margin_record(read_json(folder / 'run.json') if (folder / 'run.json').is_file() else {})}"
+           *[f"- {name}: {records.margin_record(read_json(folder / 'run.json') if (folder / 'run.json').is_file() else {})}"
              for name, folder in zip(args.names, (args.first, args.second))], ""] if args.metric == "ndcg@10" else []),
     ])

@@ -47,7 +47,7 @@ from ..fit import TrainingSettings
 from ..losses import select_loss
 from ..pooling import Dense
 from ..search import search
-from . import figures, runner, verdicts
+from . import figures, records, runner, verdicts
 from .pca import fit_pca
 
 NAME = "embedding-size"
@@ -257,7 +257,7 @@ def deviations(s, width: int, results: dict, run: dict) -> str:
         ["projection's learning rate", "the encoder's (not stated otherwise)", f"{s.projection_lr:g} (the encoder "
          f"{s.lr:g})", "a layer that starts from a PCA and not from pretrained weights moves little at 2e-5"],
         ["epochs", "10 (converged after about 2)", str(s.epochs), "the preset's (made for 2 CPU cores); --epochs"],
-        ["device and time", "a T4 GPU for the speed; training's not stated", f"{runner.machines(run)}; "
+        ["device and time", "a T4 GPU for the speed; training's not stated", f"{records.machines(run)}; "
          f"{min(seconds) / 60:.1f} to {max(seconds) / 60:.1f} min a network", "the machine the models were made on "
          "(run.json)"],
         ["batch", "not stated", str(s.batch_size), "SBERT's"],

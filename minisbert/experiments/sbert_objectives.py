@@ -45,7 +45,7 @@ from ..fit import TrainingSettings
 from ..losses import SoftmaxClassifier, select_loss
 from ..correlation import spearman
 from ..training_data import Example
-from . import runner, verdicts
+from . import records, runner, verdicts
 
 NAME = "sbert-objectives"
 # name -> (label, the loss's (arch, metric, loss), training data)
@@ -206,7 +206,7 @@ def deviations(s, results: dict, run: dict) -> str:
         ["learning rate", "2e-05, warmup over 10% of the steps", f"{s.lr:g}, warmup over 10% of the steps", "--lr"],
         ["metric", "STS: Spearman of cosine with the gold scores", "the same, and NDCG@10 on a retrieval test split",
          "what each objective costs on the task it was not trained for"],
-        ["device and time", "not stated", f"{runner.machines(run)}; {min(seconds) / 60:.1f} to "
+        ["device and time", "not stated", f"{records.machines(run)}; {min(seconds) / 60:.1f} to "
          f"{max(seconds) / 60:.1f} min a network", "the machine the models were made on (run.json)"],
         ["seeds", "not stated", ", ".join(map(str, runner.seed_list(s))), "training variance: the t over the seeds "
          "stands beside each per-query test"],

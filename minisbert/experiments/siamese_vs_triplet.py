@@ -62,7 +62,7 @@ from ..datasets import what_data
 from ..fit import TrainingSettings
 from ..losses import select_loss
 from ..training_data import SCORED, TRIPLETS, training_examples
-from . import figures, runner, verdicts
+from . import figures, records, runner, verdicts
 from .pca import fit_pca
 
 NAME = "siamese-vs-triplet"
@@ -250,7 +250,7 @@ def deviations(s, results: dict, run: dict) -> str:
          "similarity", "the one BERT-family checkpoint these machines can fetch (the Hugging Face hub is unreachable "
          "from them); --model distilbert-base-uncased asks the paper's question where it is reachable"],
         ["device and time", "an NVIDIA V100; 3 epochs in about 11 hours (Siamese) and 15 (Triplet), section 4.2",
-         f"{runner.machines(run)}; {min(seconds) / 60:.1f} to {max(seconds) / 60:.1f} min a network",
+         f"{records.machines(run)}; {min(seconds) / 60:.1f} to {max(seconds) / 60:.1f} min a network",
          "the machine the models were made on (run.json)"],
         ["batch", "64", str(s.batch_size), "the preset's (made for 2 CPU cores), kept on the GPU; --batch-size 64"],
         ["epochs", "3", str(s.epochs), "the preset's (made for 2 CPU cores); --epochs 3"],

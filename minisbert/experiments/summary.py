@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from ..fileio import read_json
-from . import runner, verdicts
+from . import records, verdicts
 
 STUDIES = Path(__file__).resolve().parents[2] / "bench" / "studies"
 
@@ -35,10 +35,10 @@ def margin_sentence(studies: Path) -> str:
     runs = sorted(studies.rglob("run.json"))
     before = []  # (run, whether all its models predate the record)
     for path in runs:
-        records = runner.history(read_json(path))
-        lacking = [record for record in records if "margin" not in record]
+        made = records.history(read_json(path))
+        lacking = [record for record in made if "margin" not in record]
         if lacking:
-            before.append((str(path.parent.relative_to(studies)), len(lacking) == len(records)))
+            before.append((str(path.parent.relative_to(studies)), len(lacking) == len(made)))
     if len(before) == len(runs) and all(whole for _, whole in before):
         return ("Every committed run predates the margin's record in run.json: its equivalence tests were computed "
                 "afterwards, from stored scores.")

@@ -1,0 +1,125 @@
+"""The records of a study's runs (OUTPUT/run.json, minisbert/experiments/runner.py): which machine
+and which code made which models, and the equivalence margin in force when they were made, and the
+sentences a report makes of them.
+
+run.json holds the latest record (date, about: the machine, code: the git commit, margin, models:
+the entries it made) and, where the run was continued later, the earlier records under "earlier", so
+a folder made partly on one machine and partly on another says so, model by model.
+"""
+
+import argparse
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from . import verdicts
+
+
+def new_record(run: dict, settings: argparse.Namespace, device) -> dict:
+    """The record of a run that makes models now (its "models" filled in as it makes them), keeping
+    `run`'s records (the folder's run.json, {} where there is none) as the earlier ones."""
+    record = {"date": time.strftime("%Y-%m-%d"), "about": about_the_run(settings, device), "code": code_version(),
+              "margin": verdicts.NDCG_MARGIN, "models": []}
+    if history(run):
+        record["earlier"] = history(run)
+    return record
+
+
+def code_version() -> dict | None:
+    """{"commit": the git commit of the code that runs, "uncommitted_changes": whether files differ
+    from it}, or None outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=30)
+    try:
+        commit, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if commit.returncode != 0:
+        return None
+    return {"commit": commit.stdout.strip(), "uncommitted_changes": bool(status.stdout.strip())}
+
+
+def history(run: dict) -> list:
+    """run.json's records, earliest first, each without the earlier ones ([] where there is none)."""
+    if not run:
+        return []
+    return run.get("earlier", []) + [{key: value for key, value in run.items() if key != "earlier"}]
+
+
+def made_by(record: dict) -> str:
+    models = record.get("models")
+    return f"models {', '.join(models)}" if models else "its models not recorded"
+
+
+def about_line(run: dict) -> str:
+    """The report's line on the machines that made the models: one record's line, or each record's
+    with the models it made, where a run was continued."""
+    records = history(run)
+    if not records:
+        return "The machine that ran it is not recorded (no run.json)."
+    if len(records) == 1:
+        return records[0]["about"]
+    return f"Made in {len(records)} runs, continued with the same settings: " + " ".join(
+        f"{record['about']} ({made_by(record)}.)" for record in records)
+
+
+def margin_record(run: dict) -> str:
+    """What run.json says of the equivalence margin: the one in force when each run made its models
+    (and the code's commit), or, where a record has none, that those models predate the record and the
+    equivalence tests were applied afterwards to their stored scores."""
+    records = history(run)
+    before = [record for record in records if "margin" not in record]
+    if before and len(before) == len(records):
+        return (f"This run predates the margin's record: its run.json records no margin, so nothing shows that "
+                f"±{verdicts.NDCG_MARGIN:g} was chosen before the run, and its equivalence tests were computed "
+                "afterwards from the stored per-query scores (--report-only).")
+    if before:
+        return ("Part of this run predates the margin's record: run.json records no margin for "
+                + "; ".join(f"the run of {record.get('date', 'an unrecorded date')} ({made_by(record)})"
+                            for record in before)
+                + f", so nothing shows that ±{verdicts.NDCG_MARGIN:g} was chosen before those models were made, and "
+                "the equivalence tests were computed afterwards from the stored per-query scores. "
+                + _margin_in_force([record for record in records if "margin" in record]))
+    return _margin_in_force(records)
+
+
+def _margin_in_force(records: list) -> str:
+    said = []
+    for record in records:
+        code = record.get("code") or {}
+        said.append(f"±{record['margin']:g} (code {code.get('commit', 'not recorded')[:12]}"
+                    + (", with uncommitted changes" if code.get("uncommitted_changes") else "")
+                    + (f"; {made_by(record)}" if len(records) > 1 else "") + ")")
+    text = ("The run's run.json records the margin in force when it made its models: " if len(records) == 1
+            else "run.json records the margin in force when each later run made its models: ") + "; ".join(said) + "."
+    if any(record["margin"] != verdicts.NDCG_MARGIN for record in records):
+        text += f" The tests here use ±{verdicts.NDCG_MARGIN:g}, set after the run."
+    return text
+
+
+def machines(run: dict) -> str:
+    """The devices named in run.json's records ("cuda:0 (an NVIDIA H100)"), else their CPUs ("2 CPU
+    cores"), in the order they made models."""
+    found = []
+    for record in history(run):
+        about = record.get("about", "")
+        match = re.search(r"device ([^,]+)", about) or re.search(r"(\d+ CPU cores)", about)
+        if match and match.group(1) not in found:
+            found.append(match.group(1))
+    return " and ".join(found) or "not recorded"
+
+
+def about_the_run(settings: argparse.Namespace, device) -> str:
+    """One line with the date, the device and the CPU, for the report."""
+    cpu = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        text = cpuinfo.read_text()
+        flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+        cores = sum(line.startswith("processor") for line in text.splitlines())
+        simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+        cpu = f", {cores} CPU cores ({' '.join(simd) or 'no AVX2'})"
+    return f"Run on {time.strftime('%Y-%m-%d')}, device {device}{cpu}, torch {torch.__version__}."
