@@ -23,8 +23,9 @@ def new_record(run: dict, settings: argparse.Namespace, device) -> dict:
     `run`'s records (the folder's run.json, {} where there is none) as the earlier ones."""
     record = {"date": time.strftime("%Y-%m-%d"), "about": about_the_run(settings, device), "code": code_version(),
               "margin": verdicts.NDCG_MARGIN, "models": []}
-    if history(run):
-        record["earlier"] = history(run)
+    earlier = history(run)
+    if earlier:
+        record["earlier"] = earlier
     return record
 
 
@@ -101,8 +102,8 @@ def _margin_in_force(records: list) -> str:
 
 
 def machines(run: dict) -> str:
-    """The devices named in run.json's records ("cuda:0 (an NVIDIA H100)"), else their CPUs ("2 CPU
-    cores"), in the order they made models."""
+    """The devices named in run.json's records ("cuda:0" and what follows it up to a comma), else
+    their CPUs ("2 CPU cores"), in the order they made models."""
     found = []
     for record in history(run):
         about = record.get("about", "")
