@@ -8,7 +8,7 @@ train.py and the experiment runner (minisbert/experiments) both train through it
 
 `fit` is the loop itself, short enough to read as the algorithm: each step is `embed`,
 `compute_loss`, `backward` and `step`, which keep the processes' slices of the batch, the
-precision and float16's loss scaling (`LossScaler`) inside them, and then one call,
+precision and float16's loss scaling (precision.py's `LossScaler`) inside them, and then one call,
 `AroundSteps.after_step`, for the log, the dev score and best/ (`evaluate_and_keep_best`), the
 checkpoint (`write_checkpoint`, the files themselves in checkpoints.py) and Ctrl-C
 (`StopRequest`). Starting or resuming is `new_state` and `start_or_resume`. Along the way it
@@ -44,7 +44,7 @@ from . import checkpoints, distributed
 from .training_data import Example
 from .losses import LossSpec
 from .optim import AdamW, LinearWarmupDecay, clip_grad_norm_, weight_decay_groups
-from .precision import autocast_dtype, computing_in
+from .precision import LossScaler, autocast_dtype, computing_in
 from .weights import config_to_hf
 from .progress import Progress
 
@@ -132,7 +132,7 @@ class TrainingState:
     parameters: list  # the model's and the classifier's, in the optimizer's order
     optimizer: AdamW
     scheduler: LinearWarmupDecay
-    scaler: "LossScaler"
+    scaler: LossScaler
     spec: LossSpec  # the objective
     settings: TrainingSettings
     total_steps: int
@@ -370,48 +370,6 @@ def non_finite_loss(loss: torch.Tensor, step: int, checkpoint_path: Path) -> Tra
     return TrainingFailed(f"loss became {loss.item()} at step {step}; stopping. The last good checkpoint is "
                           f"{checkpoint_path} (step {written}); try a lower learning rate, or bfloat16 instead "
                           "of float16")
-
-
-class LossScaler:
-    """Dynamic loss scaling for float16 training (Micikevicius et al. 2018, "Mixed Precision
-    Training", section 3.2): small gradients underflow in fp16, so the loss is multiplied by a large
-    scale before backward and the gradients divided by it afterwards. A step whose gradients
-    overflowed is skipped and the scale halved; after `growth_interval` good steps it doubles.
-    Disabled (scale 1, never skips) for float32 and bfloat16, whose exponent range needs no help."""
-
-    def __init__(self, enabled: bool, scale: float = 2.0**16, growth_interval: int = 2000):
-        self.enabled = enabled
-        self.scale = scale if enabled else 1.0
-        self.growth_interval = growth_interval
-        self.good_steps = 0
-
-    def scaled(self, loss):
-        return loss * self.scale
-
-    @torch.no_grad()
-    def unscale(self, parameters) -> bool:
-        """Divide gradients by the scale; False (and the scale halved) if any is inf or NaN."""
-        if not self.enabled:
-            return True
-        grads = [p.grad for p in parameters if p.grad is not None]
-        for grad in grads:
-            grad.div_(self.scale)
-        # All gradients' checks are gathered on their device, so the host reads one value, not one per gradient.
-        finite = [torch.isfinite(grad).all() for grad in grads]
-        if not finite or bool(torch.stack(finite).all()):
-            self.good_steps += 1
-            if self.good_steps % self.growth_interval == 0:
-                self.scale *= 2.0
-            return True
-        self.scale /= 2.0
-        self.good_steps = 0
-        return False
-
-    def state_dict(self) -> dict:
-        return {"scale": self.scale, "good_steps": self.good_steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.scale, self.good_steps = state["scale"], state["good_steps"]
 
 
 class StopRequest:

@@ -5,7 +5,7 @@ A model's weights and its embeddings are float32 always. Its products may run in
 under torch's autocast (Micikevicius et al. 2018, "Mixed Precision Training"): bfloat16 or float16,
 while LayerNorm, softmax, pooling and normalisation stay in float32 (see SentenceModel.forward).
 The scripts spell the choice two ways, `--dtype bfloat16` and `--amp bf16`; both name one of
-COMPUTE_DTYPES.
+COMPUTE_DTYPES. Training in float16 also scales its loss (`LossScaler`), which bfloat16 needs not.
 
 Checked in tests/test_bfloat16.py (what is refused where) and tests/test_training.py (the flags).
 """
@@ -58,3 +58,45 @@ def default_device() -> torch.device:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+class LossScaler:
+    """Dynamic loss scaling for float16 training (Micikevicius et al. 2018, "Mixed Precision
+    Training", section 3.2): small gradients underflow in fp16, so the loss is multiplied by a large
+    scale before backward and the gradients divided by it afterwards. A step whose gradients
+    overflowed is skipped and the scale halved; after `growth_interval` good steps it doubles.
+    Disabled (scale 1, never skips) for float32 and bfloat16, whose exponent range needs no help."""
+
+    def __init__(self, enabled: bool, scale: float = 2.0**16, growth_interval: int = 2000):
+        self.enabled = enabled
+        self.scale = scale if enabled else 1.0
+        self.growth_interval = growth_interval
+        self.good_steps = 0
+
+    def scaled(self, loss):
+        return loss * self.scale
+
+    @torch.no_grad()
+    def unscale(self, parameters) -> bool:
+        """Divide gradients by the scale; False (and the scale halved) if any is inf or NaN."""
+        if not self.enabled:
+            return True
+        grads = [p.grad for p in parameters if p.grad is not None]
+        for grad in grads:
+            grad.div_(self.scale)
+        # All gradients' checks are gathered on their device, so the host reads one value, not one per gradient.
+        finite = [torch.isfinite(grad).all() for grad in grads]
+        if not finite or bool(torch.stack(finite).all()):
+            self.good_steps += 1
+            if self.good_steps % self.growth_interval == 0:
+                self.scale *= 2.0
+            return True
+        self.scale /= 2.0
+        self.good_steps = 0
+        return False
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self.good_steps = state["scale"], state["good_steps"]

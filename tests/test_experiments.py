@@ -27,7 +27,8 @@ import torch
 
 from minisbert import checkpoints, significance
 from minisbert.experiments import verdicts, __main__ as command
-from minisbert.experiments import embedding_size, figures, model_selection, runner, sbert_objectives, siamese_vs_triplet
+from minisbert.experiments import (embedding_size, embedding_size_report, figures, model_selection, runner, sbert_objectives,
+                                   siamese_vs_triplet)
 from minisbert.experiments.pca import fit_pca
 
 from .conftest import FIXTURES, REPO
@@ -496,7 +497,7 @@ def test_verdicts_say_what_the_tests_can_tell():
              "against_start": {"8": outcome(-0.4, 0.001), "32": outcome(0.001, 0.8)},
              "against_projection": {"8": outcome(0.0, 0.9), "32": outcome(0.0, 0.9)},
              "against_base": {"8": outcome(-0.4, 0.001), "32": outcome(0.001, 0.8)}}
-    summary = embedding_size.training_summary(tests, [8, 32])
+    summary = embedding_size_report.training_summary(tests, [8, 32])
     assert "- D = 32 against the base: not detectable; the 95% interval runs from -0.0090 to +0.0110" in summary
     assert "- D = 8 against the base: prefers base (" in summary
 

@@ -17,8 +17,8 @@ import re
 
 import pytest
 
-from minisbert.experiments import (compare_runs, embedding_size, model_selection, runner, sbert_objectives,
-                                   siamese_vs_triplet, summary)
+from minisbert.experiments import (compare_runs, embedding_size_report, model_selection, runner, sbert_objectives,
+                                   siamese_vs_triplet, siamese_vs_triplet_report, summary)
 
 from .conftest import REPO
 
@@ -66,9 +66,10 @@ def rebuilt(folder) -> str:
     experiment = json.loads((folder / "settings.json").read_text())["experiment"]
     models, tests = results["models"], results["tests"]
     if experiment == "siamese-vs-triplet":
-        return siamese_vs_triplet.report(settings, about, models, tests, queries, documents, run, margin)
+        trained = siamese_vs_triplet.networks(settings.margins)
+        return siamese_vs_triplet_report.report(settings, trained, about, models, tests, queries, documents, run, margin)
     if experiment == "embedding-size":
-        return embedding_size.report(settings, about, models, tests, results["search_speed"], documents, False, run,
+        return embedding_size_report.report(settings, about, models, tests, results["search_speed"], documents, False, run,
                                      margin)
     if experiment == "sbert-objectives":
         pairs = int(re.search(r"STS-B test: ([\d,]+) pairs", written).group(1).replace(",", ""))

@@ -56,7 +56,7 @@ import minisbert
 import train
 from minisbert import datasets
 from minisbert import fit as fitting
-from minisbert import checkpoints, cpu, training_data
+from minisbert import checkpoints, cpu, precision, training_data
 from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
 from minisbert.evaluation import evaluate_dev
@@ -818,7 +818,7 @@ def gradients(*values) -> list:
 
 
 def test_loss_scaler_skips_overflowing_steps_halves_and_grows_the_scale():
-    scaler = fitting.LossScaler(enabled=True, scale=8.0, growth_interval=2)
+    scaler = precision.LossScaler(enabled=True, scale=8.0, growth_interval=2)
     assert scaler.scaled(torch.tensor(0.25)).item() == 2.0  # 0.25 * 8
     parameters = gradients([8.0, -16.0], [4.0])
     assert scaler.unscale(parameters)  # finite: the gradients are divided by 8
@@ -832,7 +832,7 @@ def test_loss_scaler_skips_overflowing_steps_halves_and_grows_the_scale():
     assert (scaler.scale, scaler.good_steps) == (4.0, 0)
     assert scaler.unscale(gradients([1.0]))
     assert (scaler.scale, scaler.good_steps) == (4.0, 1)  # one good step: no growth yet
-    restored = fitting.LossScaler(enabled=True)
+    restored = precision.LossScaler(enabled=True)
     restored.load_state_dict(scaler.state_dict())
     assert (restored.scale, restored.good_steps) == (4.0, 1)
 
@@ -842,12 +842,12 @@ def test_the_loss_scaler_reads_one_value_from_the_device_however_many_gradients(
     for count in (1, 12):
         parameters = gradients(*[[1.0, 3.0]] * (count - 1), [float("inf") if overflow else 2.0])
         with HostReads() as spy:
-            assert fitting.LossScaler(enabled=True, scale=8.0).unscale(parameters) is not overflow
+            assert precision.LossScaler(enabled=True, scale=8.0).unscale(parameters) is not overflow
         assert spy.calls == ["__bool__"]
 
 
 def test_a_disabled_loss_scaler_changes_nothing_and_never_skips():
-    scaler = fitting.LossScaler(enabled=False, scale=8.0)
+    scaler = precision.LossScaler(enabled=False, scale=8.0)
     assert scaler.scale == 1.0 and scaler.scaled(torch.tensor(0.25)).item() == 0.25
     parameters = gradients([3.0, float("inf")])
     assert scaler.unscale(parameters)
