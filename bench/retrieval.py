@@ -361,7 +361,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
         from minisbert.search_inputs import check_inputs
 
         def way(searched, score=None):
-            return "way " + choose_way(check_inputs(queries, searched, k, score, 1024, None, None, None, None))
+            return "way " + choose_way(check_inputs(queries, searched, k, score, 1024, None, None))
 
         if method == "minisbert-prepared":
             before = _memory_baseline_mb(corpus.device)

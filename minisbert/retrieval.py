@@ -6,10 +6,9 @@ documents of dimension d is one matrix product, (Q, d) @ (d, N), and the answer 
 columns of each row. The whole (Q, N) score matrix would take 4·Q·N bytes (8 GB for 1,000 queries
 over 2M documents), so `search` walks the corpus in chunks and the queries in chunks.
 
-What a returned score is. A float32 matrix product sums each q·c in an order its kernel chooses, and
-that order changes with the kernel, the block's shape and the machine, so the last bits of a score,
-and with them the order of two rows that nearly tie, would depend on how the search ran. So the
-search defines a score as one fixed arithmetic of the query row and the corpus row
+What a returned score is. A float32 product sums each q·c in an order its kernel chooses, which
+changes with the kernel, the block's shape and the machine, and so would the order of two rows that
+nearly tie. So a score is one fixed arithmetic of the query row and the corpus row
 (minisbert/similarity.py's `exact_scores`):
 
     cosine     q̂·ĉ over the unit rows q̂, ĉ that `unit_rows` makes     larger is better
@@ -18,48 +17,49 @@ search defines a score as one fixed arithmetic of the query row and the corpus r
 
 each summed in float64 over the exact products (or squared differences) in one fixed pairwise
 order, then rounded once to float32. Equal scores go to the lower corpus index. Every path of the
-search (this loop, the fast paths in minisbert/fast/, any chunk size, any number of queries, a
-prepared or a raw corpus) returns exactly these scores in exactly this order, bit for bit.
+search (this loop, the fast ways of minisbert/fast/, any chunk size or number of queries, a prepared
+or a raw corpus) returns exactly these scores in exactly this order, bit for bit.
 
 The loop. For each (query chunk, corpus chunk) block it
 
     1. scores the block in float32: one matrix product, (Qc, d) @ (d, Nc) (for euclidean the key
        2 q·c - |c|², which orders rows as the distance does);
     2. keeps the candidates: each float32 score lies within a proven bound E of the exact one, so
-       only entries within 2E of the query's k-th best can be in its top k (search_inputs.py's
-       `Bounds`). A float32 sum of d products, in any order, fused or not, lies within γ Σ|q_i c_i|
-       of the true sum, γ = d·u / (1 - d·u), u = 2^-24 (Higham, "Accuracy and Stability of Numerical
-       Algorithms", 3.1); Σ|q_i c_i| <= |q| |c| (Cauchy-Schwarz); the exact score rounds once more
-       (u), and products below float32's normal range may be flushed to zero (2^-126 each). So
+       only entries within 2E of the query's k-th best can be in its top k (`Bounds`). A float32
+       sum of d products, in any order, fused or not, lies within γ Σ|q_i c_i| of the true sum,
+       γ = d·u / (1 - d·u), u = 2^-24 (Higham, "Accuracy and Stability of Numerical Algorithms",
+       3.1); Σ|q_i c_i| <= |q| |c| (Cauchy-Schwarz); the exact score rounds once more (u), and
+       products below float32's normal range may be flushed to zero (2^-126 each). So
            E = 1.01 (γ + 2u) |q| R + d·2^-124,   R the chunk's largest row norm
        (for euclidean's keys 1.01 (γ + 2u) (|q| + R)², and the distance rounds within 2u);
     3. scores the candidates exactly and merges them into the running top-k (`settle`).
 
-Memory is a few blocks whatever N is, and the corpus is read once; the candidates are usually the k
-best and a few more. sentence-transformers' `util.semantic_search` is steps 1 and a top-k. This is
-the reference every fast path is tested against (tests/test_retrieval.py: against brute force, and
-every forced path against this loop on corpora built to tie).
+Memory is a few blocks whatever N is; the candidates are usually the k best and a few more.
+sentence-transformers' `util.semantic_search` is steps 1 and a top-k.
+
+The inputs' checks, the bound E (`Bounds`) and step 3 (`settle`) are in search_inputs.py, which the
+fast ways (minisbert/fast/) share. Tested in tests/test_retrieval.py, against brute force and every
+forced way against this loop on corpora built to tie.
 """
 
 import math
 
 import torch
 
-from .search_inputs import Bounds, SearchInputs, check_inputs, drop_excluded, settle, DEFAULT_QUERY_CHUNK_SIZE
+from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, Bounds, SearchInputs, check_inputs, settle
 
 
 def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
-           corpus_chunk_size: int | None = None, query_ids=None, corpus_ids=None, device=None):
+           corpus_chunk_size: int | None = None, device=None):
     """Exact top-k corpus rows for each query row, the plain way. The arguments and what comes
-    back are those of `minisbert.search.search` (see there)."""
-    inputs = check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids,
-                          corpus_ids, device)
+    back are those of `minisbert.search.search` (see there; ids to leave out are its own)."""
+    inputs = check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, device)
     return inputs.results(*chunked_search(inputs))
 
 
 def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """The loop on checked inputs. Returns the (Q, k) values (scores; the negated distances for
-    euclidean) and corpus indices, best first; -inf and -1 where ids left fewer than k rows."""
+    euclidean) and corpus indices, best first."""
     queries, k, score = inputs.queries, inputs.k, inputs.score
     top_values = torch.full((queries.shape[0], k), -math.inf, device=inputs.device)  # (Q, k)
     top_indices = torch.full_like(top_values, -1, dtype=torch.long)  # (Q, k)
@@ -71,8 +71,6 @@ def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
                 block = torch.addmm(-(norms**2).float(), queries[chunk], rows.T, alpha=2)  # (Qc, Nc)
             else:
                 block = queries[chunk] @ rows.T  # (Qc, Nc)
-            if inputs.excluded is not None:
-                drop_excluded(block, inputs.excluded, query_start, doc_start)
             bounds = Bounds(score, inputs.query_norms[chunk], float(norms.max()), rows.shape[1])
             # The k-th best so far, or what the block's own k best guarantee, whichever is higher.
             kth = top_values[chunk, -1].double()

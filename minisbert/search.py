@@ -24,7 +24,9 @@ sentence-transformers `util.semantic_search` and faiss `IndexFlatIP` in bench/re
 """
 
 import dataclasses
+import math
 import os
+from collections.abc import Hashable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -89,14 +91,8 @@ def _anywhere(s: SearchInputs) -> bool:
 
 
 def _subset(inputs: SearchInputs, chosen: torch.Tensor) -> SearchInputs:
-    """The same search for the queries where the (Q,) bool `chosen` holds, numbered anew."""
-    excluded = inputs.excluded
-    if excluded is not None:
-        renumbered = chosen.long().cumsum(0) - 1  # (Q,) each chosen query's new row
-        excluded = excluded[chosen[excluded[:, 0]]]
-        excluded = torch.stack([renumbered[excluded[:, 0]], excluded[:, 1]], dim=1)
-    return dataclasses.replace(inputs, queries=inputs.queries[chosen], query_norms=inputs.query_norms[chosen],
-                               excluded=excluded)
+    """The same search for the queries where the (Q,) bool `chosen` holds."""
+    return dataclasses.replace(inputs, queries=inputs.queries[chosen], query_norms=inputs.query_norms[chosen])
 
 
 def _settled(way):
@@ -171,11 +167,46 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
             point, an empty corpus, mismatched dimensions, a row holding NaN or inf or too large for
             float32, scores that could pass float32's range, ids not one per row.
     """
-    inputs = check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids, corpus_ids,
-                          device)
+    inputs = check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, device)
+    excluded = _excluded_pairs(query_ids, corpus_ids, inputs.queries.shape[0], inputs.corpus.shape[0], inputs.device)
+    k = inputs.k
+    if excluded is not None:  # search past the rows to leave out, then drop them (`_without`)
+        most = int(excluded[:, 0].bincount().max()) if excluded.numel() else 0
+        inputs.k = min(k + most, inputs.corpus.shape[0])
     name = choose_way(inputs, "plain" if not fast else way)
-    runner = next(run for way_name, _, _, run in WAYS if way_name == name)
-    return inputs.results(*runner(inputs))
+    values, indices = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
+    if excluded is not None:
+        values, indices = _without(excluded, values, indices, k, inputs.corpus.shape[0])
+    return inputs.results(values, indices)
+
+
+def _excluded_pairs(query_ids: Sequence[Hashable] | None, corpus_ids: Sequence[Hashable] | None, num_queries: int,
+                   num_docs: int, device: torch.device) -> torch.Tensor | None:
+    """(P, 2) [query row, corpus row] pairs whose ids are equal, or None without ids."""
+    if query_ids is None and corpus_ids is None:
+        return None
+    if query_ids is None or corpus_ids is None:
+        raise ValueError("pass both query_ids and corpus_ids, or neither")
+    if len(query_ids) != num_queries or len(corpus_ids) != num_docs:
+        raise ValueError(f"got {len(query_ids)} query_ids for {num_queries} queries and {len(corpus_ids)} "
+                         f"corpus_ids for {num_docs} corpus rows; pass one id per row")
+    rows_of_query_id: dict[Hashable, list[int]] = {}
+    for row, query_id in enumerate(query_ids):
+        rows_of_query_id.setdefault(query_id, []).append(row)
+    pairs = [(query_row, doc_row) for doc_row, doc_id in enumerate(corpus_ids)
+             for query_row in rows_of_query_id.get(doc_id, ())]
+    return torch.tensor(pairs, dtype=torch.long, device=device).reshape(-1, 2)
+
+
+def _without(excluded: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, k: int, num_docs: int):
+    """The (Q, k) first of the (Q, K) values and indices (best first) that are not (P, 2) `excluded`
+    [query row, corpus row] pairs; -inf and -1 where fewer are left. Since a query leaves out at most
+    K - k rows, these are its top k among the rows it keeps, ties as ever."""
+    rows = torch.arange(indices.shape[0], device=indices.device)[:, None]  # (Q, 1)
+    dropped = torch.isin(rows * num_docs + indices, excluded[:, 0] * num_docs + excluded[:, 1]) & (indices >= 0)
+    order = dropped.to(torch.int32).argsort(dim=1, stable=True)[:, :k]  # kept entries first, in their order
+    values, indices, dropped = values.gather(1, order), indices.gather(1, order), dropped.gather(1, order)
+    return values.masked_fill(dropped, -math.inf), indices.masked_fill(dropped, -1)
 
 
 CORPUS_FORMAT = "minisbert prepared corpus 3"

@@ -1,14 +1,13 @@
-"""What the plain and the fast search share: checked inputs, the error bound of a float32 score, and
-the one step that decides every result (`settle`: score the candidates exactly, merge them).
+"""What the plain search (retrieval.py) and its fast ways (minisbert/fast/) share: the inputs'
+checks, the error bound of a float32 score (`Bounds`), and the step that decides every result (`settle`).
 
-Checks: queries and corpus are 2-D floating-point tensors or arrays of one dimension; k and the chunk
-sizes positive integers; ids one per row; every row finite, its norm (squared for euclidean) within
-float32; for dot and euclidean no score beyond float32 (|q·c| <= |q| |c|, |q - c|² <= (|q| + |c|)²).
-A failure raises a ValueError naming the input and the row.
+Checks (`check_inputs`, and each corpus chunk as it is read): 2-D floating-point inputs of one
+dimension; k and the chunk sizes positive integers; every row finite, its norm (squared for
+euclidean) within float32; for dot and euclidean no score beyond float32 (|q·c| <= |q| |c|,
+|q - c|² <= (|q| + |c|)²). A failure raises a ValueError naming the input and the row.
 """
 
 import math
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +59,6 @@ class SearchInputs:
     score: str
     query_chunk_size: int
     corpus_chunk_size: int
-    excluded: torch.Tensor | None  # (P, 2) [query row, corpus row] pairs never to return
     device: torch.device
     return_numpy: bool  # both inputs were numpy arrays
     prepared: PreparedCorpus | None = None
@@ -88,18 +86,14 @@ class SearchInputs:
                              "the embeddings down or use score='cosine'")
 
     def results(self, values: torch.Tensor, indices: torch.Tensor):
-        """What `search` returns from the running (Q, k) values and indices: distances for euclidean
-        (the values are their negatives, so that larger is better), numpy arrays for numpy inputs."""
+        """What `search` returns of the (Q, k) values and indices: distances for euclidean (the values
+        are their negatives), numpy arrays for numpy inputs."""
         scores = -values if self.score == "euclidean" else values
-        if self.return_numpy:
-            return scores.cpu().numpy(), indices.cpu().numpy()
-        return scores, indices
+        return (scores.cpu().numpy(), indices.cpu().numpy()) if self.return_numpy else (scores, indices)
 
 
-def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, query_ids, corpus_ids,
-                 device) -> SearchInputs:
-    """Check the arguments of `minisbert.search.search` (see there) and the queries. The corpus is
-    checked chunk by chunk as it is read (`SearchInputs.corpus_chunk`)."""
+def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, device) -> SearchInputs:
+    """The arguments of `minisbert.search.search`, checked (the corpus as it is read: `corpus_chunk`)."""
     prepared = corpus if isinstance(corpus, PreparedCorpus) else None
     if prepared is not None:
         if score is not None and score != prepared.score:
@@ -113,23 +107,20 @@ def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size,
     device = torch.device(device) if device is not None else corpus.device
     queries, query_norms = scored_rows(queries.to(device), score, "queries", 0)
     inputs = SearchInputs(queries, query_norms, corpus, min(k, corpus.shape[0]), score, query_chunk_size,
-                          corpus_chunk_size or DEFAULT_CORPUS_CHUNK_SIZE,
-                          excluded_pairs(query_ids, corpus_ids, queries.shape[0], corpus.shape[0], device),
-                          device, return_numpy, prepared)
+                          corpus_chunk_size or DEFAULT_CORPUS_CHUNK_SIZE, device, return_numpy, prepared)
     if prepared is not None:
         inputs.check_scores_fit(prepared.norms, 0)
     return inputs
 
 
 class Bounds:
-    """How far a float32 score of a block can lie from the exact score, E (minisbert/retrieval.py,
-    step 2, says why), and so which entries of a block can still reach a query's top-k."""
+    """E, how far a float32 score can lie from the exact one (retrieval.py, step 2), and so which
+    entries of a block can still reach a query's top-k."""
 
     def __init__(self, score: str, query_norms: torch.Tensor, largest_norm: float, dim: int, sums: int = 1,
                  roundings: int = 2):
-        """query_norms (Qc,) float64; `sums` float32 sums of d terms and `roundings` roundings of a
-        score's size went into an approximate score (a fast path that divides by float32 norms
-        makes 2 and 4)."""
+        """query_norms (Qc,) float64; an approximate score made by `sums` float32 sums of d terms and
+        `roundings` roundings of its size (2 and 4 where a fast way divides by float32 norms)."""
         self.score, self.query_norms = score, query_norms
         gamma = dim * F32_UNIT / (1 - dim * F32_UNIT)
         reach = query_norms + largest_norm if score == "euclidean" else (query_norms * largest_norm).sqrt()
@@ -158,10 +149,9 @@ class Bounds:
 
 def settle(queries: torch.Tensor, doc_rows, candidates: tuple, doc_start: int, score: str,
            top_values: torch.Tensor, top_indices: torch.Tensor) -> None:
-    """Score the candidates exactly and merge them into the running (Qc, k) top-k, in place: the one
-    step that decides what a search returns. `candidates` are (M,) query rows (ascending) and (M,)
-    chunk rows; `queries` (Qc, d) the query chunk as scored, and doc_rows(chunk rows) gives rows as
-    scored. Scored SETTLE_PIECE at a time, so memory stays bounded however many candidates tie."""
+    """Score the candidates, (M,) query rows (ascending) and (M,) chunk rows, exactly and merge them
+    into the running (Qc, k) top-k, in place; `queries` (Qc, d) as scored, doc_rows(chunk rows) the
+    rows as scored. SETTLE_PIECE at a time, so memory stays bounded however many candidates tie."""
     rows, columns = candidates
     values = torch.empty(rows.shape, device=rows.device)  # (M,)
     for start in range(0, rows.numel(), SETTLE_PIECE):
@@ -189,9 +179,8 @@ def merge_candidates(values: torch.Tensor, candidates: tuple, doc_start: int, to
 
 def merge_top_k(scores, indices, other_scores, other_indices, k: int, largest: bool = True):
     """Merge two top-k lists of the same queries, (Q, a) and (Q, b) scores and corpus indices, into
-    (Q, min(k, a + b)), best first (largest=False: smallest first, for distances), equal scores by
-    corpus index, lower first. Padding (index -1, score -inf, or +inf with largest=False) sorts after
-    every real entry; the lists may come in any order (corpus shards, say)."""
+    (Q, min(k, a + b)), best first (largest=False: smallest first), equal scores by lower index;
+    padding (index -1, score -inf, or +inf with largest=False) last; lists in any order (shards)."""
     scores = torch.cat([scores, other_scores], dim=1)  # (Q, a + b)
     indices = torch.cat([indices, other_indices], dim=1)
     # Index order first (padding, -1, last), then a stable sort by score keeps it among equals.
@@ -201,42 +190,13 @@ def merge_top_k(scores, indices, other_scores, other_indices, k: int, largest: b
     return scores.gather(1, by_score), indices.gather(1, by_score)
 
 
-def drop_excluded(block: torch.Tensor, excluded: torch.Tensor, query_start: int, doc_start: int,
-                  fill: float = -math.inf) -> None:
-    """Set the excluded (query, corpus) entries that fall in this (Qc, Nc) block to `fill`, in place."""
-    query_rows, doc_rows = excluded[:, 0] - query_start, excluded[:, 1] - doc_start
-    inside = (query_rows >= 0) & (query_rows < block.shape[0]) & (doc_rows >= 0) & (doc_rows < block.shape[1])
-    block[query_rows[inside], doc_rows[inside]] = fill
-
-
-def excluded_pairs(query_ids: Sequence[Hashable] | None, corpus_ids: Sequence[Hashable] | None, num_queries: int,
-                   num_docs: int, device: torch.device) -> torch.Tensor | None:
-    """(P, 2) [query row, corpus row] pairs whose ids are equal, or None without ids."""
-    if query_ids is None and corpus_ids is None:
-        return None
-    if query_ids is None or corpus_ids is None:
-        raise ValueError("pass both query_ids and corpus_ids, or neither")
-    if len(query_ids) != num_queries or len(corpus_ids) != num_docs:
-        raise ValueError(f"got {len(query_ids)} query_ids for {num_queries} queries and {len(corpus_ids)} "
-                         f"corpus_ids for {num_docs} corpus rows; pass one id per row")
-    rows_of_query_id: dict[Hashable, list[int]] = {}
-    for row, query_id in enumerate(query_ids):
-        rows_of_query_id.setdefault(query_id, []).append(row)
-    pairs = [(query_row, doc_row) for doc_row, doc_id in enumerate(corpus_ids)
-             for query_row in rows_of_query_id.get(doc_id, ())]
-    return torch.tensor(pairs, dtype=torch.long, device=device).reshape(-1, 2)
-
-
 def as_embedding_matrix(embeddings, name: str) -> torch.Tensor:
-    if isinstance(embeddings, np.ndarray):
-        embeddings = torch.from_numpy(embeddings)
+    embeddings = torch.from_numpy(embeddings) if isinstance(embeddings, np.ndarray) else embeddings
     if not isinstance(embeddings, torch.Tensor):
         raise ValueError(f"{name} must be a torch tensor or numpy array, got {type(embeddings).__name__}")
-    if embeddings.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (rows, dim), got shape {tuple(embeddings.shape)}; for a single "
-                         "vector pass v[None, :]")
-    if not embeddings.is_floating_point():
-        raise ValueError(f"{name} must be floating point, got {embeddings.dtype}")
+    if embeddings.ndim != 2 or not embeddings.is_floating_point():
+        raise ValueError(f"{name} must be a 2-D (rows, dim) floating-point matrix, got shape "
+                         f"{tuple(embeddings.shape)} {embeddings.dtype}; for a single vector pass v[None, :]")
     return embeddings
 
 

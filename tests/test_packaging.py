@@ -53,3 +53,10 @@ def test_in_the_clone_weights_data_and_cache_are_the_clone_s_own():
 
     assert [home_folder(name) for name in ("weights", "data", ".cache")] == [REPO / "weights", REPO / "data",
                                                                               REPO / ".cache"]
+
+
+def test_no_module_is_over_400_lines():
+    """Each module short enough to read in one sitting, top to bottom."""
+    long = {str(path.relative_to(REPO)): lines for path in (REPO / "minisbert").rglob("*.py")
+            if (lines := len(path.read_text().splitlines())) > 400}
+    assert not long

@@ -10,6 +10,8 @@ batch (a bfloat16 screen forced on a CPU without native bfloat16 still runs, in 
 """
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ from minisbert.fast import retrieval as fast_retrieval
 from minisbert.search import WAY_NAMES, load_corpus, prepare_corpus
 from minisbert.search_inputs import SETTLE_PIECE, merge_top_k
 
+from .conftest import REPO
 from .tolerances import search_scores_apart
 
 SCORES = ("cosine", "dot", "euclidean")
@@ -350,8 +353,8 @@ def test_the_plain_search_returns_numpy_for_numpy():
 @pytest.mark.parametrize(
     "queries, corpus, message",
     [
-        (torch.randn(4), torch.randn(10, 4), "queries must be 2-D"),
-        (torch.randn(3, 4), torch.ones(10, 4, dtype=torch.long), "corpus must be floating point"),
+        (torch.randn(4), torch.randn(10, 4), "queries must be a 2-D"),
+        (torch.randn(3, 4), torch.ones(10, 4, dtype=torch.long), "corpus must be a 2-D .* floating-point matrix, got shape .10, 4. torch.int64"),
         (torch.randn(3, 4), torch.randn(10, 5), "queries have dimension 4 but corpus has dimension 5"),
         (torch.randn(3, 4), torch.zeros(0, 4), "corpus is empty"),
         (torch.tensor([[1.0, float("nan"), 0.0, 0.0]]), torch.randn(10, 4), "queries row 0 contains NaN or inf"),
@@ -362,6 +365,21 @@ def test_the_plain_search_returns_numpy_for_numpy():
 def test_the_plain_search_names_what_is_wrong(queries, corpus, message):
     with pytest.raises(ValueError, match=message):
         retrieval.search(queries, corpus, 2, corpus_chunk_size=5)  # row 7 is in the second chunk
+
+
+def test_the_plain_search_reads_alone_in_one_short_room():
+    """retrieval.py and the checks it reads (search_inputs.py) import nothing from fast/, fast/
+    never imports the plain loop it speeds up, and the two read in at most 300 lines."""
+    show = "import importlib, sys; importlib.import_module(sys.argv[1]); print(*sorted(sys.modules))"
+    for module in ("minisbert.retrieval", "minisbert.search_inputs", "minisbert.fast.retrieval"):
+        loaded = subprocess.run([sys.executable, "-c", show, module], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.split()
+        if module.startswith("minisbert.fast"):
+            assert "minisbert.retrieval" not in loaded
+        else:
+            assert not [name for name in loaded if name.startswith("minisbert.fast")], module
+    room = [REPO / "minisbert" / name for name in ("retrieval.py", "search_inputs.py")]
+    assert sum(len(path.read_text().splitlines()) for path in room) <= 300
 
 
 # ---- merging top-k lists -------------------------------------------------------------------
@@ -710,8 +728,8 @@ def test_too_few_rows_left_are_padded(path):
         ({"k": 2.0}, "k must be a positive integer"),
         ({"corpus": torch.randn(10, 5)}, "queries have dimension 4 but corpus has dimension 5"),
         ({"score": "manhattan"}, "unknown score 'manhattan'"),
-        ({"queries": torch.randn(4)}, "queries must be 2-D"),
-        ({"corpus": torch.ones(10, 4, dtype=torch.long)}, "corpus must be floating point"),
+        ({"queries": torch.randn(4)}, "queries must be a 2-D"),
+        ({"corpus": torch.ones(10, 4, dtype=torch.long)}, "corpus must be a 2-D .* floating-point matrix, got shape .10, 4. torch.int64"),
         ({"corpus": [[1.0, 2.0]]}, "corpus must be a torch tensor or numpy array"),
         ({"query_chunk_size": 0}, "query_chunk_size must be a positive integer"),
         ({"corpus_chunk_size": -1}, "corpus_chunk_size must be a positive integer"),

@@ -301,7 +301,7 @@ def test_an_int8_block_product_that_saturates_is_not_used(monkeypatch):
 
 def ways(num_queries, corpus, score="cosine"):
     """The way minisbert/search.py's WAYS chooses for a search of `num_queries` over `corpus`."""
-    return choose_way(check_inputs(torch.randn(num_queries, 24), corpus, 5, score, 1024, None, None, None, None))
+    return choose_way(check_inputs(torch.randn(num_queries, 24), corpus, 5, score, 1024, None, None))
 
 
 def test_which_searches_screen_with_int8_blocks():

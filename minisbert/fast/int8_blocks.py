@@ -24,7 +24,6 @@ lies outside [2^-30, 2^50] (zero among them) is not screened: T is the lowest in
 
 import torch
 
-from ..search_inputs import drop_excluded
 from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY
 from .machine import fact
 from .screen import GROUP_SIZE, Chunk, _summation_error, block_candidates
@@ -35,7 +34,7 @@ MANY_LEVELS = 127
 # Query rows are padded to a multiple of this many: the probe checks such shapes only ((1, d) @ (d, N)
 # came out wrong on one CPU).
 QUERY_ROWS_MULTIPLE = 64
-SENTINEL = torch.iinfo(torch.int32).min  # the product of an entry left out or past the chunk
+SENTINEL = torch.iinfo(torch.int32).min  # the product of an entry past the chunk
 
 
 class Int8Blocks:
@@ -76,8 +75,7 @@ class Int8Blocks:
             scales.append(scale)
         self.scales = torch.tensor(scales, dtype=torch.float64, device=chunk.device)  # (pieces,)
 
-    def candidates(self, rows: slice, excluded: torch.Tensor | None, doc_start: int,
-                   kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def candidates(self, rows: slice, kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """See fast/screen.py's `Bfloat16Blocks.candidates`."""
         num_rows, num_docs = kth.shape[0], self.num_docs
         padded_rows = -(-num_rows // QUERY_ROWS_MULTIPLE) * QUERY_ROWS_MULTIPLE
@@ -88,8 +86,6 @@ class Int8Blocks:
         products = products[:num_rows]  # (Qc, W)
         if num_docs < width:
             products[:, num_docs:] = SENTINEL
-        if excluded is not None:
-            drop_excluded(products[:, :num_docs], excluded, rows.start, doc_start, SENTINEL)
         # Each group lies in one piece (INT8_PIECE_ROWS is a whole number of groups): its threshold.
         piece_thresholds = self._thresholds(rows, kth)  # (Qc, pieces) int32
         groups_per_piece = self.piece.shape[0] // GROUP_SIZE

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..search_inputs import drop_excluded
 from .machine import fact
 from .screen import Chunk
 from .span_product import SpanProduct, best_times
@@ -114,12 +113,9 @@ class Int8RowsScreen:
     def load_chunk(self, chunk: Chunk) -> None:
         self.kept = chunk.kept
 
-    def candidates(self, rows: slice, excluded: torch.Tensor | None, span_start: int,
-                   kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def candidates(self, rows: slice, kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The rows of the span whose float32 scores may lie above `kth` (1,), or None if too many."""
         bounds = self.upper_bounds(self.kept)  # (n,)
-        if excluded is not None:
-            drop_excluded(bounds[None], excluded, 0, span_start)
         # Written as "not <=" so that a NaN (from an overflowing bound) keeps a row in.
         candidates = (~(bounds <= kth[0])).nonzero()[:, 0]  # (M,) ascending
         if candidates.numel() > MOST_CANDIDATES * bounds.shape[0]:

@@ -34,7 +34,7 @@ import weakref
 
 import torch
 
-from ..search_inputs import Bounds, SearchInputs, drop_excluded, merge_candidates, settle
+from ..search_inputs import Bounds, SearchInputs, merge_candidates, settle
 from ..similarity import unit_rows
 from .int8_blocks import Int8Blocks
 from .int8_rows import Int8RowsScreen, int8_product_runs, int8_rows, int8_screen_pays
@@ -89,7 +89,7 @@ def search_spans(inputs: SearchInputs, screen: str | None = None, one_span: bool
             chunk = _prepared_chunk(inputs, start, rows, kept(inputs.prepared, screen))
             screened.load_chunk(chunk)
             kth = _threshold(inputs, slice(None), top_values, max(reach, chunk.largest_norm))
-            found = screened.candidates(slice(0, num_queries), inputs.excluded, start, kth)
+            found = screened.candidates(slice(0, num_queries), kth)
             if found is not None:
                 reach = max(reach, chunk.largest_norm)
                 merge_candidates(found[2], found[:2], start, top_values, top_indices)
@@ -99,8 +99,6 @@ def search_spans(inputs: SearchInputs, screen: str | None = None, one_span: bool
         reach = max(reach, _score_span(inputs, start, rows, product, block[:, :rows]))
         with _one_thread(device):
             block[:, rows:] = -math.inf
-            if inputs.excluded is not None:
-                drop_excluded(block[:, :rows], inputs.excluded, 0, start)
             kth = _threshold(inputs, slice(None), top_values, reach)
             found = _block_candidates(block, kth, top_values.shape[1])
             merge_candidates(found[2], found[:2], start, top_values, top_indices)
@@ -264,7 +262,7 @@ def search_blocks(inputs: SearchInputs, screen: str | None = None):
         for query_start in range(0, num_queries, query_chunk_size):
             rows = slice(query_start, min(query_start + query_chunk_size, num_queries))
             kth = _threshold(inputs, rows, top_values[rows], reach)
-            found = None if screened is None else screened.candidates(rows, inputs.excluded, doc_start, kth)
+            found = None if screened is None else screened.candidates(rows, kth)
             if found is None:
                 if chunk.divisors is not None:  # the screen failed: the chunk's unit rows, once
                     chunk.rows = torch.div(chunk.rows, chunk.divisors, out=unit_buffer[: chunk.rows.shape[0]])
@@ -273,8 +271,6 @@ def search_blocks(inputs: SearchInputs, screen: str | None = None):
                 _score_rows(chunk, queries[rows], score, block[: chunk.rows.shape[0]])  # (Nc, d) @ (d, Qc)
                 with _one_thread(device):
                     block[chunk.rows.shape[0] :] = -math.inf
-                    if inputs.excluded is not None:
-                        drop_excluded(block.T, inputs.excluded, query_start, doc_start)
                     found = _block_candidates(block.T, kth, top_values.shape[1])
             merge_candidates(found[2], found[:2], doc_start, top_values[rows], top_indices[rows])
     return top_values, top_indices, reach

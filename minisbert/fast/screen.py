@@ -7,7 +7,7 @@ prepared corpus's int8 copy), and a proven bound on its error turns each approxi
 upper bound on the float32 one. Every screen implements the same two calls:
 
     load_chunk(chunk)                                 take the next corpus chunk (a `Chunk`)
-    candidates(rows, excluded, doc_start, floor)      (M,) query rows and (M,) chunk rows whose upper
+    candidates(rows, floor)                           (M,) query rows and (M,) chunk rows whose upper
                                                       bound reaches `floor` (Qc,), or None
 
 `Screen` wraps one: it rescores the candidates in float32 and keeps those at or above the floor
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..search_inputs import drop_excluded
 from .tuning import GROUP_SIZE, RESCORE_PIECE, UNIT_PIECE_ROWS
 
 BF16_UNIT = 2.0**-8  # rounding to bfloat16 moves a value by at most this fraction of itself
@@ -64,8 +63,7 @@ class Screen:
         self.chunk = chunk
         self.approximate.load_chunk(chunk)
 
-    def candidates(self, rows: slice, excluded: torch.Tensor | None, doc_start: int,
-                   floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def candidates(self, rows: slice, floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(M,) query rows (ascending, within `rows`), (M,) chunk rows and (M,) float32 scores of the
         entries whose float32 scores lie above the (Qc,) `floor`, or None where the screen would not
         save work: a floor still -inf (nothing to beat yet), or too many entries surviving it."""
@@ -74,7 +72,7 @@ class Screen:
         if self.wait.get(rows.start, 0) > 0:
             self.wait[rows.start] -= 1
             return None
-        found = self.approximate.candidates(rows, excluded, doc_start, floor)
+        found = self.approximate.candidates(rows, floor)
         if found is None:
             self.failures[rows.start] = self.failures.get(rows.start, 0) + 1
             self.wait[rows.start] = 2 ** self.failures[rows.start] - 1
@@ -172,8 +170,7 @@ class Bfloat16Blocks:
         if self.euclidean:
             self.chunk_bf16[:, -1] = chunk.squared_norms
 
-    def candidates(self, rows: slice, excluded: torch.Tensor | None, doc_start: int,
-                   kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def candidates(self, rows: slice, kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(M,) block rows and (M,) chunk columns of the entries whose float32 scores may lie above
         the (Qc,) `kth`, sorted by row and then by column; None if too many survive."""
         num_rows, num_docs = kth.shape[0], self.num_docs
@@ -181,8 +178,6 @@ class Bfloat16Blocks:
         torch.mm(self.queries_bf16[rows], self.chunk_bf16.T, out=approximate[:, :num_docs])
         if num_docs < self.width:
             approximate[:, num_docs:] = -torch.inf
-        if excluded is not None:
-            drop_excluded(approximate[:, :num_docs], excluded, rows.start, doc_start)
         error = _error_bounds(self.query_norms[rows], self.largest_norm, self.dim, self.euclidean)  # (Qc,)
 
         # Group maxima without a float pass over the block: the bits of a non-negative bfloat16
