@@ -42,8 +42,8 @@ def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int) -> tuple
         row = start + int(fits.logical_not().nonzero()[0])
         raise ValueError(f"{name} row {row} contains NaN or inf, or values too large for float32; embed it "
                          "again or drop it")
-    if score == "cosine":
-        chunk = unit_rows(chunk.to(torch.float32))
+    if score == "cosine":  # a float32 copy of the rows has the same norms: they are not measured again
+        chunk = unit_rows(chunk.to(torch.float32), norms)
         norms = row_norms(chunk)
     return chunk.to(torch.float32), norms
 

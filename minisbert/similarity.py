@@ -75,13 +75,13 @@ def row_norms(matrix: torch.Tensor) -> torch.Tensor:
     return _fixed_sum_(rows * rows).sqrt()
 
 
-def unit_rows(matrix: torch.Tensor) -> torch.Tensor:
-    """Each row of `matrix` (..., d) divided by its norm (`row_norms`), in float64, then rounded to
-    `matrix`'s dtype; rows of zeros stay zero. The one place minisbert makes unit rows: pooling's
-    normalisation, the losses' and STS's cosines, `util.cos_sim` and every search divide here, so
-    all of them agree on every input, from rows of entries near 1e-30 to rows near 1e30.
-    Differentiable."""
-    norms = row_norms(matrix)  # (...,)
+def unit_rows(matrix: torch.Tensor, norms: torch.Tensor | None = None) -> torch.Tensor:
+    """Each row of `matrix` (..., d) divided by its norm (`row_norms`, or `norms` where the caller has
+    them already), in float64, then rounded to `matrix`'s dtype; rows of zeros stay zero. The one
+    place minisbert makes unit rows: pooling's normalisation, the losses' and STS's cosines,
+    `util.cos_sim` and every search divide here, so all of them agree on every input, from rows of
+    entries near 1e-30 to rows near 1e30. Differentiable."""
+    norms = row_norms(matrix) if norms is None else norms  # (...,)
     tiniest = torch.finfo(torch.float64).tiny  # a zero row divided by it stays zero
     return (matrix.to(torch.float64) / norms.clamp_min(tiniest)[..., None]).to(matrix.dtype)
 
