@@ -5,7 +5,9 @@ way ends in the same exact rescoring (retrieval.py says what a returned score is
 in how they find the candidates, and `WAYS` below chooses, first match wins: from facts about the
 call (queries, rows, a prepared corpus and its copies) and about the machine (native bfloat16, an
 exact and quicker int8 product, measured once per machine by minisbert/fast/machine.py and kept).
-`search(..., way=NAME)` or MINISBERT_SEARCH_WAY=NAME forces one; `fast=False` is way="plain".
+`search(..., way=NAME)` or MINISBERT_SEARCH_WAY=NAME forces one; `fast=False` is way="plain". Rows
+to leave out of a query's answer (`query_ids`, `corpus_ids`: BEIR's self-matches) are dropped after
+any way, from its top k + the most rows a query leaves out (`_without`), so no way carries them.
 
 A corpus searched again and again is best prepared once (`prepare_corpus`): its rows are checked and
 made unit rows (cosine) once, and on a CPU the fast ways keep smaller copies beside it to screen with

@@ -73,8 +73,6 @@ COMMANDS = {
     "python -m minisbert.experiments siamese-vs-triplet": Run(QUICK, slow=True),
     "python -m minisbert.experiments embedding-size": Run(QUICK, slow=True),
     "python -m minisbert.experiments sbert-objectives": Run(QUICK, slow=True, data=True),  # STS-B, SICK
-    "python -m minisbert.experiments model-selection --data scifact --model all-MiniLM-L6-v2 runs/x bm25 jaccard":
-        Run(slow=True, data=True),
     "torchrun --nproc_per_node 8 train.py --loss mnrl --data DIR --batch-size 512 --amp bf16 --output runs/mnrl8":
         Run("--max-steps 2 (and 2 processes)", needs="bf16"),
     "torchrun --nproc_per_node 8 evaluate.py --model runs/mnrl8/final --data DIR --k 10 --no-cache --amp bf16":
@@ -154,6 +152,8 @@ COMMANDS = {
     "msmarco-MiniLM-L6-cos-v5 runs/x bm25 jaccard": Run(slow=True, data=True, needs="network"),  # fetches from the hub
     "python -m minisbert.experiments model-selection --data questions.csv --model all-MiniLM-L6-v2 bm25": Run(),
     "python -m minisbert.experiments model-selection --quick": Run(slow=True),
+    "python -m minisbert.experiments model-selection --data scifact --model all-MiniLM-L6-v2 bm25 jaccard --train mnrl "
+    "triplet --seeds 5 --max-seq-length 128": Run(f"{SMALL_CORPUS} --examples 8 --batch-size 4 --seeds 2", slow=True),
     "python -m minisbert.experiments model-selection": Run(QUICK, slow=True),
     "python -m minisbert.experiments sbert-objectives --quick": Run(slow=True, data=True),
     "python -m minisbert.experiments siamese-vs-triplet --report-only --output bench/studies/siamese-vs-triplet":

@@ -600,10 +600,50 @@ def test_model_selection_tests_every_candidate_against_the_best(svt_run, tmp_pat
     for key, tests in written["tests"].items():
         assert list(tests) == others
         margin = verdicts.NDCG_MARGIN if key == "ndcg@10" else None  # equivalence is tested on NDCG@10 alone
-        expected = verdicts.family([verdicts.paired_test(results[name], results[best], key, margin) for name in others])
+        expected = verdicts.family([verdicts.claim(results[name], results[best], key, margin) for name in others])
         assert list(tests.values()) == expected
     assert verdicts.verdict(written["tests"]["ndcg@10"][others[0]], "NDCG@10", others[0], best, "p_holm") in \
         (output / "results.md").read_text()
+
+
+def test_model_selection_trains_its_own_candidates_with_every_seed(tmp_path):
+    output = tmp_path / "run"
+    model_selection.main(["--quick", "--device", "cpu", "--output", str(output), "--model", str(TINY), "bm25",
+                          "--train", "mnrl", "--start", str(TINY), "--seeds", "2", "--examples", "8"])
+    written = json.loads((output / "results.json").read_text())
+    trained = written["models"]["MNRL (trained here)"]
+    assert [run["training"]["examples"] for run in trained["runs"]] == [8, 8]
+    assert sorted(p.name for p in (output / "models").iterdir() if p.name.startswith("train-")) == \
+        ["train-mnrl-seed42", "train-mnrl-seed43"]
+    # The row is the mean of its two seeds, query by query, and its test carries the t over the seeds.
+    for query, value in trained["per_query"]["ndcg@10"].items():
+        assert value == np.mean([run["per_query"]["ndcg@10"][query] for run in trained["runs"]])
+    best, tests = written["best"], written["tests"]["ndcg@10"]
+    if best != "MNRL (trained here)":
+        assert tests["MNRL (trained here)"]["seed_level"]["seeds"] == 2
+    else:  # the best is the trained one: each other candidate is tested against its seeds
+        assert all(test["seed_level"]["seeds"] == 2 for test in tests.values())
+    markdown = (output / "results.md").read_text()
+    assert "seeds 42, 43" in markdown and "a t over the seeds' own differences" in markdown
+    model_selection.main(["--report-only", "--output", str(output)])
+    assert (output / "results.md").read_text() == markdown
+
+
+def test_a_t_over_the_seeds_stands_beside_either_side_that_has_them():
+    def model(seed_scores, queries):
+        result = {"per_query": {"ndcg@10": queries}, "scores": {"ndcg@10": float(np.mean(list(queries.values())))}}
+        if seed_scores:
+            result["seeds"] = [{"ndcg@10": value} for value in seed_scores]
+        return result
+    queries = {f"q{i}": i / 10 for i in range(10)}
+    trained = model([0.50, 0.56, 0.47], {q: v + 0.01 for q, v in queries.items()})
+    given = model([], queries)
+    forward, backward = verdicts.claim(trained, given, "ndcg@10"), verdicts.claim(given, trained, "ndcg@10")
+    assert forward["seed_differences"] == [x - given["scores"]["ndcg@10"] for x in (0.50, 0.56, 0.47)]
+    assert backward["seed_differences"] == [given["scores"]["ndcg@10"] - x for x in (0.50, 0.56, 0.47)]
+    assert backward["seed_level"]["p"] == forward["seed_level"]["p"] == significance.paired_t_test(
+        [0.50, 0.56, 0.47], [given["scores"]["ndcg@10"]] * 3)
+    assert "seed_level" not in verdicts.claim(given, model([], queries | {"q0": 0.3}), "ndcg@10")
 
 
 def test_model_selection_checks_every_model_before_evaluating_any(tmp_path):

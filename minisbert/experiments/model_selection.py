@@ -5,6 +5,8 @@ After Silveri, "Choosing the Right SBERT Model for Your Data with BEIR" (2024).
         --model all-MiniLM-L6-v2 msmarco-MiniLM-L6-cos-v5 runs/x bm25 jaccard
     python -m minisbert.experiments model-selection --data questions.csv --model all-MiniLM-L6-v2 bm25
     python -m minisbert.experiments model-selection --quick      # data/example: the default models
+    python -m minisbert.experiments model-selection --data scifact --model all-MiniLM-L6-v2 bm25 jaccard \\
+        --train mnrl triplet --seeds 5 --max-seq-length 128     # two candidates trained here, 5 seeds each
 
 The walk-through evaluates candidate models on the user's own data, in the BEIR layout (corpus,
 queries, qrels), with BEIR's EvaluateRetrieval, which computes NDCG, MAP, Recall and Precision with
@@ -22,27 +24,44 @@ on NDCG@10) can say that it is within that margin of the best.
 
 A model is a known name (fetched on first use), a model directory, the output folder of train.py
 (its final/ model is used) or of an experiment's model (models/<name>/), or a lexical baseline: bm25,
-jaccard. Every name is checked before the first model is evaluated.
+jaccard. Every name is checked before the first model is evaluated. --train adds candidates that the
+study trains itself, so that its table can be rerun from the repository: each named objective
+(TRAINABLE: SBERT's triplet objective, euclidean with margin 1, or multiple-negatives ranking) trains
+--start on the data's train split, one triplet per judged (query, relevant document) with a negative
+mined once with --start, as sbert-objectives.py trains them, once per seed (--seeds); such a row is
+the mean over its seeds, and its tests carry a t over the seeds' own differences beside the per-query
+test, which is conditional on the seeds.
 
 Writes results.md (the tables) and results.json (each query's scores included). Checked in
 tests/test_experiments.py.
 """
 
+import functools
 import re
 from pathlib import Path
 
 from .. import datasets
 from ..evaluation import CACHE_DIR, LEXICAL
+from ..fit import TrainingSettings
 from ..hub import resolve
+from ..losses import select_loss
 from . import runner, verdicts
 
 NAME = "model-selection"
+# The training settings are sbert-objectives.py's (batch 16, one epoch, SBERT's learning rate).
 PRESETS = {
     "full": {"data": "scifact", "model": ["all-MiniLM-L6-v2", "bm25", "jaccard"], "score": "cosine",
-             "max_seq_length": None, "k": [1, 3, 5, 10, 100], "definitions": "trec"},
+             "max_seq_length": None, "k": [1, 3, 5, 10, 100], "definitions": "trec", "train": [],
+             "start": "all-MiniLM-L6-v2", "examples": 1024, "epochs": 1, "batch_size": 16, "lr": 2e-5, "seed": 42,
+             "seeds": 1},
     "quick": {"data": "example", "model": ["all-MiniLM-L6-v2", "bm25", "jaccard"], "score": "cosine",
-              "max_seq_length": None, "k": [1, 3, 5, 10, 100], "definitions": "trec"},
+              "max_seq_length": None, "k": [1, 3, 5, 10, 100], "definitions": "trec", "train": [],
+              "start": "all-MiniLM-L6-v2", "examples": 64, "epochs": 1, "batch_size": 4, "lr": 2e-5, "seed": 42,
+              "seeds": 1},
 }
+# --train: name -> (the row's name, the loss's (arch, metric, loss)), as sbert-objectives.py names them.
+TRAINABLE = {"triplet": ("triplet (trained here)", ("triplet", "euclidean", None)),
+             "mnrl": ("MNRL (trained here)", ("triplet", "cosine", "mnrl"))}
 COLUMNS = [("NDCG", "ndcg"), ("MAP", "map"), ("Recall", "recall"), ("Precision", "precision")]
 BEST_BY = "ndcg@10"
 
@@ -55,6 +74,14 @@ def parse_args(argv=None):
     p.add_argument("--k", type=int, nargs="+", default=None, help="cutoffs (default 1 3 5 10 100, as BEIR)")
     p.add_argument("--definitions", choices=["trec", "st"], default=None,
                    help="metric definitions: trec (trec_eval, as BEIR; the default) or st (sentence-transformers)")
+    p.add_argument("--train", nargs="+", choices=list(TRAINABLE), default=None,
+                   help="candidates the study trains itself from --start on the data's train split")
+    p.add_argument("--start", default=None, help="the model --train starts from (default all-MiniLM-L6-v2)")
+    p.add_argument("--lr", type=float, default=None, help="--train's peak learning rate (default 2e-5)")
+    p.add_argument("--examples", type=int, default=None, help="--train's triplets at most, drawn with the seed")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    runner.seeds_option(p)
     args = runner.parse(p, argv)
     if args.k is not None and (min(args.k) <= 0 or 10 not in args.k):
         p.error(f"--k must be positive and include 10 (the best model is chosen by NDCG@10), got {args.k}")
@@ -77,16 +104,59 @@ def main(argv=None):
 
     results = {name: study.entry(entry_name(name), lambda folder, source=source: evaluate(source))
                for name, source in models.items()}
+    results |= trained_candidates(s, args, study, test)
 
     # The best model by NDCG@10, and every other one tested against it on every metric.
     keys = [f"{key}@{k}" for _, key in COLUMNS for k in s.k]
     best_model = max(results, key=lambda name: results[name]["scores"][BEST_BY])
     others = [name for name in results if name != best_model]
     tests = {key: dict(zip(others, verdicts.family([
-        verdicts.paired_test(results[name], results[best_model], key, verdicts.NDCG_MARGIN if key == BEST_BY else None)
+        verdicts.claim(results[name], results[best_model], key, verdicts.NDCG_MARGIN if key == BEST_BY else None)
         for name in others]))) for key in keys} if others else {}
     study.write_results({"settings": vars(s), "models": results, "best": best_model, "tests": tests},
                         report(s, study.about(), results, tests, best_model, keys, test, study.margin_record()))
+
+
+def trained_candidates(s, args, study: runner.Study, test) -> dict:
+    """--train's candidates (module docstring), each one row: its seeds' runs and their mean."""
+    @functools.cache
+    def triplets():
+        start = runner.load_model(s.start, args.device, s.max_seq_length)
+        return runner.subsample(runner.mined_triplets(s.data, "train", start, s.seed)[1], s.examples, s.seed)
+
+    def train_and_evaluate(folder, loss, seed):
+        model = runner.load_model(s.start, args.device, s.max_seq_length)
+        settings = TrainingSettings(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, seed=seed, margin=1.0,
+                                    checkpoint_steps=runner.CHECKPOINT_STEPS)
+        training = runner.train(model, triplets(), select_loss(*loss), folder, settings,
+                                run_inputs={"model": s.start, "data": s.data})
+        return {**runner.retrieval_scores(model, test, s.score, ks=s.k, definitions=s.definitions), "training": training}
+
+    results = {}
+    for name in getattr(s, "train", None) or []:  # a run recorded before --train existed has none
+        label, loss = TRAINABLE[name]
+        runs = [study.entry(f"train-{name}-seed{seed}", lambda folder, loss=loss, seed=seed:
+                            train_and_evaluate(folder, loss, seed)) for seed in runner.seed_list(s)]
+        results[label] = {**runner.over_seeds(runs), "runs": runs}
+    return results
+
+
+def trained_sentence(s, results: dict) -> str:
+    """What the report says of the candidates' training: of --train's, how and with which seeds; else
+    that each model is one network."""
+    trained = [TRAINABLE[name][0] for name in getattr(s, "train", None) or []]
+    if not trained:
+        return ("Each model is one trained network (one seed): its tests are per query, conditional on that seed, "
+                "and say nothing of how another training run would do.")
+    run = results[trained[0]]["runs"][0]["training"]
+    return (f"{' and '.join(trained)} are trained by this run from {s.start} on the {s.data} train split "
+            f"({run['examples']:,} triplets, each negative mined once with the start model; {s.epochs} epoch(s), "
+            f"batch {s.batch_size}, learning rate {s.lr:g}, {run['steps']:,} steps"
+            + ("; the triplet objective is SBERT's, euclidean with margin 1" if "triplet" in s.train else "")
+            + f"), seeds {', '.join(map(str, runner.seed_list(s)))}: each such row "
+            "is the mean over its seeds, and a test against the best where either is trained here is made per "
+            "query, given these seeds, and by a t over the seeds' own differences. The other models are used as "
+            "given, one network each.")
 
 
 def report(s, about: str, results: dict, tests: dict, best_model: str, keys: list, test, margin_record: str) -> str:
@@ -106,8 +176,7 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
         f"encoders compare embeddings by {s.score}"
         + (f", at most {s.max_seq_length} tokens per text" if s.max_seq_length else "")
         + f". Metrics: {'trec_eval' if s.definitions == 'trec' else 'sentence-transformers'} definitions "
-        f"(minisbert/metrics.py). " + about + " Each model is one trained network (one seed): its tests are per "
-        "query, conditional on that seed, and say nothing of how another training run would do.",
+        f"(minisbert/metrics.py). " + about + " " + trained_sentence(s, results),
         "",
         runner.markdown_table(header, rows),
         f"Best by NDCG@10: **{best_model}**. Each other candidate against it, query by query (difference, "
@@ -131,14 +200,18 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
 
 def deviations(s) -> str:
     """The table of what this run does differently from Silveri's walk-through, and why."""
+    trained = [TRAINABLE[name][0] for name in getattr(s, "train", None) or []]
     rows = [
         ["data", "NVIDIA documentation question-answer pairs (a Kaggle CSV), each answer the relevant document of "
          "its question", str(s.data), "a public BEIR dataset that the other studies use too; --data questions.csv "
          "reads such a CSV"],
         ["negatives", "random answers added as negative samples, kept below a similarity threshold",
          "none added: every query ranks the whole corpus", "the corpus already holds every unjudged document"],
-        ["models", "thenlper/gte-large, BAAI/bge-large-en-v1.5, intfloat/e5-large-v2", ", ".join(s.model),
+        ["models", "thenlper/gte-large, BAAI/bge-large-en-v1.5, intfloat/e5-large-v2", ", ".join(s.model + trained),
          "models of the size the other studies train, on 2 CPU cores"],
+        *([["training", "none: published models, compared as they are", f"{' and '.join(trained)}, "
+            f"seeds {', '.join(map(str, runner.seed_list(s)))}", "so that the table can be rerun from the repository, "
+            "with the training seeds' variance in its tests"]] if trained else []),
         ["score", "cos_sim", str(s.score), "the walk-through's"],
         ["metrics", "BEIR's EvaluateRetrieval (trec_eval): NDCG, MAP, Recall, Precision at 1, 3, 5, 10, 100",
          f"the same with {s.definitions} definitions at {', '.join(map(str, s.k))}", "the walk-through's"],

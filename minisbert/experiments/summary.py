@@ -55,6 +55,14 @@ def seed_counts(studies: Path) -> str:
     return f"{usual} seeds" + (f" ({', '.join(others)})" if others else "")
 
 
+def selection_seeds(selection: dict) -> str:
+    """How many networks stand behind model-selection's rows: the seeds of the candidates it trained, or one each."""
+    trained = [name for name, model in selection["models"].items() if len(model.get("runs", [])) > 1]
+    if not trained:
+        return "one network per model"
+    return f"{' and '.join(trained)} with {len(selection['models'][trained[0]]['runs'])} seeds each"
+
+
 def paragraphs(studies: Path = STUDIES) -> str:
     svt = read_json(studies / "siamese-vs-triplet" / "results.json")
     epochs = read_json(studies / "siamese-vs-triplet" / "epochs-3-against-2" / "results.json")
@@ -102,8 +110,8 @@ def paragraphs(studies: Path = STUDIES) -> str:
         + ", SciFact " + short(objectives["tests"]["mnrl_vs_triplet"]["ndcg@10"], "MNRL", "triplet") + ". "
         "[results](bench/studies/sbert-objectives/results.md)",
         "",
-        f"**Model selection** (Silveri, BEIR; one seed, on a CPU), each candidate against the best by NDCG@10, "
-        f"{selection['best']}: " + "; ".join(f"{name}: {short(test, name, 'best')}"
+        "**Model selection** (Silveri, BEIR; " + selection_seeds(selection) + "), each candidate against the best by "
+        f"NDCG@10, {selection['best']}: " + "; ".join(f"{name}: {short(test, name, 'best')}"
                                             for name, test in selection["tests"]["ndcg@10"].items()) + ". "
         "[results](bench/studies/model-selection/results.md)",
     ]

@@ -61,14 +61,12 @@ def paired_test(a: dict, b: dict, metric: str, margin: float | None = None) -> d
 
 def claim(a: dict, b: dict, metric: str, margin: float | None = None) -> dict:
     """a - b on `metric`: {"identical": True} when every query's value is the same in a and b in
-    every seed (nothing to test); else paired_test, with "seed_differences" (each of a's seeds'
-    score minus b's own seed where b has as many, else b's score) and "seed_level" (seed_level of
-    them) when a has more than one seed."""
+    every seed (nothing to test); else paired_test, with "seed_differences" (paired_seeds) and
+    "seed_level" (seed_level of them) when a or b has more than one seed."""
     if identical(a, b, metric):
         return {"identical": True, "difference": 0.0}
     test = paired_test(a, b, metric, margin)
-    seeds = a.get("seeds", [])
-    if len(seeds) > 1:
+    if max(len(a.get("seeds", [])), len(b.get("seeds", []))) > 1:
         ours, theirs = paired_seeds(a, b, metric)
         test["seed_differences"] = [x - y for x, y in zip(ours, theirs)]
         test["seed_level"] = seed_level(ours, theirs, margin)
@@ -76,8 +74,12 @@ def claim(a: dict, b: dict, metric: str, margin: float | None = None) -> dict:
 
 
 def paired_seeds(a: dict, b: dict, metric: str) -> tuple:
-    """(a's seeds' scores, b's score for each): b's own seed i where b has as many seeds, else b's score."""
-    ours, others = [seed[metric] for seed in a["seeds"]], b.get("seeds", [])
+    """(a's score in each seed, b's): a's seeds where it has several (else its one score, once for
+    each of b's seeds), and beside each b's own seed i where b has as many seeds, else b's score."""
+    ours = [seed[metric] for seed in a.get("seeds", [])]
+    if len(ours) < 2:
+        ours = [a["scores"][metric]] * len(b["seeds"])
+    others = b.get("seeds", [])
     theirs = [seed[metric] for seed in others] if len(others) == len(ours) else [b["scores"][metric]] * len(ours)
     return ours, theirs
 
