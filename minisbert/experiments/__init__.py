@@ -15,8 +15,9 @@ its table and figures:
 Each takes --quick (a small budget on data/example), --data, --model, --output DIR and --device, and
 resumes: run again with the same --output, it skips the models already trained and evaluated;
 --report-only rebuilds the tables and figures from a finished run's stored results alone.
-One file per experiment; runner.py holds what they share, records.py the record of what made a run's
-models (run.json), pca.py the PCA, figures.py the figures.
+One file per experiment (and for the two papers' studies a second, <study>_report.py, its write-up);
+runner.py holds what they share, records.py the record of what made a run's models (run.json),
+verdicts.py the tests and the words of each verdict, pca.py the PCA, figures.py the figures.
 Checked in tests/test_experiments.py.
 """
 
