@@ -130,7 +130,8 @@ def trained_candidates(s, args, study: runner.Study, test) -> dict:
                                     checkpoint_steps=runner.CHECKPOINT_STEPS)
         training = runner.train(model, triplets(), select_loss(*loss), folder, settings,
                                 run_inputs={"model": s.start, "data": s.data})
-        return {**runner.retrieval_scores(model, test, s.score, ks=s.k, definitions=s.definitions), "training": training}
+        scores = runner.retrieval_scores(model, test, s.score, ks=s.k, definitions=s.definitions)
+        return {**scores, "training": training}
 
     results = {}
     for name in getattr(s, "train", None) or []:  # a run recorded before --train existed has none
