@@ -78,7 +78,7 @@ def paired_seeds(a: dict, b: dict, metric: str) -> tuple:
     each of b's seeds), and beside each b's own seed i where b has as many seeds, else b's score."""
     ours = [seed[metric] for seed in a.get("seeds", [])]
     if len(ours) < 2:
-        ours = [a["scores"][metric]] * len(b["seeds"])
+        ours = [a["scores"][metric]] * len(b.get("seeds", []))
     others = b.get("seeds", [])
     theirs = [seed[metric] for seed in others] if len(others) == len(ours) else [b["scores"][metric]] * len(ours)
     return ours, theirs
