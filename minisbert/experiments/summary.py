@@ -15,15 +15,18 @@ STUDIES = Path(__file__).resolve().parents[2] / "bench" / "studies"
 
 
 def short(test: dict, first: str, second: str) -> str:
-    """"prefers X (+0.0123, p < 0.001; over seeds p = 0.020)": the per-query verdict (Holm), its
-    difference and p, and the seed level's p and verdict where it disagrees."""
+    """"prefers X (+0.0123 [+0.0040, +0.0210], p < 0.001; over seeds [+0.0010, +0.0240], p = 0.020)":
+    the per-query verdict (Holm), its difference, 95% interval and p, and the seed level's interval, p
+    and verdict where it disagrees."""
     if test.get("identical"):
         return "identical (not tested)"
     said = verdicts.said(verdicts.outcome(test, "p_holm"), first, second, test.get("margin"))
-    text = f"{said} ({test['difference']:+.4f}, {verdicts.p_text(test['p_holm'], test.get('p_holm_error', 0.0))}"
+    text = (f"{said} ({test['difference']:+.4f} {verdicts.interval_text(test)}, "
+            f"{verdicts.p_text(test['p_holm'], test.get('p_holm_error', 0.0))}")
     if "seed_level" in test:
         over_seeds = verdicts.outcome(test, "p_holm", "over seeds")
-        text += f"; over seeds {verdicts.p_text(test['seed_level']['p_holm'])}"
+        low, high = test["seed_level"]["ci95"]
+        text += f"; over seeds [{low:+.4f}, {high:+.4f}], {verdicts.p_text(test['seed_level']['p_holm'])}"
         if over_seeds != verdicts.outcome(test, "p_holm"):
             text += f", {verdicts.said(over_seeds, first, second, test.get('margin'))}"
     return text + ")"
