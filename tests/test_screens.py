@@ -233,13 +233,14 @@ def test_the_int8_block_bound_holds_and_is_nearly_reached(divided):
 @pytest.mark.parametrize("score", ["cosine", "dot"])
 def test_many_queries_through_the_int8_screen_match_brute_force(score, monkeypatch):
     # 300 queries (more than a few-query search takes) over 20,000 random rows in chunks of 2,000:
-    # the first chunk fills the top-k in float32, and every later one must pass the screen.
+    # the first chunk, screened against a floor made from its own block, is too wide a screen at
+    # d = 32 and fills the top-k in float32; every later one must pass the screen.
     generator = torch.Generator().manual_seed(6)
     queries, corpus = torch.randn(300, 32, generator=generator), torch.randn(20000, 32, generator=generator)
     corpus[:5000] *= 3.0  # rows of two sizes for dot
     screened = screened_blocks(monkeypatch)
     assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=2000, way="blocks, int8")
-    assert len(screened) == 9 and all(result is not None for result in screened), screened
+    assert len(screened) == 10 and all(result is not None for result in screened[1:]), screened
 
 
 @needs_int8_blocks

@@ -22,11 +22,13 @@ at least 63). The comparisons are then between integers. A query or a piece whos
 lies outside [2^-30, 2^50] (zero among them) is not screened: T is the lowest int32.
 """
 
+from functools import partial
+
 import torch
 
 from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY
 from .machine import fact
-from .screen import GROUP_SIZE, Chunk, _summation_error, block_candidates
+from .screen import GROUP_SIZE, Chunk, _summation_error, best_entries, block_candidates
 from .span_product import best_times
 from .tuning import INT8_BLOCKS_RATIO, INT8_PIECE_ROWS
 
@@ -75,7 +77,7 @@ class Int8Blocks:
             scales.append(scale)
         self.scales = torch.tensor(scales, dtype=torch.float64, device=chunk.device)  # (pieces,)
 
-    def candidates(self, rows: slice, kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def candidates(self, rows: slice, kth: torch.Tensor, own_floor=None):
         """See fast/screen.py's `Bfloat16Blocks.candidates`."""
         num_rows, num_docs = kth.shape[0], self.num_docs
         padded_rows = -(-num_rows // QUERY_ROWS_MULTIPLE) * QUERY_ROWS_MULTIPLE
@@ -86,18 +88,22 @@ class Int8Blocks:
         products = products[:num_rows]  # (Qc, W)
         if num_docs < width:
             products[:, num_docs:] = SENTINEL
-        # Each group lies in one piece (INT8_PIECE_ROWS is a whole number of groups): its threshold.
-        piece_thresholds = self._thresholds(rows, kth)  # (Qc, pieces) int32
-        groups_per_piece = self.piece.shape[0] // GROUP_SIZE
         groups = products.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
         group_maxima = groups.amax(dim=2)  # (Qc, W / G)
+        # Each group lies in one piece (INT8_PIECE_ROWS is a whole number of groups).
+        groups_per_piece = self.piece.shape[0] // GROUP_SIZE
+        if own_floor is not None:  # groups compared by s_q s (q'·c'), their pieces' scales told apart
+            scales = self.bounds(rows)[0].repeat_interleave(groups_per_piece, dim=1)[:, : group_maxima.shape[1]]
+            kth = own_floor(scales * group_maxima, partial(best_entries, groups))
+        piece_thresholds = self._thresholds(rows, kth)  # (Qc, pieces) int32
         thresholds = piece_thresholds.repeat_interleave(groups_per_piece, dim=1)[:, : group_maxima.shape[1]]
 
         def passes(values: torch.Tensor, block_rows, group) -> torch.Tensor:
             threshold = thresholds[block_rows, group]
             return values > (threshold if values.dim() == threshold.dim() else threshold[:, None])
 
-        return block_candidates(groups, group_maxima, passes)
+        found = block_candidates(groups, group_maxima, passes)
+        return None if found is None else (*found, kth)
 
     def bounds(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         """(Qc, pieces) float64 s_q s and B for the query `rows` and each piece of the loaded

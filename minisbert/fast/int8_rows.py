@@ -113,14 +113,15 @@ class Int8RowsScreen:
     def load_chunk(self, chunk: Chunk) -> None:
         self.kept = chunk.kept
 
-    def candidates(self, rows: slice, kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The rows of the span whose float32 scores may lie above `kth` (1,), or None if too many."""
+    def candidates(self, rows: slice, kth: torch.Tensor, own_floor=None):
+        """The rows of the span whose float32 scores may lie above `kth` (1,), and `kth`; None if too
+        many (the search passes no own_floor: its first span is scored in float32)."""
         bounds = self.upper_bounds(self.kept)  # (n,)
         # Written as "not <=" so that a NaN (from an overflowing bound) keeps a row in.
         candidates = (~(bounds <= kth[0])).nonzero()[:, 0]  # (M,) ascending
         if candidates.numel() > MOST_CANDIDATES * bounds.shape[0]:
             return None
-        return torch.zeros_like(candidates), candidates
+        return torch.zeros_like(candidates), candidates, kth
 
     def upper_bounds(self, kept: Int8Rows) -> torch.Tensor:
         """(n,) upper bounds on the float32 scores of the n rows whose int8 copy is `kept`:

@@ -20,7 +20,9 @@ the k best must add little. Each query's scores are cut into groups of GROUP_SIZ
 each group reduced to its maximum; only groups whose maximum reaches the query's floor are opened.
 Blocks are laid out (corpus rows, queries), the work between two products runs on one thread
 (`_one_thread`), and the blocks reuse one buffer (bench/README.md, "Search", has each measured).
-Where the CPU has a cheaper product, a screen proposes each block's candidates instead.
+Where the CPU has a cheaper product, a screen proposes each block's candidates instead, the first
+block too, against a floor it makes from that block (fast/screen.py). A block or span scored in
+float32 with nothing kept yet (the first) gives its own top K (`_keep_top`).
 
 An approximate score over rows measured here is off by two float32 sums and four roundings at most
 (search_inputs.py's `Bounds`: sums=2, roundings=4); a row too small or too large to measure in
@@ -31,6 +33,7 @@ search, which read it as the plain search does and raise where it raises.
 import contextlib
 import math
 import weakref
+from functools import partial
 
 import torch
 
@@ -98,11 +101,21 @@ def search_spans(inputs: SearchInputs, screen: str | None = None, one_span: bool
         block = block_buffer[: num_queries * width].view(num_queries, width)  # (Q, W)
         reach = max(reach, _score_span(inputs, start, rows, product, block[:, :rows]))
         with _one_thread(device):
+            if start == 0:  # nothing kept yet: the span's own top K
+                _keep_top(block[:, :rows], top_values, top_indices)
+                continue
             block[:, rows:] = -math.inf
             kth = _threshold(inputs, slice(None), top_values, reach)
-            found = _block_candidates(block, kth, top_values.shape[1])
+            found = _block_candidates(block, kth)
             merge_candidates(found[2], found[:2], start, top_values, top_indices)
     return top_values, top_indices, reach
+
+
+def _keep_top(scores: torch.Tensor, top_values: torch.Tensor, top_indices: torch.Tensor) -> None:
+    """Write the top K of the (Qc, n) float32 `scores` of the first rows of the corpus (the first span
+    or chunk, met with nothing kept yet) into the (Qc, K) running top-K, in place."""
+    width = min(top_values.shape[1], scores.shape[1])
+    top_values[:, :width], top_indices[:, :width] = scores.topk(width, dim=1)
 
 
 def _running(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,16 +275,23 @@ def search_blocks(inputs: SearchInputs, screen: str | None = None):
         for query_start in range(0, num_queries, query_chunk_size):
             rows = slice(query_start, min(query_start + query_chunk_size, num_queries))
             kth = _threshold(inputs, rows, top_values[rows], reach)
-            found = None if screened is None else screened.candidates(rows, kth)
+            found = None
+            if screened is not None:
+                found = screened.candidates(rows, kth, (inputs.k, partial(_own_floor, inputs, rows, kth, reach)))
             if found is None:
                 if chunk.divisors is not None:  # the screen failed: the chunk's unit rows, once
                     chunk.rows = torch.div(chunk.rows, chunk.divisors, out=unit_buffer[: chunk.rows.shape[0]])
                     chunk.divisors = None
+                if doc_start == 0:  # nothing kept yet: the chunk's own top K, of a (Qc, Nc) block
+                    block = block_buffer[: chunk.rows.shape[0] * (rows.stop - rows.start)].view(-1, chunk.rows.shape[0])
+                    _score_rows(chunk, queries[rows], score, block.T)
+                    _keep_top(block, top_values[rows], top_indices[rows])
+                    continue
                 block = block_buffer[: height * (rows.stop - rows.start)].view(height, -1)  # (H, Qc)
                 _score_rows(chunk, queries[rows], score, block[: chunk.rows.shape[0]])  # (Nc, d) @ (d, Qc)
                 with _one_thread(device):
                     block[chunk.rows.shape[0] :] = -math.inf
-                    found = _block_candidates(block.T, kth, top_values.shape[1])
+                    found = _block_candidates(block.T, kth)
             merge_candidates(found[2], found[:2], doc_start, top_values[rows], top_indices[rows])
     return top_values, top_indices, reach
 
@@ -293,28 +313,30 @@ def _block_chunk(inputs: SearchInputs, start: int, unit_buffer: torch.Tensor | N
     return _prepared_chunk(inputs, start, rows, kept(inputs.prepared, "bfloat16"))
 
 
-def _block_candidates(scores: torch.Tensor, kth: torch.Tensor, size: int):
+def _block_candidates(scores: torch.Tensor, kth: torch.Tensor):
     """(M,) query rows, (M,) block columns and (M,) scores of the entries of a (Qc, H) float32 block
-    (H a multiple of GROUP_SIZE; maybe the transpose of an (H, Qc) one) that enter a running top-`size`
-    whose rows must lie above `kth` (Qc,) (`_threshold`; an equal score loses the tie: a higher index)."""
+    (H a multiple of GROUP_SIZE; maybe the transpose of an (H, Qc) one) that lie above `kth` (Qc,)
+    (`_threshold`; an equal score loses the tie: a higher index)."""
     groups = scores.unflatten(1, (-1, GROUP_SIZE))  # (Qc, H / G, G)
     # Reduced along the block's rows in memory (across, torch's reduction is many times slower).
     if scores.stride(1) == 1:
         group_maxima = groups.amax(dim=2)  # (Qc, H / G)
     else:
         group_maxima = scores.T.unflatten(0, (-1, GROUP_SIZE)).amax(dim=1).T  # (Qc, H / G)
-    floor = kth[:, None]
-    if torch.isneginf(kth).any() and scores.shape[1] > size:
-        # A running top-K not full yet: the K-th largest group maximum (K groups, so K entries, reach
-        # it) rules out the rest, so that the first block is not merged whole.
-        source = group_maxima if group_maxima.shape[1] >= size else scores
-        floor = torch.where(torch.isneginf(kth), source.topk(size, dim=1).values[:, -1], kth)[:, None]
-    promising = (group_maxima > kth[:, None]) & (group_maxima >= floor)  # (Qc, H / G)
-    rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,)
+    rows, group = (group_maxima > kth[:, None]).nonzero(as_tuple=True)  # (P,), (P,)
     values = groups[rows, group]  # (P, G)
-    pair, offset = ((values > kth[rows, None]) & (values >= floor[rows])).nonzero(as_tuple=True)  # (M,), (M,)
+    pair, offset = (values > kth[rows, None]).nonzero(as_tuple=True)  # (M,), (M,)
     # nonzero() lists pairs query by query, groups and offsets ascending: sorted by query, then row.
     return rows[pair], group[pair] * GROUP_SIZE + offset, values[pair, offset]
+
+
+def _own_floor(inputs: SearchInputs, rows: slice, kth: torch.Tensor, reach: float, lowest: torch.Tensor):
+    """(Qc,) float32: `kth` (`_threshold`), and where that is -inf (nothing kept yet), the floor below
+    which no row can reach the top k, given the (Qc,) lowest float32 score of k rows of the block
+    that a screen picked: the query's k-th best is no lower, as if they were kept."""
+    bounds = Bounds(inputs.score, inputs.query_norms[rows], reach, inputs.queries.shape[1], **ROUGH)
+    floor = bounds.floor(bounds.lower(lowest))
+    return torch.where(torch.isneginf(kth), torch.nextafter(floor, floor.new_tensor(-math.inf)), kth)
 
 
 @contextlib.contextmanager

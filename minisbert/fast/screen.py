@@ -7,18 +7,22 @@ prepared corpus's int8 copy), and a proven bound on its error turns each approxi
 upper bound on the float32 one. Every screen implements the same two calls:
 
     load_chunk(chunk)                                 take the next corpus chunk (a `Chunk`)
-    candidates(rows, floor)                           (M,) query rows and (M,) chunk rows whose upper
-                                                      bound reaches `floor` (Qc,), or None
+    candidates(rows, floor, own_floor)                (M,) query rows and (M,) chunk rows whose upper
+                                                      bound reaches `floor` (Qc,), or None; and the floor
 
 `Screen` wraps one: it rescores the candidates in float32 and keeps those at or above the floor
 (the float32 bound of search_inputs.py's `Bounds` then relates them to the exact scores, which
 `settle` computes), and it waits before trying again where screening failed (too many candidates).
 The floor comes from the search: nothing below it can reach the top-k, so a screen changes only
-speed, never a result. Tested through every forced way in tests/test_retrieval.py, and each bound on
-rows built to round badly in tests/test_screens.py.
+speed, never a result. Where the search has kept nothing yet (its first chunk), the floor is -inf;
+a screen of many queries then picks, for each query, the best entries of its k best groups, `Screen`
+scores them in float32, and the search makes a floor from the lowest (`own_floor`): k rows score at
+least that, whatever the screen's error. Tested through every forced way in tests/test_retrieval.py,
+and each bound on rows built to round badly in tests/test_screens.py.
 """
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -63,25 +67,43 @@ class Screen:
         self.chunk = chunk
         self.approximate.load_chunk(chunk)
 
-    def candidates(self, rows: slice, floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def candidates(self, rows: slice, floor: torch.Tensor, own_floor=None):
         """(M,) query rows (ascending, within `rows`), (M,) chunk rows and (M,) float32 scores of the
         entries whose float32 scores lie above the (Qc,) `floor`, or None where the screen would not
-        save work: a floor still -inf (nothing to beat yet), or too many entries surviving it."""
-        if not torch.isfinite(floor).all():
+        save work: a floor still -inf (nothing to beat yet), or too many entries surviving it.
+        own_floor: (k, f), f making a floor from the (Qc,) lowest float32 score of k rows of the block
+        where `floor` is -inf (the module docstring)."""
+        unknown = not torch.isfinite(floor).all()
+        if unknown and own_floor is None:
             return None
         if self.wait.get(rows.start, 0) > 0:
             self.wait[rows.start] -= 1
             return None
-        found = self.approximate.candidates(rows, floor)
+        own = partial(self._own_floor, rows, *own_floor) if unknown else None
+        found = self.approximate.candidates(rows, floor, own)
+        if found is None and unknown:  # no wait: the next chunk brings a floor
+            return None
         if found is None:
             self.failures[rows.start] = self.failures.get(rows.start, 0) + 1
             self.wait[rows.start] = 2 ** self.failures[rows.start] - 1
             return None
         self.failures[rows.start] = 0
-        cand_rows, cand_cols = found
+        cand_rows, cand_cols, floor = found
         scores = self._rescore(rows, cand_rows, cand_cols)
         keep = scores > floor[cand_rows]
         return cand_rows[keep], cand_cols[keep], scores[keep]
+
+    def _own_floor(self, rows: slice, k: int, floor_of, group_values: torch.Tensor, best_columns) -> torch.Tensor:
+        """The floor `floor_of` makes from the lowest float32 score of the rows best_columns(groups)
+        (Qc, k) gives for each query's k groups of highest (Qc, G) `group_values`; -inf where the
+        block has fewer than k groups, or a picked row lies past the chunk."""
+        num_rows, num_docs = group_values.shape[0], self.chunk.rows.shape[0]
+        if group_values.shape[1] < k:
+            return floor_of(group_values.new_full((num_rows,), -torch.inf))
+        columns = best_columns(group_values.topk(k, dim=1).indices)  # (Qc, k)
+        query_rows = torch.arange(num_rows, device=columns.device).repeat_interleave(k)
+        scores = self._rescore(rows, query_rows, columns.flatten().clamp_max(num_docs - 1)).view(num_rows, k)
+        return floor_of(scores.masked_fill(columns >= num_docs, -torch.inf).amin(dim=1))
 
     def _rescore(self, rows: slice, cand_rows: torch.Tensor, cand_cols: torch.Tensor) -> torch.Tensor:
         """(M,) float32 scores (keys 2 q·c - |c|² for euclidean) of the candidates, a piece at a time."""
@@ -97,6 +119,13 @@ class Screen:
                 query_rows = 2 * query_rows - doc_rows  # 2 q·c - |c|² = (2q - c)·c
             scores[part] = torch.linalg.vecdot(query_rows, doc_rows)
         return scores
+
+
+def best_entries(groups: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+    """(Qc, p) chunk columns of the largest entry of each of the (Qc, p) `picked` groups of an
+    approximate (Qc, W / G, G) block."""
+    rows = torch.arange(groups.shape[0], device=groups.device)[:, None]  # (Qc, 1)
+    return picked * GROUP_SIZE + groups[rows, picked].argmax(dim=2)
 
 
 def block_candidates(
@@ -170,9 +199,10 @@ class Bfloat16Blocks:
         if self.euclidean:
             self.chunk_bf16[:, -1] = chunk.squared_norms
 
-    def candidates(self, rows: slice, kth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def candidates(self, rows: slice, kth: torch.Tensor, own_floor=None):
         """(M,) block rows and (M,) chunk columns of the entries whose float32 scores may lie above
-        the (Qc,) `kth`, sorted by row and then by column; None if too many survive."""
+        the (Qc,) `kth`, sorted by row and then by column, and `kth` (or own_floor's: `Screen`);
+        None if too many survive."""
         num_rows, num_docs = kth.shape[0], self.num_docs
         approximate = self.block_buffer[: num_rows * self.width].view(num_rows, self.width)
         torch.mm(self.queries_bf16[rows], self.chunk_bf16.T, out=approximate[:, :num_docs])
@@ -187,13 +217,16 @@ class Bfloat16Blocks:
         groups = approximate.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
         largest_bits = groups.view(torch.int16).amax(dim=2).clamp_min(0)  # (Qc, W / G)
         group_maxima = largest_bits.view(torch.bfloat16).float()  # (Qc, W / G)
+        if own_floor is not None:
+            kth = own_floor(group_maxima, partial(best_entries, groups))
 
         def passes(values: torch.Tensor, block_rows, group) -> torch.Tensor:
             # Written as "not <=" so that a NaN (from an overflowing bound) keeps an entry in.
             values = values.float()
             return ~(_upper_bounds(values, error[block_rows, None]) <= kth[block_rows, None])
 
-        return block_candidates(groups, group_maxima, passes)
+        found = block_candidates(groups, group_maxima, passes)
+        return None if found is None else (*found, kth)
 
 
 def _upper_bounds(approximate: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
