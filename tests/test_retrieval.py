@@ -500,10 +500,12 @@ def test_screening_skips_most_float32_blocks_and_matches_brute_force(score, monk
         corpus, dim=1, keepdim=True
     )  # norms between 0.5 and 1
     float32_blocks = count_calls(monkeypatch, fast_retrieval, "_block_candidates")
+    screens = count_calls(monkeypatch, screen.Screen, "candidates")  # one call a chunk
     assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=2_000, way="blocks, bfloat16")
-    # Of 10 chunks, the first is screened against a floor made from its own block (or, where that
-    # fails, gives its own top k in float32, not counted here); a second can fail to screen (its
-    # k-th best is still low) and make the third wait. The others are screened.
+    # Of 10 chunks, the first is screened against a floor made from its own block (the best entries
+    # of each query's 10 best groups, scored in float32); a second can fail to screen (its k-th best
+    # is still low) and make the third wait. The others are screened.
+    assert screens[0] is not None
     assert len(float32_blocks) <= 2
 
 
