@@ -130,10 +130,15 @@ def _threshold(inputs: SearchInputs, rows: slice, top_values: torch.Tensor, reac
     """(Qc,) float32: an approximate score a row of the query `rows` must pass to be kept. The K-th
     kept score, and where it is higher, the floor of the k-th (search_inputs.py's `Bounds`, for rows
     of norm at most `reach`): a row below that floor cannot be in the exact top-k, whatever follows."""
+    return torch.maximum(top_values[:, -1], _below_floor(inputs, rows, reach, top_values[:, inputs.k - 1]))
+
+
+def _below_floor(inputs: SearchInputs, rows: slice, reach: float, kth: torch.Tensor) -> torch.Tensor:
+    """(Qc,) float32 just below the floor of a k-th best approximate score `kth` (Qc,), for rows of
+    norm at most `reach`: rows are kept above it, so that a row at the floor is kept."""
     bounds = Bounds(inputs.score, inputs.query_norms[rows], reach, inputs.queries.shape[1], **ROUGH)
-    floor = bounds.floor(bounds.lower(top_values[:, inputs.k - 1]))
-    # Rows are kept above the threshold: just below the floor, so that a row at the floor is kept.
-    return torch.maximum(top_values[:, -1], torch.nextafter(floor, floor.new_tensor(-math.inf)))
+    floor = bounds.floor(bounds.lower(kth))
+    return torch.nextafter(floor, floor.new_tensor(-math.inf))
 
 
 def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Tensor, reach: float):
@@ -334,9 +339,7 @@ def _own_floor(inputs: SearchInputs, rows: slice, kth: torch.Tensor, reach: floa
     """(Qc,) float32: `kth` (`_threshold`), and where that is -inf (nothing kept yet), the floor below
     which no row can reach the top k, given the (Qc,) lowest float32 score of k rows of the block
     that a screen picked: the query's k-th best is no lower, as if they were kept."""
-    bounds = Bounds(inputs.score, inputs.query_norms[rows], reach, inputs.queries.shape[1], **ROUGH)
-    floor = bounds.floor(bounds.lower(lowest))
-    return torch.where(torch.isneginf(kth), torch.nextafter(floor, floor.new_tensor(-math.inf)), kth)
+    return torch.where(torch.isneginf(kth), _below_floor(inputs, rows, reach, lowest), kth)
 
 
 @contextlib.contextmanager
