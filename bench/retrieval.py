@@ -368,8 +368,8 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
             prepared_corpus = prepare_corpus(corpus)
             setup_mb = _peak_memory_mb(corpus.device) - before
             from minisbert.fast.retrieval import kept
-            copies = [name for name in ("bfloat16", "int8") if kept(prepared_corpus, name) is not None]
-            note = "memory includes the prepared copy" + (f", with {' and '.join(copies)} screens" if copies else "")
+            copy = kept(prepared_corpus, "int8") is not None
+            note = "memory includes the prepared copy" + (", with its int8 copy" if copy else "")
             note = f"{way(prepared_corpus)}; {note}"
             return (lambda q: search(q, prepared_corpus, k)[1]), note, setup_mb
         if method == "minisbert-util":

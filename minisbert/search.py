@@ -3,16 +3,15 @@
 Every way returns what the plain loop of minisbert/retrieval.py returns, bit for bit, because every
 way ends in the same exact rescoring (retrieval.py says what a returned score is). They differ only
 in how they find the candidates, and `WAYS` below chooses, first match wins: from facts about the
-call (queries, rows, a prepared corpus and its copies) and about the machine (native bfloat16, an
-exact and quicker int8 product, measured once per machine by minisbert/fast/machine.py and kept).
+call (queries, rows, a prepared corpus and its int8 copy) and about the machine (an exact and quicker
+int8 product, measured once per machine by minisbert/fast/machine.py and kept).
 `search(..., way=NAME)` or MINISBERT_SEARCH_WAY=NAME forces one; `fast=False` is way="plain". Rows
 to leave out of a query's answer (`query_ids`, `corpus_ids`: BEIR's self-matches) are dropped after
 any way, from its top k + the most rows a query leaves out (`_without`), so no way carries them.
 
 A corpus searched again and again is best prepared once (`prepare_corpus`): its rows are checked and
-made unit rows (cosine) once, and on a CPU the fast ways keep smaller copies beside it to screen with
-(a bfloat16 copy where the CPU multiplies bfloat16 natively; for one query an int8 copy, a quarter of
-the bytes). `.save(path)` writes it; `load_corpus(path)` reads it back and checks every row again, so
+made unit rows (cosine) once, and on a CPU the fast ways keep an int8 copy beside it to screen a few
+queries with (a quarter of the bytes, where it runs exactly and pays). `.save(path)` writes it; `load_corpus(path)` reads it back and checks every row again, so
 a file damaged or edited elsewhere is refused, naming it:
 
     corpus = prepare_corpus(model.encode(documents))      # score="cosine"
@@ -36,10 +35,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from . import cpu, retrieval
+from . import retrieval
 from .fast import retrieval as fast
 from .fast.int8_blocks import int8_blocks_exact, int8_blocks_pay
-from .fast.tuning import FEW_QUERIES, FEW_QUERIES_INT8, FEW_QUERIES_PREPARED, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS
+from .fast.int8_rows import int8_product_runs
+from .fast.tuning import FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS
 from .fileio import atomic_write
 from .search_inputs import (DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, SearchInputs, as_embedding_matrix,
                             check_arguments, check_inputs, scored_rows)
@@ -58,21 +58,17 @@ def _small(s: SearchInputs) -> bool:
 
 
 def _int8_copy(s: SearchInputs) -> bool:
-    return _on_cpu(s) and s.queries.shape[0] == 1 and fast.kept(s.prepared, "int8") is not None
-
-
-def _bfloat16_copy(s: SearchInputs) -> bool:
-    return _on_cpu(s) and fast.kept(s.prepared, "bfloat16") is not None
+    return (_on_cpu(s) and fast.kept(s.prepared, "int8") is not None
+            and int8_product_runs(s.queries.shape[1], s.device, s.queries.shape[0]))
 
 
 def _screened_few(s: SearchInputs) -> bool:
-    return s.queries.shape[0] >= SCREENED_FEW_QUERIES and _few(s)
+    num_queries = s.queries.shape[0]
+    return (num_queries == 1 or SCREENED_FEW_QUERIES <= num_queries <= FEW_QUERIES_INT8) and _few(s)
 
 
 def _few(s: SearchInputs) -> bool:
-    few = FEW_QUERIES_PREPARED if s.prepared is not None else FEW_QUERIES
-    if s.prepared is None and s.queries.shape[0] > FEW_QUERIES_INT8 and _int8_blocks_pay(s):
-        few = FEW_QUERIES_INT8
+    few = FEW_QUERIES_INT8 if s.queries.shape[0] > FEW_QUERIES_INT8 and _int8_blocks_pay(s) else FEW_QUERIES
     return s.queries.shape[0] <= min(few, s.query_chunk_size)
 
 
@@ -81,11 +77,7 @@ def _int8_product(s: SearchInputs) -> bool:
 
 
 def _int8_blocks_pay(s: SearchInputs) -> bool:
-    return s.score != "euclidean" and int8_blocks_pay(s.queries.shape[1], cpu.native_bfloat16())
-
-
-def _native_bfloat16(s: SearchInputs) -> bool:
-    return cpu.native_bfloat16()
+    return s.score != "euclidean" and int8_blocks_pay(s.queries.shape[1])
 
 
 def _anywhere(s: SearchInputs) -> bool:
@@ -113,11 +105,9 @@ WAYS = (
     # name               can run          taken when          runs
     ("plain",            _anywhere,       lambda s: not _on_cpu(s), retrieval.chunked_search),
     ("one span",         _on_cpu,         _small,             _settled(partial(fast.search_spans, one_span=True))),
-    ("spans, int8",      _int8_copy,      _anywhere,          _settled(partial(fast.search_spans, screen="int8"))),
-    ("spans, bfloat16",  _bfloat16_copy,  _screened_few,      _settled(partial(fast.search_spans, screen="bfloat16"))),
+    ("spans, int8",      _int8_copy,      _screened_few,      _settled(partial(fast.search_spans, screen="int8"))),
     ("spans",            _on_cpu,         _few,               _settled(fast.search_spans)),
     ("blocks, int8",     _int8_product,   _int8_blocks_pay,   _settled(partial(fast.search_blocks, screen="int8"))),
-    ("blocks, bfloat16", _on_cpu,         _native_bfloat16,   _settled(partial(fast.search_blocks, screen="bfloat16"))),
     ("blocks",           _on_cpu,         _anywhere,          _settled(fast.search_blocks)),
 )
 WAY_NAMES = tuple(name for name, *_ in WAYS)
@@ -223,10 +213,9 @@ def prepare_corpus(embeddings, score: str = "cosine", screen: bool | None = None
     """(N, d) embeddings checked once and kept as `score` scores them, for many searches.
 
     Refuses what `search` refuses (rows holding NaN or inf), with the same messages. screen: keep the
-    copies the fast ways screen with on a CPU (a bfloat16 copy, N·d·2 bytes; for cosine and dot an
-    int8 copy for one query, N·(d + 12) bytes). None (the default): the bfloat16 copy where the CPU
-    multiplies bfloat16 natively, the int8 copy where it runs exactly and pays (measured once per
-    machine); True: both where they run; False: neither. Results never depend on it."""
+    int8 copy the fast ways screen a few queries with on a CPU (cosine and dot, N·(d + 12) bytes).
+    None (the default): where torch's int8 product runs exactly and pays (measured once per machine);
+    True: where it runs; False: never. Results never depend on it."""
     corpus = as_embedding_matrix(embeddings, "corpus")
     check_arguments(corpus[:0], corpus, 1, score, 1, None)
     pieces = [scored_rows(corpus[start : start + 8192], score, "corpus", start)
@@ -283,5 +272,5 @@ def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
 
 def _with_copies(prepared: PreparedCorpus, screen: bool | None) -> PreparedCorpus:
     if prepared.rows.device.type == "cpu" and screen is not False:
-        fast.keep_copies(prepared, bfloat16=screen or cpu.native_bfloat16(), int8=screen)
+        fast.keep_copies(prepared, int8=screen)
     return prepared

@@ -6,7 +6,7 @@
 and a stable sort, so equal scores go to the lower corpus index), whatever the chunk sizes, with
 scores within float32 rounding of brute force's; and every way, forced, returns the plain loop's
 results bit for bit (scores and rows), on corpora built to tie and to round badly, alone or in a
-batch (a bfloat16 screen forced on a CPU without native bfloat16 still runs, in software).
+batch.
 """
 
 import re
@@ -30,7 +30,7 @@ from .conftest import REPO
 from .tolerances import search_scores_apart
 
 SCORES = ("cosine", "dot", "euclidean")
-# The ways that run on embeddings as given (the two "spans, ..." ways screen a prepared corpus's copies).
+# The ways that run on embeddings as given ("spans, int8" screens a prepared corpus's int8 copy).
 PATHS = {name: {"way": name} for name in WAY_NAMES if not name.startswith("spans, ")}
 
 
@@ -429,52 +429,7 @@ def test_merging_shard_results_equals_searching_the_whole_corpus(score):
     assert torch.equal(merged_scores, expected[0])
 
 
-# ---- screening with a bfloat16 product --------------------------------------------------------
-
-
-def test_error_bound_holds_and_is_nearly_reached():
-    d = 384
-    # Worst case. 1 + 2^-8 lies midway between the bfloat16 values 1 and 1 + 2^-7: `down` just
-    # below it rounds down by nearly 2^-8, `up` just above it rounds up by as much. In
-    # worst_q . worst_c every product's rounding error has the same sign (down*down and
-    # up*(-up) both decrease), so the errors add up, while the exact value is nearly 0 and the
-    # bfloat16 output's own rounding adds almost nothing.
-    down, up = 1 + 2.0**-8 - 2.0**-20, 1 + 2.0**-8 + 2.0**-20
-    half = d // 2
-    worst_q = torch.tensor([[down] * half + [up] * half])
-    worst_c = torch.tensor([[down] * half + [-up] * half])
-    generator = torch.Generator().manual_seed(9)
-    scales = torch.logspace(-20, 15, 8)[:, None]  # rows of very different norms
-    queries = torch.cat([worst_q, torch.randn(8, d, generator=generator) * scales])
-    corpus = torch.cat([worst_c, -worst_c, torch.randn(50, d, generator=generator) * 3])
-    query_norms = torch.linalg.vector_norm(queries, dim=1)
-    largest_norm = torch.linalg.vector_norm(corpus, dim=1).amax()
-    # The bfloat16 output's own rounding is added separately, as _upper_bounds does.
-    u = screen.BF16_UNIT
-
-    approximate = (queries.bfloat16() @ corpus.bfloat16().T).double()  # (Q, N)
-    exact = queries.double() @ corpus.double().T  # (Q, N)
-    bound = screen._error_bounds(query_norms, largest_norm, d, False).double()[:, None]
-    assert ((approximate - exact).abs() <= bound + u / (1 - u) * approximate.abs()).all()
-
-    # Euclidean: [2q, -1] . [c, |c|^2] = 2 q.c - |c|^2, the ranking key.
-    squared = torch.linalg.vecdot(corpus, corpus)  # (N,)
-    long_queries = torch.cat([2 * queries, -torch.ones(len(queries), 1)], dim=1)
-    long_corpus = torch.cat([corpus, squared[:, None]], dim=1)
-    approximate = (long_queries.bfloat16() @ long_corpus.bfloat16().T).double()  # (Q, N)
-    exact = 2 * queries.double() @ corpus.double().T - corpus.double().pow(2).sum(1)  # (Q, N)
-    bound = screen._error_bounds(query_norms, largest_norm, d, True).double()[:, None]
-    assert ((approximate - exact).abs() <= bound + u / (1 - u) * approximate.abs()).all()
-
-    # In the worst case the error is nearly 2u |q| |c|. The bound, with the norms of this pair,
-    # (2u + u^2 + 4 gamma)(1 + 2 gamma)^2 (1.01) |q| |c|, holds and is at most 5% above it. The pair's
-    # bfloat16 products (1 and -(1 + 2^-6 + 2^-14)) and every partial sum of them are exact in float32,
-    # so worst_error is the same whatever order a CPU adds in, AMX or not: 0.974 of the bound.
-    worst_norm = torch.linalg.vector_norm(worst_q)
-    worst_bound = screen._error_bounds(worst_norm, worst_norm, d, False)
-    worst_approximate = (worst_q.bfloat16() @ worst_c.bfloat16().T).double()
-    worst_error = worst_q.double() @ worst_c.double().T - worst_approximate
-    assert 0.95 * worst_bound < worst_error <= worst_bound + u / (1 - u) * worst_approximate.abs()
+# ---- screening many queries (int8 blocks) ---------------------------------------------------------
 
 
 def count_calls(monkeypatch, owner, name):
@@ -490,32 +445,33 @@ def count_calls(monkeypatch, owner, name):
     return results
 
 
-@pytest.mark.parametrize("score", SCORES)
+@pytest.mark.parametrize("score", ["cosine", "dot"])
 def test_screening_skips_most_float32_blocks_and_matches_brute_force(score, monkeypatch):
     generator = torch.Generator().manual_seed(10)
-    queries = torch.randn(100, 32, generator=generator)
+    queries = torch.randn(100, 128, generator=generator)
     queries /= torch.linalg.vector_norm(queries, dim=1, keepdim=True)
-    corpus = torch.randn(20_000, 32, generator=generator)
-    corpus *= (0.5 + torch.rand(20_000, 1, generator=generator) / 2) / torch.linalg.vector_norm(
+    corpus = torch.randn(40_960, 128, generator=generator)
+    corpus *= (0.5 + torch.rand(40_960, 1, generator=generator) / 2) / torch.linalg.vector_norm(
         corpus, dim=1, keepdim=True
     )  # norms between 0.5 and 1
     float32_blocks = count_calls(monkeypatch, fast_retrieval, "_block_candidates")
     screens = count_calls(monkeypatch, screen.Screen, "candidates")  # one call a chunk
-    assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=2_000, way="blocks, bfloat16")
-    # Of 10 chunks, the first is screened against a floor made from its own block (the best entries
-    # of each query's 10 best groups, scored in float32); a second can fail to screen (its k-th best
-    # is still low) and make the third wait. The others are screened.
+    assert_matches_brute_force(queries, corpus, 10, score, corpus_chunk_size=4_096, way="blocks, int8")
+    # Of 10 chunks (of 4,096 rows: 64 groups, so that a query's 10 best give a floor that the int8
+    # bound can screen against at d = 128), the first is screened against a floor made from its own
+    # block (the best entries of each query's 10 best groups, scored in float32); a second can fail
+    # to screen (its k-th best is still low) and make the third wait. The others are screened.
     assert screens[0] is not None
     assert len(float32_blocks) <= 2
 
 
 def test_crowded_scores_fall_back_to_float32_blocks_and_back_off(monkeypatch):
     # Every score is equal, so nothing can be ruled out.
-    screens = count_calls(monkeypatch, screen.Bfloat16Blocks, "candidates")
+    screens = count_calls(monkeypatch, int8_blocks.Int8Blocks, "candidates")
     float32_blocks = count_calls(monkeypatch, fast_retrieval, "_block_candidates")
     num_queries = 129
     scores, indices = search(torch.ones(num_queries, 4), torch.ones(800, 4), 5, corpus_chunk_size=100,
-                             way="blocks, bfloat16")
+                             way="blocks, int8")
     assert indices.tolist() == [[0, 1, 2, 3, 4]] * num_queries
     # Screens are tried on chunk 0 (against a floor made from its own block; failing there costs no
     # wait), then on chunks 1, 3 and 7, each failure doubling the wait before the next. Every chunk

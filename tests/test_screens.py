@@ -1,6 +1,6 @@
-"""Tests for the int8 screens: of a one-query search over a prepared corpus (minisbert/fast/int8_rows.py)
+"""Tests for the int8 screens: of a few queries over a prepared corpus (minisbert/fast/int8_rows.py)
 and the int8 blocks of a search of many queries (minisbert/fast/int8_blocks.py). Their bounds hold for
-every row or entry, the one-query screen rules out almost every row of ordinary embeddings, a search
+every row or entry, the few-query screen rules out almost every row of ordinary embeddings, a search
 through either finds what the plain search and brute force find, ties and left-out rows included,
 and which searches take them (minisbert/search.py's WAYS).
 
@@ -63,6 +63,29 @@ def test_one_query_through_the_int8_screen_finds_what_the_plain_search_finds(sco
 
 @needs_int8
 @pytest.mark.parametrize("score", ["cosine", "dot"])
+def test_a_few_queries_through_the_int8_screen_find_what_the_plain_search_finds(score, monkeypatch):
+    # As above, with 4, 5 (three zero columns in the product) and 64 queries in one call, each of
+    # them also searched alone: one answer, bit for bit, whatever the call.
+    generator = torch.Generator().manual_seed(5)
+    corpus = exact_problem(score, 20000, generator)
+    merged = screened_spans(monkeypatch)
+    prepared = prepare_corpus(corpus, score=score, screen=True)
+    for num_queries in (4, 5, 64):
+        if not int8_rows.int8_product_runs(24, torch.device("cpu"), num_queries):
+            continue
+        queries = corpus[torch.randint(0, 20000, (num_queries,), generator=generator)]
+        assert choose_way(check_inputs(queries, prepared, 10, None, 1024, None, None)) == "spans, int8"
+        scores, indices = search(queries, prepared, 10)
+        plain_scores, plain_indices = search(queries, corpus, 10, score=score, fast=False)
+        assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
+        for row in (0, num_queries - 1):
+            alone_scores, alone_indices = search(queries[row : row + 1], prepared, 10)
+            assert torch.equal(alone_indices[0], indices[row]) and torch.equal(alone_scores[0], scores[row])
+    assert any(result is not None for result in merged), "no span went through the screen"
+
+
+@needs_int8
+@pytest.mark.parametrize("score", ["cosine", "dot"])
 def test_random_embeddings_through_the_int8_screen_match_brute_force(score, monkeypatch, tmp_path):
     generator = torch.Generator().manual_seed(4)
     corpus = torch.randn(30000, 64, generator=generator)
@@ -71,10 +94,10 @@ def test_random_embeddings_through_the_int8_screen_match_brute_force(score, monk
     prepare_corpus(corpus, score=score).save(path)
     for prepared in (prepare_corpus(corpus, score=score, screen=True), load_corpus(path, screen=True)):
         assert kept(prepared, "int8") is not None
-        for _ in range(5):
-            query = torch.randn(1, 64, generator=generator)
-            _, indices = search(query, prepared, 10)
-            assert torch.equal(indices, brute_force(query, corpus, 10, score)[1])
+        for num_queries in (1, 1, 1, 16, 16):
+            queries = torch.randn(num_queries, 64, generator=generator)
+            _, indices = search(queries, prepared, 10)
+            assert torch.equal(indices, brute_force(queries, corpus, 10, score)[1])
     # Each search's first span finds its first k-th best in float32 (the screen is not tried there);
     # every later span must pass the screen.
     assert len(merged) >= 10 and all(result is not None for result in merged), merged
@@ -100,15 +123,17 @@ def test_int8_bound_holds(dim):
     largest = rows.abs().amax(dim=1)
     outside = (largest < int8_rows.SMALLEST_ENTRY) | (largest > int8_rows.LARGEST_ENTRY)
     assert torch.isposinf(copy.error_norms[outside]).all() and torch.isfinite(copy.error_norms[~outside]).all()
-    for query in (torch.randn(1, dim, generator=generator), rows[1001:1002], rows[:1] * 2.0**-20):
-        screen = int8_rows.Int8RowsScreen(query, rows.shape[0])
+    queries = torch.cat([torch.randn(1, dim, generator=generator), rows[1001:1002], rows[:1] * 2.0**-20])
+    for screened in (queries[:1], queries[1:2], queries[2:], queries):  # alone, and three in one product
+        screen = int8_rows.Int8RowsScreen(screened, rows.shape[0])
         assert screen.usable()
-        bounds = screen.upper_bounds(copy).double()
-        float32_scores = torch.mv(rows, query[0]).double()
-        exact = rows.double() @ query[0].double()
-        finite = torch.isfinite(float32_scores)
-        assert (~(bounds[finite] < float32_scores[finite])).all()  # NaN bounds keep a row in
-        assert (~(bounds < exact)).all()
+        for column, query in enumerate(screened):
+            bounds = screen.upper_bounds(copy)[:, column].double()
+            float32_scores = torch.mv(rows, query).double()
+            exact = rows.double() @ query.double()
+            finite = torch.isfinite(float32_scores)
+            assert (~(bounds[finite] < float32_scores[finite])).all()  # NaN bounds keep a row in
+            assert (~(bounds < exact)).all()
 
 
 def test_the_int8_bound_is_close_enough_to_screen():
@@ -122,26 +147,28 @@ def test_the_int8_bound_is_close_enough_to_screen():
     query /= query.norm()
     copy = int8_rows.int8_rows(rows)
     screen = int8_rows.Int8RowsScreen(query, rows.shape[0])
-    margin = screen.upper_bounds(copy).double() - rows.double() @ query[0].double()
+    margin = screen.upper_bounds(copy)[:, 0].double() - rows.double() @ query[0].double()
     assert float(margin.max()) < 0.1
 
 
 def test_queries_outside_the_screened_range_are_not_screened():
     for scale in (0.0, 2.0**-31, 2.0**51):
         assert not int8_rows.Int8RowsScreen(torch.full((1, 8), scale), 10).usable()
+        assert not int8_rows.Int8RowsScreen(torch.cat([torch.ones(3, 8), torch.full((1, 8), scale)]), 10).usable()
 
 
 def test_an_int8_product_that_saturates_is_not_used(monkeypatch):
     # A kernel that shifts one side to unsigned bytes and adds four products in 16 bits saturates
     # on rows of 63 (4 · 191 · 63 > 32,767), the way the AVX2 kernel does on rows of 127 (module
     # docstring): emulated here, the probe must refuse it.
-    def saturating(rows, column, out=None):
-        shifted = (rows.long() + 128) * column[:, 0].long()  # (n, d)
-        fours = shifted.unflatten(1, (-1, 4)).sum(2).clamp(-32768, 32767)  # (n, d / 4)
-        return (fours.sum(1) - 128 * column[:, 0].long().sum()).int()[:, None]
+    def saturating(rows, columns, out=None):
+        shifted = (rows.long() + 128)[:, :, None] * columns.long()  # (n, d, c)
+        fours = shifted.unflatten(1, (-1, 4)).sum(2).clamp(-32768, 32767)  # (n, d / 4, c)
+        return (fours.sum(1) - 128 * columns.long().sum(0)).int()  # (n, c)
 
     monkeypatch.setattr(torch, "_int_mm", saturating)
     assert not int8_rows._int8_product_runs(24)  # what the machine's fact is measured by
+    assert not int8_rows._int8_product_runs(24, 16)
 
 
 def test_which_corpora_keep_an_int8_copy():
@@ -308,7 +335,7 @@ def ways(num_queries, corpus, score="cosine"):
 def test_which_searches_screen_with_int8_blocks():
     # Never for euclidean; by default where the int8 product is exact and measured to pay.
     corpus = torch.randn(20_000, 24)
-    pays = int8_blocks.int8_blocks_pay(24, True) if int8_blocks.int8_blocks_exact(24) else False
+    pays = int8_blocks.int8_blocks_pay(24) if int8_blocks.int8_blocks_exact(24) else False
     assert ways(300, corpus, "euclidean") != "blocks, int8"
     assert (ways(300, corpus, "dot") == "blocks, int8") == pays
     with pytest.raises(ValueError, match="cannot run here"):
@@ -320,10 +347,13 @@ def test_which_way_each_search_takes():
     corpus = torch.randn(20_000, 24)
     small = torch.randn(tuning.SMALL_CORPUS_ROWS, 24)
     prepared = prepare_corpus(corpus, screen=True)
-    pays = int8_blocks.int8_blocks_exact(24) and int8_blocks.int8_blocks_pay(24, True)
+    pays = int8_blocks.int8_blocks_exact(24) and int8_blocks.int8_blocks_pay(24)
     few = tuning.FEW_QUERIES_INT8 if pays else tuning.FEW_QUERIES
     assert ways(1, small) == ways(few, small) == "one span"
     assert ways(few, corpus) == "spans" and ways(few + 1, corpus).startswith("blocks")
-    assert ways(1, prepared) == ("spans, int8" if kept(prepared, "int8") is not None else "spans")
-    assert ways(tuning.FEW_QUERIES_PREPARED, prepared) == "spans, bfloat16"
-    assert ways(tuning.FEW_QUERIES_PREPARED + 1, prepared).startswith("blocks")
+    screened = kept(prepared, "int8") is not None
+    for num_queries in (1, tuning.SCREENED_FEW_QUERIES, tuning.FEW_QUERIES_INT8):
+        runs = int8_rows.int8_product_runs(24, torch.device("cpu"), num_queries)
+        assert ways(num_queries, prepared) == ("spans, int8" if screened and runs else "spans")
+    assert ways(tuning.SCREENED_FEW_QUERIES - 1, prepared) == "spans"
+    assert ways(few + 1, prepared).startswith("blocks")

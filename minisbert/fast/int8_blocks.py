@@ -1,9 +1,8 @@
 """The int8 screen of a search of many queries (`Int8Blocks`; a screen as fast/screen.py describes).
 
 Where torch's int8 product is exact for integers in [-127, 127] (with AVX512-VNNI it is; without,
-oneDNN saturates: fast/int8_rows.py says how) and quicker than the product it replaces, it makes the
-approximate blocks of a search of many queries (bench/README.md, "Search"). Its bound is wider than
-bfloat16's, so more entries are rescored on their own.
+oneDNN saturates: fast/int8_rows.py says how) and quicker than the float32 product it replaces, it
+makes the approximate blocks of a search of many queries (bench/README.md, "Search").
 
 The products must order the entries of a query's row of the block as their scores do, so that a
 group's largest integer bounds the group (fast/screen.py's `block_candidates`). So all the rows of a
@@ -14,7 +13,7 @@ multiplication by 1 / s, adds less than 2^-15). Each query has its own scale s_q
 e_q = q - s_q q' (in float64). Writing q̂ = s_q q' and ĉ = s c',
     q·c - q̂·ĉ = q̂·(c - ĉ) + e_q·c,   so   |q·c - s_q s (q'·c')| <= s_q s L1(q') (1/2 + 2^-14) + |e_q| R,
 with L1(q') = sum_i |q'_i| and R the chunk's largest row norm. The float32 score that decides
-(`Screen._rescore`) lies within γ |q| R of q·c (γ as in screen.py's `_summation_error`). So an
+(`Screen._rescore`) lies within γ |q| R of q·c (γ as in screen.py's `summation_error`). So an
 entry can beat the k-th best only if its integer q'·c' is above
     T = floor((kth - B) / (s_q s)),   B = (s_q s L1(q') (1/2 + 2^-14) + (|e_q| + γ |q|) R) · 1.01,
 computed in float64 (its roundings, below 2^-40 of |T|, are covered by the 1%, since B / (s_q s) is
@@ -28,7 +27,7 @@ import torch
 
 from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY
 from .machine import fact
-from .screen import GROUP_SIZE, Chunk, _summation_error, best_entries, block_candidates
+from .screen import GROUP_SIZE, Chunk, summation_error, best_entries, block_candidates
 from .span_product import best_times
 from .tuning import INT8_BLOCKS_RATIO, INT8_PIECE_ROWS
 
@@ -54,8 +53,7 @@ class Int8Blocks:
         self.piece = torch.empty(min(INT8_PIECE_ROWS, width), queries.shape[1], device=device)
 
     def load_chunk(self, chunk: Chunk) -> None:
-        """The chunk's int8 copy, with one scale for each piece of INT8_PIECE_ROWS rows (a bfloat16
-        copy kept by a prepared corpus is not used)."""
+        """The chunk's int8 copy, with one scale for each piece of INT8_PIECE_ROWS rows."""
         divisors, chunk, self.largest_norm = chunk.divisors, chunk.rows, chunk.largest_norm
         self.num_docs, self.dim = chunk.shape
         piece_rows = self.piece.shape[0]
@@ -78,7 +76,9 @@ class Int8Blocks:
         self.scales = torch.tensor(scales, dtype=torch.float64, device=chunk.device)  # (pieces,)
 
     def candidates(self, rows: slice, kth: torch.Tensor, own_floor=None):
-        """See fast/screen.py's `Bfloat16Blocks.candidates`."""
+        """(M,) block rows and (M,) chunk columns of the entries whose float32 scores may lie above
+        the (Qc,) `kth`, sorted by row and then by column, and `kth` (or own_floor's: fast/screen.py's
+        `Screen`); None if too many survive."""
         num_rows, num_docs = kth.shape[0], self.num_docs
         padded_rows = -(-num_rows // QUERY_ROWS_MULTIPLE) * QUERY_ROWS_MULTIPLE
         width = -(-num_docs // GROUP_SIZE) * GROUP_SIZE  # the chunk's rows in whole groups
@@ -111,7 +111,7 @@ class Int8Blocks:
         Int8Blocks; B with its 1%); s_q s is 0 where the query or the piece is not screened."""
         scales = self.query_scales[rows, None] * self.scales  # (Qc, pieces)
         l1_norms, error_norms, norms = self.query_terms[rows, :, None].unbind(dim=1)  # (Qc, 1) each
-        gamma = _summation_error(self.dim)
+        gamma = summation_error(self.dim)
         bounds = scales * l1_norms * (0.5 + 2.0**-14) + (error_norms + gamma * norms) * self.largest_norm
         return scales, bounds * 1.01
 
@@ -167,22 +167,20 @@ def _int8_blocks_exact(dim: int) -> bool:
     return True
 
 
-def int8_blocks_pay(dim: int, bfloat16: bool) -> bool:
+def int8_blocks_pay(dim: int) -> bool:
     """Whether `Int8Blocks` should screen the many-query search here (measured once per machine): its
     product exact and, for a block of 512 queries against 2,112 rows, taking under INT8_BLOCKS_RATIO
-    of the time of the product it replaces, the bfloat16 screen's if `bfloat16`, else float32's."""
+    of the time of the float32 product it replaces."""
     if not int8_blocks_exact(dim):
         return False
-    other = "bfloat16" if bfloat16 else "float32"
-    return fact(f"int8 blocks pay against {other}, d = {dim}", lambda: _int8_blocks_ratio(dim, bfloat16) < INT8_BLOCKS_RATIO)
+    return fact(f"int8 blocks pay against float32, d = {dim}", lambda: _int8_blocks_ratio(dim) < INT8_BLOCKS_RATIO)
 
 
-def _int8_blocks_ratio(dim: int, bfloat16: bool) -> float:
+def _int8_blocks_ratio(dim: int) -> float:
     queries, chunk = torch.ones(512, dim, dtype=torch.int8), torch.ones(2048 + GROUP_SIZE, dim, dtype=torch.int8)
-    other = torch.bfloat16 if bfloat16 else torch.float32
-    other_queries, other_chunk = queries.to(other), chunk.to(other)
+    float_queries, float_chunk = queries.float(), chunk.float()
     products = torch.empty(queries.shape[0], chunk.shape[0], dtype=torch.int32)
-    other_products = torch.empty(queries.shape[0], chunk.shape[0], dtype=other)
+    float_products = torch.empty(queries.shape[0], chunk.shape[0])
     best = best_times({"int8": lambda: torch._int_mm(queries, chunk.T, out=products),
-                       "other": lambda: torch.mm(other_queries, other_chunk.T, out=other_products)})
-    return best["int8"] / best["other"]
+                       "float32": lambda: torch.mm(float_queries, float_chunk.T, out=float_products)})
+    return best["int8"] / best["float32"]

@@ -1,14 +1,13 @@
-"""The int8 screen of a one-query search over a prepared corpus (a screen as fast/screen.py describes).
+"""The int8 screen of a few queries over a prepared corpus (a screen as fast/screen.py describes).
 
-One query over a corpus of float32 rows can go no faster than the rows can be read: 4·d bytes a row.
-A prepared corpus (minisbert/search.py) can keep a second, smaller copy of its rows to read
-instead, and use it to rule out almost every row. For one query a bfloat16 copy does not pay on a
-CPU, but an integer one does (bench/README.md, "Search"): each row is kept as d int8 numbers and a
-scale, a quarter of the float32 bytes.
+A few queries over a corpus of float32 rows can go no faster than the rows can be read: 4·d bytes a
+row. A prepared corpus (minisbert/search.py) can keep a second, smaller copy of its rows to read
+instead, and use it to rule out almost every row (bench/README.md, "Search"): each row is kept as
+d int8 numbers and a scale, a quarter of the float32 bytes.
 
 Quantizing. A row c is kept as c' = round(c / s), integers in [-63, 63], with s = max_i |c_i| / 63,
 so that ĉ = s·c' is close to c; the query is quantized the same way when the search starts
-(q', s_q, q̂ = s_q·q'). The product q'·c' is a sum of integers, computed exactly (see below), and
+(q', s_q, q̂ = s_q·q', each query on its own). The product q'·c' is a sum of integers, computed exactly (see below), and
 s_q·s·(q'·c') is q̂·ĉ. Writing e_c = c - ĉ and e_q = q - q̂,
     q·c - q̂·ĉ = q·e_c + e_q·ĉ,   so   |q·c - q̂·ĉ| <= |q| |e_c| + |e_q| |ĉ|
 (Cauchy-Schwarz). For each row the copy keeps |e_c| and |ĉ|, measured when it is made, and the
@@ -96,42 +95,53 @@ def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 class Int8RowsScreen:
-    """Screens spans of a prepared corpus for one query with the corpus's int8 copy (`Chunk.kept`)."""
+    """Screens spans of a prepared corpus for a few queries with the corpus's int8 copy (`Chunk.kept`)."""
 
-    def __init__(self, query: torch.Tensor, span_rows: int):
-        """query (1, d) float32; spans of at most `span_rows` rows."""
-        values, scale, self.coefficients = _quantize_query(query[0])
-        self.query_values = values[:, None]  # (d, 1) int8
-        self.query_scale = scale
-        self.products = torch.empty(span_rows, 1, dtype=torch.int32, device=query.device)  # q'·c'
-        self.bounds = torch.empty(span_rows, device=query.device)
+    def __init__(self, queries: torch.Tensor, span_rows: int):
+        """queries (Q, d) float32; spans of at most `span_rows` rows."""
+        quantized = [_quantize_query(query) for query in queries]
+        self.coefficients = None if any(c is None for _, _, c in quantized) else torch.tensor(
+            [c for _, _, c in quantized], device=queries.device)  # (Q, 2) α, β
+        width = query_columns(queries.shape[0])  # columns of the product, zeros past Q
+        self.query_values = torch.zeros(queries.shape[1], width, dtype=torch.int8, device=queries.device)  # (d, Q')
+        for column, (values, _, _) in enumerate(quantized):
+            self.query_values[:, column] = values
+        self.query_scales = torch.tensor([scale for _, scale, _ in quantized], device=queries.device)  # (Q,)
+        self.products = torch.empty(span_rows, width, dtype=torch.int32, device=queries.device)  # q'·c'
+        self.bounds = torch.empty(span_rows, queries.shape[0], device=queries.device)
 
     def usable(self) -> bool:
-        """Whether the query can be screened at all (its largest entry in range)."""
+        """Whether the queries can be screened at all (each one's largest entry in range)."""
         return self.coefficients is not None
 
     def load_chunk(self, chunk: Chunk) -> None:
         self.kept = chunk.kept
 
     def candidates(self, rows: slice, kth: torch.Tensor, own_floor=None):
-        """The rows of the span whose float32 scores may lie above `kth` (1,), and `kth`; None if too
-        many (the search passes no own_floor: its first span is scored in float32)."""
-        bounds = self.upper_bounds(self.kept)  # (n,)
+        """(M,) query rows (ascending) and (M,) span rows whose float32 scores may lie above `kth`
+        (Q,), and `kth`; None if too many (the search passes no own_floor: its first span is scored in
+        float32)."""
+        bounds = self.upper_bounds(self.kept)  # (n, Q)
         # Written as "not <=" so that a NaN (from an overflowing bound) keeps a row in.
-        candidates = (~(bounds <= kth[0])).nonzero()[:, 0]  # (M,) ascending
-        if candidates.numel() > MOST_CANDIDATES * bounds.shape[0]:
+        query_rows, candidates = (~(bounds <= kth)).T.nonzero(as_tuple=True)  # (M,), (M,) by query, then row
+        if candidates.numel() > MOST_CANDIDATES * bounds.numel():
             return None
-        return torch.zeros_like(candidates), candidates, kth
+        return query_rows, candidates, kth
 
     def upper_bounds(self, kept: Int8Rows) -> torch.Tensor:
-        """(n,) upper bounds on the float32 scores of the n rows whose int8 copy is `kept`:
-        s_q s (q'·c') + α |e_c| + β |ĉ| (see `_quantize_query`); NaN where one overflowed."""
-        span_rows = kept.values.shape[0]
-        products = self.products[:span_rows]  # (n, 1) q'·c'
+        """(n, Q) upper bounds on the float32 scores of the n rows whose int8 copy is `kept` with the
+        queries: s_q s (q'·c') + α |e_c| + β |ĉ| (see `_quantize_query`); NaN where one overflowed."""
+        span_rows, num_queries = kept.values.shape[0], self.bounds.shape[1]
+        products = self.products[:span_rows]  # (n, Q') q'·c'
         torch._int_mm(kept.values, self.query_values, out=products)  # exact: see the module docstring
-        bounds = torch.mul(products[:, 0], self.query_scale, out=self.bounds[:span_rows])
-        bounds.mul_(kept.scales).add_(kept.error_norms, alpha=self.coefficients[0])
-        return bounds.add_(kept.norms, alpha=self.coefficients[1])
+        bounds = torch.mul(products[:, :num_queries], self.query_scales, out=self.bounds[:span_rows])
+        bounds.mul_(kept.scales[:, None]).addcmul_(kept.error_norms[:, None], self.coefficients[:, 0])
+        return bounds.addcmul_(kept.norms[:, None], self.coefficients[:, 1])
+
+
+def query_columns(num_queries: int) -> int:
+    """Columns of the int8 product for `num_queries` queries: the next power of two (probed shapes)."""
+    return 1 << max(0, num_queries - 1).bit_length()
 
 
 def _quantize_query(query: torch.Tensor) -> tuple[torch.Tensor, float, tuple[float, float] | None]:
@@ -155,24 +165,27 @@ def _quantize_query(query: torch.Tensor) -> tuple[torch.Tensor, float, tuple[flo
     return values.to(torch.int8), scale, (alpha, beta)
 
 
-def int8_product_runs(dim: int, device: torch.device) -> bool:
-    """Whether torch's int8 product runs here for rows of `dim` numbers and gives exact sums on a
-    probe of extreme and random integers in [-LEVELS, LEVELS] (measured once per machine)."""
+def int8_product_runs(dim: int, device: torch.device, num_queries: int = 1) -> bool:
+    """Whether torch's int8 product runs here for rows of `dim` numbers and `num_queries` queries
+    (`query_columns` of them) and gives exact sums on a probe of extreme and random integers in
+    [-LEVELS, LEVELS] (measured once per machine)."""
     if device.type != "cpu" or dim * LEVELS**2 >= 2**24:
         return False
-    return fact(f"int8 product of one query exact, d = {dim}", lambda: _int8_product_runs(dim))
+    columns = query_columns(num_queries)
+    return fact(f"int8 product of {columns} query columns exact, d = {dim}", lambda: _int8_product_runs(dim, columns))
 
 
-def _int8_product_runs(dim: int) -> bool:
+def _int8_product_runs(dim: int, columns: int = 1) -> bool:
     generator = torch.Generator().manual_seed(0)
     rows = torch.randint(-LEVELS, LEVELS + 1, (1024, dim), generator=generator, dtype=torch.int8)
     rows[:4] = torch.tensor([LEVELS, -LEVELS, LEVELS, -LEVELS], dtype=torch.int8)[:, None]
-    for query in (rows[0], rows[1], rows[5]):
+    for first in (0, 1, 5):  # query columns: rows of extremes of either sign, and random ones
+        queries = rows[first : first + columns].T.contiguous()  # (d, columns)
         try:
-            products = torch._int_mm(rows, query[:, None].contiguous())
+            products = torch._int_mm(rows, queries)
         except RuntimeError:  # not built for this CPU or shape
             return False
-        if not torch.equal(products[:, 0].double(), rows.double() @ query.double()):
+        if not torch.equal(products.double(), rows.double() @ queries.double()):
             return False
     return True
 

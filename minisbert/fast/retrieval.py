@@ -41,37 +41,34 @@ from ..search_inputs import Bounds, SearchInputs, merge_candidates, settle
 from ..similarity import unit_rows
 from .int8_blocks import Int8Blocks
 from .int8_rows import Int8RowsScreen, int8_product_runs, int8_rows, int8_screen_pays
-from .screen import Bfloat16Blocks, Chunk, Screen, screen_rows
+from .screen import Chunk, Screen
 from .span_product import SpanProduct
 from .tuning import (FIRST_SPAN_ROWS, GROUP_SIZE, KEPT_BEYOND_K, NORM_PIECE_ROWS, PIECE_BYTES, SPAN_ENTRIES,
                      SPAN_GROWTH, SPAN_ROWS)
 
 ROUGH = {"sums": 2, "roundings": 4}  # the bound of a score made from rows measured in float32 here
-_copies = weakref.WeakKeyDictionary()  # prepared corpus -> {"bfloat16": rows, "int8": Int8Rows}
+_copies = weakref.WeakKeyDictionary()  # prepared corpus -> {"int8": Int8Rows}
 
 
-def keep_copies(prepared, bfloat16: bool, int8: bool | None) -> None:
-    """Keep the copies a prepared corpus's screens read: a bfloat16 copy if `bfloat16`; an int8 copy
-    for one query (cosine, dot) where it runs exactly, and where `int8` is None, where it pays."""
-    copies = _copies.setdefault(prepared, {})
-    euclidean = prepared.score == "euclidean"
-    if bfloat16:
-        copies["bfloat16"] = screen_rows(prepared.rows, (prepared.norms**2).float() if euclidean else None)
+def keep_copies(prepared, int8: bool | None) -> None:
+    """Keep the int8 copy a prepared corpus's few-query screen reads (cosine, dot), where torch's int8
+    product runs exactly, and where `int8` is None, where it pays (fast/int8_rows.py)."""
     dim, device = prepared.rows.shape[1], prepared.rows.device
-    if int8 is not False and not euclidean and int8_product_runs(dim, device) and (int8 or int8_screen_pays(dim)):
-        copies["int8"] = int8_rows(prepared.rows)
+    if int8 is not False and prepared.score != "euclidean" and int8_product_runs(dim, device) and (
+            int8 or int8_screen_pays(dim)):
+        _copies[prepared] = {"int8": int8_rows(prepared.rows)}
 
 
 def kept(prepared, name: str):
-    """A prepared corpus's copy `name` ("bfloat16" or "int8"), or None."""
+    """A prepared corpus's copy `name` ("int8"), or None."""
     return None if prepared is None else _copies.get(prepared, {}).get(name)
 
 
 def search_spans(inputs: SearchInputs, screen: str | None = None, one_span: bool = False):
     """The (Q, K) running approximate top-K (`_running`) after reading the corpus a span at a time
-    (module docstring), and the largest row norm met; `screen`: "bfloat16" or "int8" screens a
-    prepared corpus's spans with its copy; `one_span`: the whole corpus in one span (a small one)."""
-    queries, score, device = inputs.queries, inputs.score, inputs.device
+    (module docstring), and the largest row norm met; `screen`: "int8" screens a prepared corpus's
+    spans with its int8 copy; `one_span`: the whole corpus in one span (a small one)."""
+    queries, device = inputs.queries, inputs.device
     (num_queries, dim), num_docs = queries.shape, inputs.corpus.shape[0]
     top_values, top_indices = _running(inputs)
     span = min(SPAN_ROWS, min(SPAN_ENTRIES, inputs.corpus_chunk_size * inputs.query_chunk_size) // max(1, num_queries))
@@ -82,10 +79,8 @@ def search_spans(inputs: SearchInputs, screen: str | None = None, one_span: bool
     block_buffer = torch.empty(num_queries * height, device=device)
     product = SpanProduct(queries, height)
     screened = None
-    if screen == "bfloat16":
-        screened = Screen(queries, Bfloat16Blocks(queries, score, num_queries, height, kept=True), score == "euclidean")
-    elif screen == "int8" and (one_query := Int8RowsScreen(queries, height)).usable():
-        screened = Screen(queries, one_query)
+    if screen == "int8" and (rows_screen := Int8RowsScreen(queries, height)).usable():
+        screened = Screen(queries, rows_screen)
     first, reach = None if one_span else FIRST_SPAN_ROWS, 0.0
     for start, rows in _spans(num_docs, span, top_values.shape[1], first, SPAN_GROWTH if screened else None):
         if screened is not None:
@@ -252,8 +247,8 @@ def _score_rows(chunk: Chunk, queries: torch.Tensor, score: str, out: torch.Tens
 
 def search_blocks(inputs: SearchInputs, screen: str | None = None):
     """The (Q, K) running approximate top-K (`_running`) after blocks of queries against chunks of
-    corpus (module docstring), and the largest row norm met; `screen`: "bfloat16" or "int8" screens
-    each block with such a product."""
+    corpus (module docstring), and the largest row norm met; `screen`: "int8" screens each block with
+    int8 products."""
     queries, score, device = inputs.queries, inputs.score, inputs.device
     (num_queries, dim), num_docs = queries.shape, inputs.corpus.shape[0]
     query_chunk_size, corpus_chunk_size = inputs.query_chunk_size, inputs.corpus_chunk_size
@@ -264,12 +259,7 @@ def search_blocks(inputs: SearchInputs, screen: str | None = None):
     unit_buffer = None
     if score == "cosine" and inputs.prepared is None:
         unit_buffer = torch.empty(min(corpus_chunk_size, num_docs), dim, device=device)
-    screened = None
-    if screen == "int8":
-        screened = Screen(queries, Int8Blocks(queries, query_chunk_size, height))
-    elif screen == "bfloat16":
-        copy = kept(inputs.prepared, "bfloat16") is not None
-        screened = Screen(queries, Bfloat16Blocks(queries, score, query_chunk_size, height, copy), score == "euclidean")
+    screened = Screen(queries, Int8Blocks(queries, query_chunk_size, height)) if screen == "int8" else None
     reach = 0.0
     for doc_start in range(0, num_docs, corpus_chunk_size):
         with _one_thread(device):
@@ -315,7 +305,7 @@ def _block_chunk(inputs: SearchInputs, start: int, unit_buffer: torch.Tensor | N
                 raw, divisors = torch.div(raw, divisors, out=unit_buffer[:rows]), None
             squared = norms * norms if inputs.score == "euclidean" else None
             return Chunk(raw, divisors, squared, reach, None)
-    return _prepared_chunk(inputs, start, rows, kept(inputs.prepared, "bfloat16"))
+    return _prepared_chunk(inputs, start, rows)
 
 
 def _block_candidates(scores: torch.Tensor, kth: torch.Tensor):

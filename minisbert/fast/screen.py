@@ -1,10 +1,10 @@
-"""The screens of the fast CPU search, and what they share.
+"""What the screens of the fast CPU search share.
 
-Most of a matrix product of many queries against a corpus chunk is spent on scores that cannot reach
-the top-k. A screen computes the block approximately, cheaper than float32 (here: bfloat16 products,
-`Bfloat16Blocks`; fast/int8_blocks.py: int8 products; fast/int8_rows.py: one query against a
-prepared corpus's int8 copy), and a proven bound on its error turns each approximate score into an
-upper bound on the float32 one. Every screen implements the same two calls:
+Most of a matrix product of queries against a corpus chunk is spent on scores that cannot reach the
+top-k. A screen computes the block approximately, cheaper than float32, in int8 (fast/int8_blocks.py:
+many queries; fast/int8_rows.py: a few queries against a prepared corpus's int8 copy), and a proven
+bound on its error turns each approximate score into an upper bound on the float32 one. Every screen
+implements the same two calls:
 
     load_chunk(chunk)                                 take the next corpus chunk (a `Chunk`)
     candidates(rows, floor, own_floor)                (M,) query rows and (M,) chunk rows whose upper
@@ -26,11 +26,7 @@ from functools import partial
 
 import torch
 
-from .tuning import GROUP_SIZE, RESCORE_PIECE, UNIT_PIECE_ROWS
-
-BF16_UNIT = 2.0**-8  # rounding to bfloat16 moves a value by at most this fraction of itself
-F32_UNIT = 2.0**-24
-TINY = torch.finfo(torch.float32).tiny
+from .tuning import GROUP_SIZE, RESCORE_PIECE
 
 
 @dataclass
@@ -41,23 +37,15 @@ class Chunk:
     divisors: torch.Tensor | None  # (n, 1) what undivided cosine rows are divided by, else None
     squared_norms: torch.Tensor | None  # (n,) float32 squared norms, for euclidean's keys
     largest_norm: float  # an upper bound on the norms of the rows as multiplied
-    kept: object = None  # a prepared corpus's copy of these rows for the screen, if it keeps one
-
-
-def screen_rows(rows: torch.Tensor, squared_norms: torch.Tensor | None) -> torch.Tensor:
-    """The (N, d') bfloat16 copy of (N, d) rows as scored that `Bfloat16Blocks` multiplies: the rows,
-    and for euclidean (given their squared norms) one more column holding them."""
-    if squared_norms is None:
-        return rows.to(torch.bfloat16)
-    return torch.cat([rows, squared_norms[:, None]], dim=1).to(torch.bfloat16)
+    kept: object = None  # a prepared corpus's int8 copy of these rows, if it keeps one
 
 
 class Screen:
-    """One screen (`Bfloat16Blocks`, `Int8Blocks`, `Int8Rows`) with the float32 rescoring beside it."""
+    """One screen (`Int8Blocks`, `Int8RowsScreen`) with the float32 rescoring beside it (cosine, dot)."""
 
-    def __init__(self, queries: torch.Tensor, approximate, euclidean: bool = False):
+    def __init__(self, queries: torch.Tensor, approximate):
         """queries (Q, d) float32 as multiplied (unit rows for cosine); `approximate` the screen."""
-        self.queries, self.approximate, self.euclidean = queries, approximate, euclidean
+        self.queries, self.approximate = queries, approximate
         # Per query chunk (keyed by its first row): screens failed in a row, and blocks left to compute
         # in float32 before trying again. Each failure doubles the wait.
         self.failures: dict[int, int] = {}
@@ -106,7 +94,7 @@ class Screen:
         return floor_of(scores.masked_fill(columns >= num_docs, -torch.inf).amin(dim=1))
 
     def _rescore(self, rows: slice, cand_rows: torch.Tensor, cand_cols: torch.Tensor) -> torch.Tensor:
-        """(M,) float32 scores (keys 2 q·c - |c|² for euclidean) of the candidates, a piece at a time."""
+        """(M,) float32 scores of the candidates, a piece at a time."""
         scores = torch.empty(cand_rows.shape[0], device=cand_rows.device)  # (M,)
         query_chunk, chunk = self.queries[rows], self.chunk
         for start in range(0, cand_rows.shape[0], RESCORE_PIECE):
@@ -115,8 +103,6 @@ class Screen:
             doc_rows = chunk.rows.index_select(0, cand_cols[part])  # (m, d)
             if chunk.divisors is not None:  # the unit rows of an undivided chunk, bit for bit
                 doc_rows = torch.div(doc_rows, chunk.divisors.index_select(0, cand_cols[part]))
-            if self.euclidean:
-                query_rows = 2 * query_rows - doc_rows  # 2 q·c - |c|² = (2q - c)·c
             scores[part] = torch.linalg.vecdot(query_rows, doc_rows)
         return scores
 
@@ -154,127 +140,7 @@ def block_candidates(
     return block_rows[pair], group[pair] * GROUP_SIZE + offset
 
 
-class Bfloat16Blocks:
-    """The approximate blocks of the bfloat16 screen: products of bfloat16 copies of the queries and
-    the chunk, and the bound `_error_bounds` on their error. Where the CPU multiplies bfloat16
-    natively a block takes about a third of the float32 one's time (bench/README.md, "Search").
-
-    For euclidean the key 2 q·c - |c|² is one dot product of longer vectors, [2q, -1]·[c, |c|²], so it
-    is screened the same way.
-    """
-
-    def __init__(self, queries: torch.Tensor, score: str, query_chunk_size: int, width: int, kept: bool = False):
-        """queries (Q, d) float32 as multiplied; blocks of at most query_chunk_size x width entries;
-        `kept`: the corpus keeps its own bfloat16 copy (a prepared corpus)."""
-        self.euclidean = score == "euclidean"
-        self.query_norms = torch.linalg.vector_norm(queries.double(), dim=1).float() * (1 + 2.0**-20)  # (Q,) bounds
-        if self.euclidean:
-            queries = torch.cat([2 * queries, -torch.ones_like(queries[:, :1])], dim=1)  # (Q, d + 1)
-        self.queries_bf16 = queries.to(torch.bfloat16)  # (Q, d'), d' = d + 1 for euclidean
-        rows = min(query_chunk_size, queries.shape[0])
-        bf16 = {"dtype": torch.bfloat16, "device": queries.device}
-        self.block_buffer = torch.empty(rows * width, **bf16)
-        self.chunk_buffer = None if kept else torch.empty(width, queries.shape[1], **bf16)
-        self.unit_piece = None  # float32 unit rows of a piece of an undivided chunk (`load_chunk`)
-        self.width = width
-
-    def load_chunk(self, chunk: Chunk) -> None:
-        """Make (or take the kept) bfloat16 copy of the chunk."""
-        self.num_docs, self.dim = chunk.rows.shape
-        self.largest_norm = chunk.largest_norm
-        if chunk.kept is not None:
-            self.chunk_bf16 = chunk.kept
-            return
-        self.chunk_bf16 = self.chunk_buffer[: self.num_docs]  # (Nc, d')
-        if chunk.divisors is not None:  # unit rows made a piece at a time, in the cache
-            if self.unit_piece is None:
-                self.unit_piece = torch.empty(min(UNIT_PIECE_ROWS, self.width), self.dim, device=chunk.rows.device)
-            piece_rows = self.unit_piece.shape[0]
-            for start in range(0, self.num_docs, piece_rows):
-                rows = slice(start, start + piece_rows)
-                piece = chunk.rows[rows]
-                self.chunk_bf16[rows] = torch.div(piece, chunk.divisors[rows], out=self.unit_piece[: piece.shape[0]])
-            return
-        self.chunk_bf16[:, : self.dim] = chunk.rows
-        if self.euclidean:
-            self.chunk_bf16[:, -1] = chunk.squared_norms
-
-    def candidates(self, rows: slice, kth: torch.Tensor, own_floor=None):
-        """(M,) block rows and (M,) chunk columns of the entries whose float32 scores may lie above
-        the (Qc,) `kth`, sorted by row and then by column, and `kth` (or own_floor's: `Screen`);
-        None if too many survive."""
-        num_rows, num_docs = kth.shape[0], self.num_docs
-        approximate = self.block_buffer[: num_rows * self.width].view(num_rows, self.width)
-        torch.mm(self.queries_bf16[rows], self.chunk_bf16.T, out=approximate[:, :num_docs])
-        if num_docs < self.width:
-            approximate[:, num_docs:] = -torch.inf
-        error = _error_bounds(self.query_norms[rows], self.largest_norm, self.dim, self.euclidean)  # (Qc,)
-
-        # Group maxima without a float pass over the block: the bits of a non-negative bfloat16
-        # read as int16 order the same way as its value, and every negative value reads as a
-        # negative int16. A group whose largest int16 is negative holds only values <= 0, so
-        # it is given the maximum 0, which can only make it look more promising.
-        groups = approximate.view(num_rows, -1, GROUP_SIZE)  # (Qc, W / G, G)
-        largest_bits = groups.view(torch.int16).amax(dim=2).clamp_min(0)  # (Qc, W / G)
-        group_maxima = largest_bits.view(torch.bfloat16).float()  # (Qc, W / G)
-        if own_floor is not None:
-            kth = own_floor(group_maxima, partial(best_entries, groups))
-
-        def passes(values: torch.Tensor, block_rows, group) -> torch.Tensor:
-            # Written as "not <=" so that a NaN (from an overflowing bound) keeps an entry in.
-            values = values.float()
-            return ~(_upper_bounds(values, error[block_rows, None]) <= kth[block_rows, None])
-
-        found = block_candidates(groups, group_maxima, passes)
-        return None if found is None else (*found, kth)
-
-
-def _upper_bounds(approximate: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
-    """Upper bounds on the exact scores of entries whose bfloat16 scores are `approximate`,
-    given `error` from _error_bounds."""
-    # The bfloat16 block rounds its float32 sums once more, so a sum lies within
-    # u / (1 - u) |approximate| of the value returned. Written with sign() so that -inf stays
-    # -inf.
-    output_rounding = BF16_UNIT / (1 - BF16_UNIT) * 1.01
-    return approximate * (1 + output_rounding * approximate.sign()) + error
-
-
-def _summation_error(dim: int) -> float:
+def summation_error(dim: int) -> float:
     """γ = d·v / (1 - d·v): a float32 sum of d terms is off by at most γ times the sum of their
-    absolute values (v = F32_UNIT; Higham, Accuracy and Stability of Numerical Algorithms,
-    section 3.1)."""
-    return dim * F32_UNIT / (1 - dim * F32_UNIT)
-
-
-def _error_bounds(
-    query_norms: torch.Tensor, largest_norm: torch.Tensor, dim: int, euclidean: bool
-) -> torch.Tensor:
-    """(Qc,) bounds on |s̃ - s| for every row c of a chunk, where s̃ is the float32 sum of
-    q̃·c̃ (q and c rounded to bfloat16) and s is q·c as `Screen._rescore` computes it in float32,
-    for d-long queries with norms `query_norms` and rows with norms at most `largest_norm`. For
-    euclidean, q and c stand for [2q, -1] and [c, |c|²] (d + 1 long), the norms for |q| and |c|.
-
-    Rounding an entry to bfloat16 changes it by at most u = BF16_UNIT of itself, so each product
-    q_i c_i changes by at most (2u + u²)|q_i c_i|. The float32 sum of the rounded products is
-    off by at most γ (1 + u)² sum |q_i c_i| (see _summation_error), and s is off from the true
-    q·c by at most γ sum |q_i c_i| (for euclidean, where s is (2q - c)·c, rounding 2q - c adds
-    at most as much again). For euclidean the float32 |c|² entry is also off, by at most γ |c|²:
-        |s̃ - s| <= (2u + u² + 4γ(1 + u)²) sum_i |q_i c_i|,
-    where sum_i |q_i c_i| <= |q| |c| (Cauchy-Schwarz), or 2 |q| |c| + |c|² for euclidean.
-    Entries below bfloat16's normal range (2^-126) may be read as zero by the hardware; each
-    such product moves by at most 2^-126 (|q_i| + |c_i|), which adds at most
-    2^-126 (sqrt(d) (|q| + |c|) + d) (with 2|q| + 1 and |c| + |c|² for euclidean). The norms
-    were themselves computed in float32, off by at most 2γ each, which (1 + 2γ)² covers, and
-    the whole bound is raised by 1% to cover the float32 rounding of this arithmetic.
-    """
-    if euclidean:
-        dim += 1
-        sum_bound = 2 * query_norms * largest_norm + largest_norm**2
-        norm_sum = 2 * query_norms + 1 + largest_norm + largest_norm**2
-    else:
-        sum_bound = query_norms * largest_norm
-        norm_sum = query_norms + largest_norm
-    u, gamma = BF16_UNIT, _summation_error(dim)
-    relative = 2 * u + u * u + 4 * gamma * (1 + u) ** 2
-    tiny = TINY * (dim**0.5 * norm_sum + dim)
-    return (relative * sum_bound * (1 + 2 * gamma) ** 2 + tiny) * 1.01
+    absolute values (v = 2^-24; Higham, Accuracy and Stability of Numerical Algorithms, section 3.1)."""
+    return dim * 2.0**-24 / (1 - dim * 2.0**-24)

@@ -6,11 +6,10 @@ measurements behind them are in bench/README.md, in the section named after "ben
 # Which way a search takes (minisbert/search.py's WAYS).
 SMALL_CORPUS_ROWS = 16384  # up to this many rows one float32 block is quickest. bench: "Search", small corpora
 FEW_QUERIES = 128  # up to this many queries the corpus is read a span at a time. bench: "Search"
-FEW_QUERIES_PREPARED = 384  # ... over a prepared corpus with a bfloat16 copy. bench: "Search"
 FEW_QUERIES_INT8 = 64  # ... where the blocks screen with int8 products. bench: "Search"
-SCREENED_FEW_QUERIES = 4  # from this many queries a span is screened with the bfloat16 copy. bench: "Search"
-INT8_ROWS_RATIO = 0.75  # the one-query int8 screen is kept where its product takes under this share of float32's
-INT8_BLOCKS_RATIO = 0.6  # the int8 blocks screen where their product takes under this share of the one replaced
+SCREENED_FEW_QUERIES = 4  # one query, and from this many, spans are screened with an int8 copy. bench: "Search"
+INT8_ROWS_RATIO = 0.75  # a prepared corpus keeps an int8 copy where its product takes under this share of float32's
+INT8_BLOCKS_RATIO = 0.6  # the int8 blocks screen where their product takes under this share of float32's
 
 # A fast way keeps its top k + KEPT_BEYOND_K by float32 scores; the rows past the k-th prove (or not)
 # that nothing left out could be in the exact top k, which is rare ties only. bench: "Search"
@@ -29,9 +28,8 @@ PIECE_ENTRIES = 2**16  # entries of a (piece, Q') product the span product copie
 
 # Screens (fast/screen.py, fast/int8_blocks.py, fast/int8_rows.py).
 RESCORE_PIECE = 1024  # candidates rescored in float32 at once: 1.5 MB of gathered rows for d = 384
-UNIT_PIECE_ROWS = 1024  # rows of a raw cosine chunk made unit rows at once for a screen's copy, in the cache
 INT8_PIECE_ROWS = 1024  # rows of a chunk that share one int8 scale (a whole number of groups)
-MOST_CANDIDATES = 1 / 64  # a one-query span whose candidates pass this share of its rows is scored in float32
+MOST_CANDIDATES = 1 / 64  # a span whose candidates pass this share of its entries is scored in float32
 
 # Probes that measure a fact once per machine (fast/machine.py).
 PROBE_BYTES = 2**26  # float32 rows of a timing probe: more than a 2-core machine's caches hold
