@@ -53,26 +53,26 @@ PIECE_ROWS = 8192  # rows quantized at once when a copy is made
 
 @dataclass
 class Int8Rows:
-    """A corpus's int8 copy for the one-query screen (see the module docstring)."""
+    """A corpus's int8 copy for the few-query screen (see the module docstring)."""
 
     values: torch.Tensor  # (N, d) int8 in [-LEVELS, LEVELS]: c' = round(c / s)
     scales: torch.Tensor  # (N,) float32 s, 0 for rows never screened out
-    error_norms: torch.Tensor  # (N,) float32 upper bounds on |c - s c'|; +inf: never screened out
-    norms: torch.Tensor  # (N,) float32 upper bounds on |s c'|
+    # (N, 2) float32 upper bounds on |c - s c'| (+inf: never screened out) and on |s c'|
+    terms: torch.Tensor
 
     def __getitem__(self, rows: slice) -> "Int8Rows":
         """The copy of these rows (views)."""
-        return Int8Rows(self.values[rows], self.scales[rows], self.error_norms[rows], self.norms[rows])
+        return Int8Rows(self.values[rows], self.scales[rows], self.terms[rows])
 
 
 def int8_rows(rows: torch.Tensor) -> Int8Rows:
     """The int8 copy of (N, d) float32 rows, PIECE_ROWS at a time."""
     values = torch.empty(rows.shape, dtype=torch.int8, device=rows.device)
-    scales, error_norms, norms = (torch.empty(rows.shape[0], device=rows.device) for _ in range(3))
+    scales, terms = torch.empty(rows.shape[0], device=rows.device), torch.empty(rows.shape[0], 2, device=rows.device)
     for start in range(0, rows.shape[0], PIECE_ROWS):
         part = slice(start, start + PIECE_ROWS)
-        values[part], scales[part], error_norms[part], norms[part] = _quantize(rows[part])
-    return Int8Rows(values, scales, error_norms, norms)
+        values[part], scales[part], terms[part, 0], terms[part, 1] = _quantize(rows[part])
+    return Int8Rows(values, scales, terms)
 
 
 def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -101,7 +101,7 @@ class Int8RowsScreen:
         """queries (Q, d) float32; spans of at most `span_rows` rows."""
         quantized = [_quantize_query(query) for query in queries]
         self.coefficients = None if any(c is None for _, _, c in quantized) else torch.tensor(
-            [c for _, _, c in quantized], device=queries.device)  # (Q, 2) α, β
+            [c for _, _, c in quantized], device=queries.device).T.contiguous()  # (2, Q) α, β
         width = query_columns(queries.shape[0])  # columns of the product, zeros past Q
         self.query_values = torch.zeros(queries.shape[1], width, dtype=torch.int8, device=queries.device)  # (d, Q')
         for column, (values, _, _) in enumerate(quantized):
@@ -135,8 +135,7 @@ class Int8RowsScreen:
         products = self.products[:span_rows]  # (n, Q') q'·c'
         torch._int_mm(kept.values, self.query_values, out=products)  # exact: see the module docstring
         bounds = torch.mul(products[:, :num_queries], self.query_scales, out=self.bounds[:span_rows])
-        bounds.mul_(kept.scales[:, None]).addcmul_(kept.error_norms[:, None], self.coefficients[:, 0])
-        return bounds.addcmul_(kept.norms[:, None], self.coefficients[:, 1])
+        return bounds.mul_(kept.scales[:, None]).addmm_(kept.terms, self.coefficients)
 
 
 def query_columns(num_queries: int) -> int:
