@@ -11,8 +11,8 @@ any way, from its top k + the most rows a query leaves out (`_without`), so no w
 
 A corpus searched again and again is best prepared once (`prepare_corpus`): its rows are checked and
 made unit rows (cosine) once, and on a CPU the fast ways keep an int8 copy beside it to screen a few
-queries with (a quarter of the bytes, where it runs exactly and pays). `.save(path)` writes it; `load_corpus(path)` reads it back and checks every row again, so
-a file damaged or edited elsewhere is refused, naming it:
+queries with (a quarter of the bytes). `.save(path)` writes it; `load_corpus(path)` reads it back
+and checks every row again, so a file damaged or edited elsewhere is refused, naming it:
 
     corpus = prepare_corpus(model.encode(documents))      # score="cosine"
     corpus.save("corpus.safetensors")
