@@ -6,7 +6,6 @@ duplicate question retrieval using reduced embedding sizes" (DTU), Table 1.
 Checked in tests/test_study_writeups.py (every number against its key) and tests/test_experiments.py.
 """
 
-import numpy as np
 
 from . import records, runner, verdicts
 
@@ -68,7 +67,7 @@ def report(s, about: str, results: dict, tests: dict, speed: dict, num_documents
                verdicts.difference_cell(tests["against_base"][str(dim)]), f"{results[f'pca{dim}']['scores'][MAIN_METRIC]:.4f}",
                verdicts.difference_cell(tests["against_projection"][str(dim)]),
                f"{speed['test'][i]:,.0f}", f"{speed['synthetic'][i]:,.0f}",
-               runner.minutes(np.mean([r["training"]["seconds"] for r in results[f"d{dim}"]["runs"]])),
+               runner.minutes([r["training"]["seconds"] for r in results[f"d{dim}"]["runs"]]),
                f"{results[f'd{dim}']['runs'][0]['training']['steps']:,}"] for i, dim in enumerate(s.dims)]
     others = [(f"base model: trained, no projection (D = {width})", "base"),
               (f"start model, untrained, euclidean (D = {width})", "untrained-euclidean"),

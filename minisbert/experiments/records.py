@@ -113,6 +113,31 @@ def machines(run: dict) -> str:
     return " and ".join(found) or "not recorded"
 
 
+def minutes(run: dict, seconds: dict) -> str:
+    """Each machine of run.json's records with the range of its networks' training times: `seconds`
+    maps a model folder to its training seconds; a record that lists no models made those that no
+    other record lists."""
+    records, found = history(run), {}
+    listed = {model for record in records for model in record.get("models", [])}
+    for record in records or [{}]:
+        about = record.get("about", "")
+        match = re.search(r"device ([^,]+)", about) or re.search(r"(\d+ CPU cores)", about)
+        made = record.get("models") or [model for model in seconds if model not in listed]
+        found.setdefault(match.group(1) if match else "not recorded", []).extend(
+            seconds[model] for model in made if model in seconds)
+    ranges = {machine: (f"{min(times) / 60:.1f}", f"{max(times) / 60:.1f}") for machine, times in found.items() if times}
+    return "; ".join(f"{machine}: {low if low == high else f'{low} to {high}'} min a network"
+                     for machine, (low, high) in ranges.items())
+
+
+def time_why(run: dict) -> str:
+    """The deviations table's reason beside `minutes`: where the times come from, and where run.json's
+    notes tell of times that a shared or stopped machine lengthened."""
+    noted = any("training time" in record.get("note", "") for record in history(run))
+    return "the machines the models were made on (run.json" + (
+        "; its notes say which times a shared or stopped machine lengthened)" if noted else ")")
+
+
 def about_the_run(settings: argparse.Namespace, device) -> str:
     """One line with the date, the device and the CPU, for the report."""
     cpu = ""

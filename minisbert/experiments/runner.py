@@ -388,8 +388,11 @@ def metric_cells(scores: dict, ks=KS) -> list:
     return [f"{scores[f'{key}@{k}']:.4f}" for _, key in METRIC_COLUMNS for k in ks]
 
 
-def minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min"
+def minutes(seconds: list) -> str:
+    """A model's training time: its one seed's, or the range over its seeds (which may have been
+    trained on different machines: run.json)."""
+    low, high = f"{min(seconds) / 60:.1f}", f"{max(seconds) / 60:.1f}"
+    return f"{low} min" if low == high else f"{low} to {high} min"
 
 
 def deviation_table(rows: list, paper: str = "paper") -> str:

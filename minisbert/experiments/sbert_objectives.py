@@ -185,7 +185,8 @@ def spearman_cell(test: dict) -> str:
 def deviations(s, results: dict, run: dict) -> str:
     """The table of what this run does differently from Reimers and Gurevych, and why; the device and
     time are the committed run's own (run.json and each model's training record)."""
-    seconds = [r["training"]["seconds"] for name in OBJECTIVES for r in results[name]["runs"]]
+    seconds = {f"{name}-seed{seed}": r["training"]["seconds"] for name in OBJECTIVES
+               for seed, r in zip(runner.seed_list(s), results[name]["runs"])}
     rows = [
         ["start model", "BERT-base or RoBERTa-base, not yet a sentence encoder", f"{s.model}, already trained for "
          "sentence similarity", "the one BERT-family checkpoint these machines can fetch (the Hugging Face hub is "
@@ -206,19 +207,11 @@ def deviations(s, results: dict, run: dict) -> str:
         ["learning rate", "2e-05, warmup over 10% of the steps", f"{s.lr:g}, warmup over 10% of the steps", "--lr"],
         ["metric", "STS: Spearman of cosine with the gold scores", "the same, and NDCG@10 on a retrieval test split",
          "what each objective costs on the task it was not trained for"],
-        ["device and time", "not stated", f"{records.machines(run)}; {min(seconds) / 60:.1f} to "
-         f"{max(seconds) / 60:.1f} min a network", "the machine the models were made on (run.json)"],
+        ["device and time", "not stated", records.minutes(run, seconds), records.time_why(run)],
         ["seeds", "not stated", ", ".join(map(str, runner.seed_list(s))), "training variance: the t over the seeds "
          "stands beside each per-query test"],
     ]
     return runner.deviation_table(rows)
-
-
-def time_cell(seconds: list) -> str:
-    """A model's training time: the one seed's, or the range over the seeds (each on its own machine,
-    run.json)."""
-    low, high = f"{min(seconds) / 60:.1f}", f"{max(seconds) / 60:.1f}"
-    return f"{low} min" if low == high else f"{low} to {high} min"
 
 
 def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_test, run: dict,
@@ -232,7 +225,7 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
         result, training = results[name], results[name]["runs"][0]["training"]
         rows.append([label, data, runner.mean_cell(result, "spearman"), spearman_cell(tests[name]["spearman"]),
                      runner.mean_cell(result, "ndcg@10"), verdicts.difference_cell(tests[name]["ndcg@10"]),
-                     time_cell([r["training"]["seconds"] for r in result["runs"]]),
+                     runner.minutes([r["training"]["seconds"] for r in result["runs"]]),
                      f"{training['examples']:,}", f"{training['steps']:,}"])
     ensemble = "Spearman of the seeds' ensemble" if len(seeds) > 1 else "Spearman"
     findings = [f"- {label}: on STS-B, {verdicts.verdict(tests[name]['spearman'], ensemble, 'trained', 'start', 'p_holm')}; "

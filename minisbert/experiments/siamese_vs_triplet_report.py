@@ -22,8 +22,9 @@ PAPER_HOURS = {"Siamese": 11, "Triplet": 15}  # the paper's training time for 3 
 def deviations(s, trained: list, results: dict, run: dict) -> str:
     """The table of what this run does differently from Rygaard et al., and why; the device, time and
     seeds are the run's own (run.json and each model's training record)."""
-    seconds = [r["training"]["seconds"] for name, *_ in trained for r in results[name]["runs"]]
-    budget = "the preset's (made for 2 CPU cores), kept on the GPU; --data FOLDER with MS MARCO's files reads the paper's"
+    seconds = {f"{name}-seed{seed}": r["training"]["seconds"] for name, *_ in trained
+               for seed, r in zip(runner.seed_list(s), results[name]["runs"])}
+    budget = "the preset's (made for 2 CPU cores); --data FOLDER with MS MARCO's files reads the paper's"
     rows = [
         ["training data", "MS MARCO: 125,000 training queries, a positive passage and the hard negatives of "
          "sentence-transformers' msmarco-hard-negatives (section 2.1)",
@@ -41,9 +42,9 @@ def deviations(s, trained: list, results: dict, run: dict) -> str:
          "similarity", "the one BERT-family checkpoint these machines can fetch (the Hugging Face hub is unreachable "
          "from them); --model distilbert-base-uncased asks the paper's question where it is reachable"],
         ["device and time", "an NVIDIA V100; 3 epochs in about 11 hours (Siamese) and 15 (Triplet), section 4.2",
-         f"{records.machines(run)}; {min(seconds) / 60:.1f} to {max(seconds) / 60:.1f} min a network",
-         "the machine the models were made on (run.json)"],
-        ["batch", "64", str(s.batch_size), "the preset's (made for 2 CPU cores), kept on the GPU; --batch-size 64"],
+         records.minutes(run, seconds),
+         records.time_why(run)],
+        ["batch", "64", str(s.batch_size), "the preset's (made for 2 CPU cores); --batch-size 64"],
         ["epochs", "3", str(s.epochs), "the preset's (made for 2 CPU cores); --epochs 3"],
         ["triplet margin", "5 (1 tried for Triplet cosine, section 4.1)", ", ".join(f"{m:g}" for m in s.margins),
          "cosine distances cannot reach 5, and the paper asks whether the margin should be tuned (section 4.2)"],
@@ -132,7 +133,7 @@ def report(s, trained: list, about: str, results: dict, tests: dict, num_queries
               verdicts.difference_cell(tests["against_start"][name]),
               f"{np.mean([r['training']['loss'][0] for r in results[name]['runs']]):.4f}",
               f"{np.mean([r['training']['loss'][-1] for r in results[name]['runs']]):.4f}",
-              runner.minutes(np.mean([r["training"]["seconds"] for r in results[name]["runs"]])),
+              runner.minutes([r["training"]["seconds"] for r in results[name]["runs"]]),
               f"{results[name]['runs'][0]['training']['examples']:,}", f"{results[name]['runs'][0]['training']['steps']:,}"]
              for name, label, *_ in trained]),
         finding(trained, results, tests),
@@ -213,16 +214,22 @@ def against_the_paper(trained: list, results: dict, tests: dict) -> str:
                      f"{PAPER_MARGIN:g}, on par (section 4.1). Here they reach {results['siamese-cosine']['scores'][MAIN_METRIC]:.4f} "
                      f"and {results[euclidean]['scores'][MAIN_METRIC]:.4f}: "
                      f"{verdicts.verdict(tests['on_par'], MAIN_LABEL, 'Siamese cosine', 'Triplet euclidean', 'p_holm')}.")
-    minutes = {arch: np.mean([r["training"]["seconds"] for name, _, a, *_ in trained if a == arch.lower()
-                              for r in results[name]["runs"]]) / 60 for arch in PAPER_HOURS}
-    if minutes["Siamese"] >= minutes["Triplet"]:
+    # A ratio within each seed, whose networks were trained in the same run(s) (run.json), so that machines
+    # of other speeds do not mix; medians, so that a network slowed by a shared machine counts little.
+    seconds = {arch: np.array([[r["training"]["seconds"] for r in results[name]["runs"]] for name, _, a, *_ in trained
+                               if a == arch.lower()]) for arch in PAPER_HOURS}  # (networks, seeds)
+    triplet = np.median(seconds["Triplet"], axis=0)  # (seeds,); 0 where a run took under 0.05 s a network
+    ratios = np.median(seconds["Siamese"], axis=0) / np.where(triplet > 0, triplet, np.nan)  # (seeds,)
+    if (triplet > 0).all() and np.median(ratios) >= 1:
         steps = {arch: results[name]["runs"][0]["training"]["steps"] for name, _, a, *_ in trained
                  for arch in PAPER_HOURS if a == arch.lower()}
         lines.append(f"- The paper's Siamese network trains faster: about {PAPER_HOURS['Siamese']} hours for 3 epochs "
-                     f"against {PAPER_HOURS['Triplet']} for the Triplet network (sections 4.2, 6). Here a Siamese network "
-                     f"takes {minutes['Siamese']:.1f} min against the Triplet's {minutes['Triplet']:.1f} (mean over networks "
-                     f"and seeds): it sees each triplet as two pairs, {steps['Siamese']:,} steps against "
-                     f"{steps['Triplet']:,}.")
+                     f"against {PAPER_HOURS['Triplet']} for the Triplet network (sections 4.2, 6), "
+                     f"{PAPER_HOURS['Siamese'] / PAPER_HOURS['Triplet']:.2f} times as long. Here a Siamese network "
+                     f"takes {np.median(ratios):.2f} times as long as a Triplet one (the median over the seeds of each "
+                     f"seed's median Siamese time over its median Triplet time; {ratios.min():.2f} to "
+                     f"{ratios.max():.2f} over the seeds): it sees each triplet as two pairs, {steps['Siamese']:,} "
+                     f"steps against {steps['Triplet']:,}.")
     euclidean = f"triplet-euclidean-margin{PAPER_MARGIN:g}"
     if euclidean in results:
         last = np.mean([r["training"]["loss"][-1] for r in results[euclidean]["runs"]])
