@@ -27,8 +27,8 @@ import torch
 
 from minisbert import checkpoints, significance
 from minisbert.experiments import verdicts, __main__ as command
-from minisbert.experiments import (embedding_size, embedding_size_report, figures, model_selection, runner, sbert_objectives,
-                                   siamese_vs_triplet)
+from minisbert.experiments import (embedding_size, embedding_size_report, figures, model_selection, records, runner,
+                                   sbert_objectives, siamese_vs_triplet)
 from minisbert.experiments.pca import fit_pca
 
 from .conftest import FIXTURES, REPO
@@ -298,6 +298,21 @@ def test_a_run_continued_elsewhere_keeps_the_earlier_record_and_says_which_machi
     assert f"{record['about']} (models {', '.join(record['models'])}.)" in report
     assert "Part of this run predates the margin's record" in report
     assert "the run of 2026-01-01 (its models not recorded)" in report
+
+
+def test_training_times_are_given_per_machine_from_run_json():
+    # A record without a models list made the models that no other record lists; each machine gets
+    # the range of its own networks' times, and the reason names run.json's notes only where a note
+    # tells of training times.
+    run = {"date": "2", "about": "Run on 2, device cpu, 2 CPU cores (avx2).", "models": ["a-seed43", "b-seed43"],
+           "earlier": [{"date": "1", "about": "Run on 1, device cuda:0 (a GPU), 16 CPU cores (avx2)."}]}
+    seconds = {"a-seed42": 6.0, "b-seed42": 18.0, "a-seed43": 600.0, "b-seed43": 4380.0}
+    assert records.minutes(run, seconds) == "cuda:0 (a GPU): 0.1 to 0.3 min a network; cpu: 10.0 to 73.0 min a network"
+    assert records.time_why(run) == "the machines the models were made on (run.json)"
+    run["note"] = "training times: b-seed43 shared the machine"
+    assert records.time_why(run).endswith("(run.json; its notes say which times a shared or stopped machine lengthened)")
+    single = {"date": "1", "about": "Run on 1, device cpu, 2 CPU cores (avx2)."}
+    assert records.minutes(single, {"a-seed42": 60.0, "b-seed42": 60.0}) == "cpu: 1.0 min a network"
 
 
 def test_compare_runs_tests_each_pair_of_models_across_two_runs(svt_run, tmp_path):
