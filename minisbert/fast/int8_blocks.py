@@ -25,7 +25,7 @@ from functools import partial
 
 import torch
 
-from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY
+from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY, quantize_queries
 from .machine import fact
 from .screen import GROUP_SIZE, Chunk, summation_error, best_entries, block_candidates
 from .span_product import best_times
@@ -44,7 +44,8 @@ class Int8Blocks:
 
     def __init__(self, queries: torch.Tensor, query_chunk_size: int, width: int):
         """queries (Q, d) float32 as scored; blocks of at most query_chunk_size x width entries."""
-        self.query_values, self.query_scales, self.query_terms, self.usable = _quantize_rows(queries)
+        self.query_values, self.query_scales, *terms = quantize_queries(queries, MANY_LEVELS)
+        self.query_terms, self.usable = torch.stack(terms, dim=1), self.query_scales > 0  # (Q, 3): L1(q'), |e_q|, |q|
         rows = -(-min(query_chunk_size, queries.shape[0]) // QUERY_ROWS_MULTIPLE) * QUERY_ROWS_MULTIPLE
         device = queries.device
         self.padded_queries = torch.zeros(rows, queries.shape[1], dtype=torch.int8, device=device)
@@ -124,21 +125,6 @@ class Int8Blocks:
         screened = self.usable[rows, None] & (self.scales > 0)
         thresholds = torch.where(screened, thresholds, SENTINEL).clamp_(SENTINEL, -SENTINEL - 1)
         return thresholds.to(torch.int32)
-
-
-def _quantize_rows(queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The many-query screen's copy of (Q, d) float32 queries: (Q, d) int8 values q' in
-    [-MANY_LEVELS, MANY_LEVELS], (Q,) float64 scales s_q (0 for a query not screened), (Q, 3)
-    float64 L1(q'), |q - s_q q'| and |q|, and the (Q,) usable mask."""
-    rows = queries.double()
-    largest = rows.abs().amax(dim=1)  # (Q,)
-    usable = (largest >= SMALLEST_ENTRY) & (largest <= LARGEST_ENTRY)
-    scales = torch.where(usable, largest / MANY_LEVELS, 0.0)  # (Q,)
-    values = (rows / torch.where(usable, scales, 1.0)[:, None]).round_().clamp_(-MANY_LEVELS, MANY_LEVELS)
-    values[~usable] = 0
-    terms = torch.stack([values.abs().sum(dim=1), torch.linalg.vector_norm(rows - values * scales[:, None], dim=1),
-                         torch.linalg.vector_norm(rows, dim=1)], dim=1)  # (Q, 3)
-    return values.to(torch.int8), scales, terms, usable
 
 
 def int8_blocks_exact(dim: int) -> bool:

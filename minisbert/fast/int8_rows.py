@@ -13,7 +13,7 @@ s_q·s·(q'·c') is q̂·ĉ. Writing e_c = c - ĉ and e_q = q - q̂,
 (Cauchy-Schwarz). For each row the copy keeps |e_c| and |ĉ|, measured when it is made, and the
 search measures |q| and |e_q|. That bound is about 3% of |q| |c| for random unit rows with
 d = 384, where the bound by the largest entries, max_i |q_i| · sum_i |e_c,i| + ..., is about 8%.
-Three roundings are added to it (`_quantize_query`): the float32 multiplications that scale q'·c'
+Three roundings are added to it (`Int8RowsScreen`): the float32 multiplications that scale q'·c'
 (at most 3·2^-24 of |q̂| |ĉ|), the float32 sum of the exact score it is compared with (γ |q| |c|,
 γ = d·2^-24 / (1 - d·2^-24): Higham, Accuracy and Stability of Numerical Algorithms, section
 3.1), and the float32 arithmetic of the bound itself (1% of it, far more than it needs).
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from .machine import fact
-from .screen import Chunk
+from .screen import Chunk, summation_error
 from .span_product import SpanProduct, best_times
 from .tuning import INT8_ROWS_RATIO, MOST_CANDIDATES, PROBE_BYTES
 
@@ -99,14 +99,17 @@ class Int8RowsScreen:
 
     def __init__(self, queries: torch.Tensor, span_rows: int):
         """queries (Q, d) float32; spans of at most `span_rows` rows."""
-        quantized = [_quantize_query(query) for query in queries]
-        self.coefficients = None if any(c is None for _, _, c in quantized) else torch.tensor(
-            [c for _, _, c in quantized], device=queries.device).T.contiguous()  # (2, Q) α, β
+        values, scales, _, error_norms, norms = quantize_queries(queries, LEVELS)
+        # α and β, the coefficients of a row's |e_c| and |ĉ| in the bound on |s_fl - s_q s (q'·c')|
+        # (module docstring), s_fl a row's score as float32 computes it; the scaling's roundings are
+        # 3·2^-24 |q̂| |ĉ| at most, 2^-20 covers them and more.
+        gamma, scaling = summation_error(queries.shape[1]), 2.0**-20 * (norms + error_norms)  # (Q,)
+        coefficients = torch.stack([norms + scaling + gamma * norms, error_norms + scaling + gamma * norms]) * 1.01
+        self.coefficients = coefficients.float() if (scales > 0).all() else None  # (2, Q) α, β
         width = query_columns(queries.shape[0])  # columns of the product, zeros past Q
         self.query_values = torch.zeros(queries.shape[1], width, dtype=torch.int8, device=queries.device)  # (d, Q')
-        for column, (values, _, _) in enumerate(quantized):
-            self.query_values[:, column] = values
-        self.query_scales = torch.tensor([scale for _, scale, _ in quantized], device=queries.device)  # (Q,)
+        self.query_values[:, : queries.shape[0]] = values.T
+        self.query_scales = scales.float()  # (Q,)
         self.products = torch.empty(span_rows, width, dtype=torch.int32, device=queries.device)  # q'·c'
         self.bounds = torch.empty(span_rows, queries.shape[0], device=queries.device)
 
@@ -130,7 +133,7 @@ class Int8RowsScreen:
 
     def upper_bounds(self, kept: Int8Rows) -> torch.Tensor:
         """(n, Q) upper bounds on the float32 scores of the n rows whose int8 copy is `kept` with the
-        queries: s_q s (q'·c') + α |e_c| + β |ĉ| (see `_quantize_query`); NaN where one overflowed."""
+        queries: s_q s (q'·c') + α |e_c| + β |ĉ| (see `__init__`); NaN where one overflowed."""
         span_rows, num_queries = kept.values.shape[0], self.bounds.shape[1]
         products = self.products[:span_rows]  # (n, Q') q'·c'
         torch._int_mm(kept.values, self.query_values, out=products)  # exact: see the module docstring
@@ -143,25 +146,18 @@ def query_columns(num_queries: int) -> int:
     return 1 << max(0, num_queries - 1).bit_length()
 
 
-def _quantize_query(query: torch.Tensor) -> tuple[torch.Tensor, float, tuple[float, float] | None]:
-    """(d,) int8 values and the scale of a (d,) float32 query, and the coefficients (α, β) of the
-    rows' |e_c| and |ĉ| in the bound on |s_fl - s_q s (q'·c')| (module docstring), where s_fl is
-    a row's score as float32 computes it; None if the query cannot be screened."""
-    largest = float(query.abs().max())
-    if not SMALLEST_ENTRY <= largest <= LARGEST_ENTRY:
-        return torch.zeros_like(query, dtype=torch.int8), 0.0, None
-    # The scale as float32 holds it, since the search multiplies by it in float32.
-    scale = float(torch.tensor(largest / LEVELS, dtype=torch.float32))
-    values = (query.double() / scale).round().clamp(-LEVELS, LEVELS)  # (d,)
-    query64 = query.double()
-    norm = float(torch.linalg.vector_norm(query64))  # |q|, in float64: off by far less than 1%
-    error_norm = float(torch.linalg.vector_norm(query64 - values * scale))  # |e_q|
-    dim = query.shape[0]
-    gamma = dim * 2.0**-24 / (1 - dim * 2.0**-24)
-    scaling = 2.0**-20 * (norm + error_norm)  # the scaling's roundings, 3·2^-24 |q̂| |ĉ|, and more
-    alpha = (norm + scaling + gamma * norm) * 1.01
-    beta = (error_norm + scaling + gamma * norm) * 1.01
-    return values.to(torch.int8), scale, (alpha, beta)
+def quantize_queries(queries: torch.Tensor, levels: int):
+    """(Q, d) int8 values q' in [-levels, levels] of (Q, d) float32 queries, and (Q,) float64 each: the
+    scale s_q (a float32 number, as the search multiplies by it in float32; 0 where the query is not
+    screened, its largest entry outside [SMALLEST_ENTRY, LARGEST_ENTRY]), L1(q'), |q - s_q q'| and |q|."""
+    rows = queries.double()
+    largest = rows.abs().amax(dim=1)  # (Q,)
+    usable = (largest >= SMALLEST_ENTRY) & (largest <= LARGEST_ENTRY)
+    scales = torch.where(usable, (largest / levels).float().double(), 0.0)  # (Q,)
+    values = (rows / torch.where(usable, scales, 1.0)[:, None]).round_().clamp_(-levels, levels)  # (Q, d)
+    values[~usable] = 0
+    errors = torch.linalg.vector_norm(rows - values * scales[:, None], dim=1)
+    return values.to(torch.int8), scales, values.abs().sum(dim=1), errors, torch.linalg.vector_norm(rows, dim=1)
 
 
 def int8_product_runs(dim: int, device: torch.device, num_queries: int = 1) -> bool:
