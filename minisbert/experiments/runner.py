@@ -389,8 +389,7 @@ def metric_cells(scores: dict, ks=KS) -> list:
 
 
 def minutes(seconds: list) -> str:
-    """A model's training time: its one seed's, or the range over its seeds (which may have been
-    trained on different machines: run.json)."""
+    """A model's training time: its one seed's, or the range over its seeds (maybe on other machines)."""
     low, high = f"{min(seconds) / 60:.1f}", f"{max(seconds) / 60:.1f}"
     return f"{low} min" if low == high else f"{low} to {high} min"
 

@@ -27,7 +27,7 @@ import torch
 
 from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY, quantize_queries
 from .machine import fact
-from .screen import GROUP_SIZE, Chunk, summation_error, best_entries, block_candidates
+from .screen import GROUP_SIZE, Chunk, best_entries, block_candidates, summation_error
 from .span_product import best_times
 from .tuning import INT8_BLOCKS_RATIO, INT8_PIECE_ROWS
 

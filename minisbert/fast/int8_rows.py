@@ -6,8 +6,8 @@ instead, and use it to rule out almost every row (bench/README.md, "Search"): ea
 d int8 numbers and a scale, a quarter of the float32 bytes.
 
 Quantizing. A row c is kept as c' = round(c / s), integers in [-63, 63], with s = max_i |c_i| / 63,
-so that ĉ = s·c' is close to c; the query is quantized the same way when the search starts
-(q', s_q, q̂ = s_q·q', each query on its own). The product q'·c' is a sum of integers, computed exactly (see below), and
+so that ĉ = s·c' is close to c; each query is quantized the same way when the search starts
+(q', s_q, q̂ = s_q·q'). The product q'·c' is a sum of integers, computed exactly (see below), and
 s_q·s·(q'·c') is q̂·ĉ. Writing e_c = c - ĉ and e_q = q - q̂,
     q·c - q̂·ĉ = q·e_c + e_q·ĉ,   so   |q·c - q̂·ĉ| <= |q| |e_c| + |e_q| |ĉ|
 (Cauchy-Schwarz). For each row the copy keeps |e_c| and |ĉ|, measured when it is made, and the
