@@ -218,10 +218,12 @@ def prepare_corpus(embeddings, score: str = "cosine", screen: bool | None = None
     True: where it runs; False: never. Results never depend on it."""
     corpus = as_embedding_matrix(embeddings, "corpus")
     check_arguments(corpus[:0], corpus, 1, score, 1, None)
-    pieces = [scored_rows(corpus[start : start + 8192], score, "corpus", start)
-              for start in range(0, corpus.shape[0], 8192)]
-    prepared = PreparedCorpus(torch.cat([rows for rows, _ in pieces]), torch.cat([norms for _, norms in pieces]), score)
-    return _with_copies(prepared, screen)
+    rows = torch.empty(corpus.shape, device=corpus.device)  # filled a piece at a time: no second copy
+    norms = torch.empty(corpus.shape[0], dtype=torch.float64, device=corpus.device)
+    for start in range(0, corpus.shape[0], 8192):
+        piece = slice(start, start + 8192)
+        rows[piece], norms[piece] = scored_rows(corpus[piece], score, "corpus", start)
+    return _with_copies(PreparedCorpus(rows, norms, score), screen)
 
 
 def _save(self: PreparedCorpus, path: str | Path) -> None:
