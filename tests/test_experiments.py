@@ -310,7 +310,8 @@ def test_training_times_are_given_per_machine_from_run_json():
     assert records.minutes(run, seconds) == "cuda:0 (a GPU): 0.1 to 0.3 min a network; cpu: 10.0 to 73.0 min a network"
     assert records.time_why(run) == "the machines the models were made on (run.json)"
     run["note"] = "training times: b-seed43 shared the machine"
-    assert records.time_why(run).endswith("(run.json; its notes say which times a shared or stopped machine lengthened)")
+    assert records.time_why(run).endswith("(run.json; its notes say which times a shared or stopped machine "
+                                          "lengthened)")
     single = {"date": "1", "about": "Run on 1, device cpu, 2 CPU cores (avx2)."}
     assert records.minutes(single, {"a-seed42": 60.0, "b-seed42": 60.0}) == "cpu: 1.0 min a network"
 

@@ -6,7 +6,6 @@ duplicate question retrieval using reduced embedding sizes" (DTU), Table 1.
 Checked in tests/test_study_writeups.py (every number against its key) and tests/test_experiments.py.
 """
 
-
 from . import records, runner, verdicts
 
 MAIN_METRIC, MAIN_LABEL = "ndcg@10", "NDCG@10"

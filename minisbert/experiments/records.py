@@ -125,7 +125,8 @@ def minutes(run: dict, seconds: dict) -> str:
         made = record.get("models") or [model for model in seconds if model not in listed]
         found.setdefault(match.group(1) if match else "not recorded", []).extend(
             seconds[model] for model in made if model in seconds)
-    ranges = {machine: (f"{min(times) / 60:.1f}", f"{max(times) / 60:.1f}") for machine, times in found.items() if times}
+    ranges = {machine: (f"{min(times) / 60:.1f}", f"{max(times) / 60:.1f}")
+              for machine, times in found.items() if times}
     return "; ".join(f"{machine}: {low if low == high else f'{low} to {high}'} min a network"
                      for machine, (low, high) in ranges.items())
 

@@ -214,8 +214,8 @@ def against_the_paper(trained: list, results: dict, tests: dict) -> str:
                      f"{PAPER_MARGIN:g}, on par (section 4.1). Here they reach {results['siamese-cosine']['scores'][MAIN_METRIC]:.4f} "
                      f"and {results[euclidean]['scores'][MAIN_METRIC]:.4f}: "
                      f"{verdicts.verdict(tests['on_par'], MAIN_LABEL, 'Siamese cosine', 'Triplet euclidean', 'p_holm')}.")
-    # A ratio within each seed, whose networks were trained in the same run(s) (run.json), so that machines
-    # of other speeds do not mix; medians, so that a network slowed by a shared machine counts little.
+    # A ratio within each seed, so that seeds trained on machines of other speeds do not mix; medians, so
+    # that a network slowed by a shared machine counts little.
     seconds = {arch: np.array([[r["training"]["seconds"] for r in results[name]["runs"]] for name, _, a, *_ in trained
                                if a == arch.lower()]) for arch in PAPER_HOURS}  # (networks, seeds)
     triplet = np.median(seconds["Triplet"], axis=0)  # (seeds,); 0 where a run took under 0.05 s a network
