@@ -70,9 +70,10 @@ def test_a_few_queries_through_the_int8_screen_find_what_the_plain_search_finds(
     corpus = exact_problem(score, 20000, generator)
     merged = screened_spans(monkeypatch)
     prepared = prepare_corpus(corpus, score=score, screen=True)
-    for num_queries in (4, 5, 64):
-        if not int8_rows.int8_product_runs(24, torch.device("cpu"), num_queries):
-            continue
+    counts = [n for n in (4, 5, 64) if int8_rows.int8_product_runs(24, torch.device("cpu"), n)]
+    if not counts:
+        pytest.skip("torch's int8 product is not exact here for several query columns")
+    for num_queries in counts:
         queries = corpus[torch.randint(0, 20000, (num_queries,), generator=generator)]
         assert choose_way(check_inputs(queries, prepared, 10, None, 1024, None, None)) == "spans, int8"
         scores, indices = search(queries, prepared, 10)
