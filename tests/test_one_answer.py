@@ -86,8 +86,9 @@ def test_every_way_returns_the_plain_loops_bits_on_adversarial_corpora(score, ki
                "corpus_ids": [f"d{i}" for i in range(num_docs)]}
         searched_forms = forms(corpus, score, tmp_path)
         for k in (1, 10, num_docs + 1):
-            # Around the ways' thresholds (fast/tuning.py): 4, 64, 128 and 384 queries.
-            for num_queries in (1, 4, 65, 129, 390):
+            # Around the ways' thresholds (fast/tuning.py): a prepared corpus's int8 copy screens 1 query
+            # and from 4 (not 3); spans end at 64 or 128 queries, or at the query chunk (50 here).
+            for num_queries in (1, 3, 4, 65, 129, 390):
                 chosen = {"query_ids": ids["query_ids"][:num_queries], "corpus_ids": ids["corpus_ids"]}
                 expected = results_of(queries[:num_queries], corpus, k, score, fast=False, **chosen,
                                       corpus_chunk_size=500)
