@@ -3,8 +3,8 @@ score that exactly, merge.
 
 For each query embedding, the k corpus embeddings that score best. Scoring Q queries against N
 documents of dimension d is one matrix product, (Q, d) @ (d, N), and the answer is the k best
-columns of each row. The whole (Q, N) score matrix would take 4·Q·N bytes (8 GB for 1,000 queries
-over 2M documents), so `search` walks the corpus in chunks and the queries in chunks.
+columns of each row. The (Q, N) scores would take 4·Q·N bytes (8 GB for 1,000 queries over 2M
+documents), so `search` walks the corpus and the queries in chunks.
 
 What a returned score is. A float32 product sums each q·c in an order its kernel chooses, which
 changes with the kernel, the block's shape and the machine, and so would the order of two rows that
@@ -21,7 +21,6 @@ search (this loop, the fast ways of minisbert/fast/, any chunk size or number of
 or a raw corpus) returns exactly these scores in exactly this order, bit for bit.
 
 The loop. For each (query chunk, corpus chunk) block it
-
     1. scores the block in float32: one matrix product, (Qc, d) @ (d, Nc) (for euclidean the key
        2 q·c - |c|², which orders rows as the distance does);
     2. keeps the candidates: each float32 score lies within a proven bound E of the exact one, so
@@ -35,11 +34,9 @@ The loop. For each (query chunk, corpus chunk) block it
     3. scores the candidates exactly and merges them into the running top-k (`settle`).
 
 Memory is a few blocks whatever N is; the candidates are usually the k best and a few more.
-sentence-transformers' `util.semantic_search` is steps 1 and a top-k.
-
-The inputs' checks, the bound E (`Bounds`) and step 3 (`settle`) are in search_inputs.py, which the
-fast ways (minisbert/fast/) share. Tested in tests/test_retrieval.py, against brute force and every
-forced way against this loop on corpora built to tie.
+sentence-transformers' `util.semantic_search` is steps 1 and a top-k. The checks, the bound E
+(`Bounds`) and step 3 (`settle`) are in search_inputs.py, which the fast ways (minisbert/fast/)
+share. Tested in tests/test_retrieval.py: against brute force, and every way against this loop.
 """
 
 import math

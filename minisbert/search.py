@@ -1,27 +1,23 @@
 """The search the library calls: exact top-k on any embeddings, the plain loop or a faster way.
 
-Every way returns what the plain loop of minisbert/retrieval.py returns, bit for bit, because every
-way ends in the same exact rescoring (retrieval.py says what a returned score is). They differ only
-in how they find the candidates, and `WAYS` below chooses, first match wins: from facts about the
-call (queries, rows, a prepared corpus and its int8 copy) and about the machine (an exact and quicker
-int8 product, measured once per machine by minisbert/fast/machine.py and kept).
-`search(..., way=NAME)` or MINISBERT_SEARCH_WAY=NAME forces one; `fast=False` is way="plain". Rows
-to leave out of a query's answer (`query_ids`, `corpus_ids`: BEIR's self-matches) are dropped after
-any way, from its top k + the most rows a query leaves out (`_without`), so no way carries them.
+Every way returns the plain loop's answer (minisbert/retrieval.py says what a score is) bit for bit:
+each ends in the same exact rescoring, and they differ only in how they find the candidates. `WAYS`
+chooses, first match wins, from facts about the call and about the machine (an exact and quicker
+int8 product, measured once per machine and kept: minisbert/fast/machine.py). `way=NAME` or
+MINISBERT_SEARCH_WAY=NAME forces one; `fast=False` is way="plain". Rows a query leaves out
+(`query_ids`, `corpus_ids`: BEIR's self-matches) are dropped after any way (`_without`).
 
 A corpus searched again and again is best prepared once (`prepare_corpus`): its rows are checked and
-made unit rows (cosine) once, and on a CPU the fast ways keep an int8 copy beside it to screen a few
-queries with (a quarter of the bytes). `.save(path)` writes it; `load_corpus(path)` reads it back
-and checks every row again, so a file damaged or edited elsewhere is refused, naming it:
+made unit rows (cosine) once, and on a CPU an int8 copy is kept beside it to screen a few queries
+with. `load_corpus` checks every row of a saved one again, so a file damaged or edited elsewhere is
+refused, naming it:
 
     corpus = prepare_corpus(model.encode(documents))      # score="cosine"
     corpus.save("corpus.safetensors")
     scores, rows = search(model.encode(["a question"]), load_corpus("corpus.safetensors"), k=10)
 
-On a GPU the plain loop runs (its speed there not yet measured). A large corpus can stay in CPU
-memory (`search(..., device="cuda")` moves it chunk by chunk) or live on the GPU in float16.
-Checked against brute force and way against way in tests/test_retrieval.py; for speed against
-sentence-transformers `util.semantic_search` and faiss `IndexFlatIP` in bench/retrieval.py.
+On a GPU the plain loop runs; a large corpus can stay in CPU memory (`device="cuda"` moves it chunk
+by chunk). Tested way against way in tests/test_retrieval.py, timed beside faiss in bench/retrieval.py.
 """
 
 import dataclasses
@@ -43,7 +39,6 @@ from .fast.tuning import FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SM
 from .fileio import atomic_write
 from .search_inputs import (DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, SearchInputs, as_embedding_matrix,
                             check_arguments, check_inputs, scored_rows)
-from .similarity import row_norms
 
 WAY_VARIABLE = "MINISBERT_SEARCH_WAY"
 
@@ -58,7 +53,7 @@ def _small(s: SearchInputs) -> bool:
 
 
 def _int8_copy(s: SearchInputs) -> bool:
-    return (_on_cpu(s) and fast.kept(s.prepared, "int8") is not None
+    return (_on_cpu(s) and fast.kept(s.prepared) is not None
             and int8_product_runs(s.queries.shape[1], s.device, s.queries.shape[0]))
 
 
@@ -84,18 +79,15 @@ def _anywhere(s: SearchInputs) -> bool:
     return True
 
 
-def _subset(inputs: SearchInputs, chosen: torch.Tensor) -> SearchInputs:
-    """The same search for the queries where the (Q,) bool `chosen` holds."""
-    return dataclasses.replace(inputs, queries=inputs.queries[chosen], query_norms=inputs.query_norms[chosen])
-
-
 def _settled(way):
     """A fast way as a runner: its approximate top-K scored exactly (`fast.finish`), and the plain loop
     for the queries whose answer that cannot prove (ties past the rows it keeps)."""
     def run(inputs: SearchInputs):
         values, indices, unproved = fast.finish(inputs, *way(inputs))
-        if unproved.any():
-            values[unproved], indices[unproved] = retrieval.chunked_search(_subset(inputs, unproved))
+        if unproved.any():  # the same search for those queries
+            unproved_only = dataclasses.replace(inputs, queries=inputs.queries[unproved],
+                                                query_norms=inputs.query_norms[unproved])
+            values[unproved], indices[unproved] = retrieval.chunked_search(unproved_only)
         return values, indices
     return run
 
@@ -105,9 +97,9 @@ WAYS = (
     # name               can run          taken when          runs
     ("plain",            _anywhere,       lambda s: not _on_cpu(s), retrieval.chunked_search),
     ("one span",         _on_cpu,         _small,             _settled(partial(fast.search_spans, one_span=True))),
-    ("spans, int8",      _int8_copy,      _screened_few,      _settled(partial(fast.search_spans, screen="int8"))),
+    ("spans, int8",      _int8_copy,      _screened_few,      _settled(partial(fast.search_spans, screen=True))),
     ("spans",            _on_cpu,         _few,               _settled(fast.search_spans)),
-    ("blocks, int8",     _int8_product,   _int8_blocks_pay,   _settled(partial(fast.search_blocks, screen="int8"))),
+    ("blocks, int8",     _int8_product,   _int8_blocks_pay,   _settled(partial(fast.search_blocks, screen=True))),
     ("blocks",           _on_cpu,         _anywhere,          _settled(fast.search_blocks)),
 )
 WAY_NAMES = tuple(name for name, *_ in WAYS)
@@ -122,9 +114,8 @@ def choose_way(inputs: SearchInputs, forced: str | None = None) -> str:
             return name
         if name == forced:
             if not can_run(inputs):
-                raise ValueError(f"the search way {forced!r} cannot run here (a CPU, its copy kept by prepare_corpus"
-                                 "(..., screen=True), an exact int8 product, or a query count it needs is missing); "
-                                 "leave way out to let the search choose")
+                raise ValueError(f"the search way {forced!r} cannot run here (a CPU, an exact int8 product, "
+                                 "prepare_corpus(..., screen=True) or its query count is missing); leave way out")
             return name
     raise ValueError(f"unknown search way {forced!r}; choose one of {list(WAY_NAMES)}")
 
@@ -210,12 +201,11 @@ UNIT_SLACK = 4 * 2.0**-24
 
 
 def prepare_corpus(embeddings, score: str = "cosine", screen: bool | None = None) -> PreparedCorpus:
-    """(N, d) embeddings checked once and kept as `score` scores them, for many searches.
-
-    Refuses what `search` refuses (rows holding NaN or inf), with the same messages. screen: keep the
-    int8 copy the fast ways screen a few queries with on a CPU (cosine and dot, N·(d + 12) bytes).
-    None (the default): where torch's int8 product runs exactly and pays (measured once per machine);
-    True: where it runs; False: never. Results never depend on it."""
+    """(N, d) embeddings checked once and kept as `score` scores them, for many searches; refused where
+    `search` refuses them, with the same messages. screen: keep the int8 copy the fast ways screen a
+    few queries with on a CPU (cosine and dot, N·(d + 12) bytes): None (the default) where torch's
+    int8 product runs exactly and pays (measured once per machine), True where it runs, False never.
+    Results never depend on it."""
     corpus = as_embedding_matrix(embeddings, "corpus")
     check_arguments(corpus[:0], corpus, 1, score, 1, None)
     rows = torch.empty(corpus.shape, device=corpus.device)  # filled a piece at a time: no second copy
@@ -223,7 +213,7 @@ def prepare_corpus(embeddings, score: str = "cosine", screen: bool | None = None
     for start in range(0, corpus.shape[0], 8192):
         piece = slice(start, start + 8192)
         rows[piece], norms[piece] = scored_rows(corpus[piece], score, "corpus", start)
-    return _with_copies(PreparedCorpus(rows, norms, score), screen)
+    return fast.with_copy(PreparedCorpus(rows, norms, score), screen)
 
 
 def _save(self: PreparedCorpus, path: str | Path) -> None:
@@ -255,24 +245,15 @@ def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
     if rows is None or rows.ndim != 2 or rows.dtype != torch.float32 or rows.shape[0] == 0:
         raise ValueError(f"{path}: a prepared corpus needs 'rows', a non-empty (N, d) float32 matrix; got "
                          f"{ {name: (tuple(t.shape), str(t.dtype)) for name, t in tensors.items()} }")
-    try:
+    damaged = "the file was damaged or edited after it was saved"
+    try:  # the rows as they are: row_norms of them, finite and within float32
         _, norms = scored_rows(rows, "dot" if score == "cosine" else score, f"{path}: corpus", 0)
     except ValueError as error:
-        raise ValueError(f"{error}; the file was damaged or edited after it was saved") from None
-    if score == "cosine":
-        bad = ((norms - 1).abs() > UNIT_SLACK * rows.shape[1]) & (norms != 0)
-        if bad.any():
-            row = int(bad.nonzero()[0])
-            raise ValueError(f"{path}: row {row} has norm {float(norms[row]):.9g}, not 1: a cosine corpus holds "
-                             "unit rows; the file was damaged or edited after it was saved")
-    saved = tensors.get("norms")
-    if metadata["format"] == CORPUS_FORMAT and (saved is None or not torch.equal(saved, row_norms(rows))):
-        raise ValueError(f"{path}: its 'norms' do not match its rows; the file was damaged or edited after it "
-                         "was saved")
-    return _with_copies(PreparedCorpus(rows, row_norms(rows), score), screen)
-
-
-def _with_copies(prepared: PreparedCorpus, screen: bool | None) -> PreparedCorpus:
-    if prepared.rows.device.type == "cpu" and screen is not False:
-        fast.keep_copies(prepared, int8=screen)
-    return prepared
+        raise ValueError(f"{error}; {damaged}") from None
+    if score == "cosine" and (bad := ((norms - 1).abs() > UNIT_SLACK * rows.shape[1]) & (norms != 0)).any():
+        row = int(bad.nonzero()[0])
+        raise ValueError(f"{path}: row {row} has norm {float(norms[row]):.9g}, not 1: a cosine corpus holds unit "
+                         f"rows; {damaged}")
+    if metadata["format"] == CORPUS_FORMAT and not torch.equal(tensors.get("norms", torch.empty(0)), norms):
+        raise ValueError(f"{path}: its 'norms' do not match its rows; {damaged}")
+    return fast.with_copy(PreparedCorpus(rows, norms, score), screen)

@@ -6,6 +6,7 @@ and a copy installed by pip holds every module of minisbert/, imports from any f
 clone around it, keeps weights, data and its cache under ~/.cache/minisbert instead of beside itself.
 """
 
+import ast
 import os
 import shutil
 import subprocess
@@ -60,3 +61,63 @@ def test_no_module_is_over_400_lines():
     long = {str(path.relative_to(REPO)): lines for path in (REPO / "minisbert").rglob("*.py")
             if (lines := len(path.read_text().splitlines())) > 400}
     assert not long
+
+
+# The search's files (minisbert/search.py and what it runs), and the plain room among them.
+PLAIN_SEARCH = ("minisbert/retrieval.py", "minisbert/search_inputs.py")
+SEARCH = PLAIN_SEARCH + ("minisbert/search.py", "minisbert/fast/retrieval.py", "minisbert/fast/screen.py",
+                         "minisbert/fast/int8_blocks.py", "minisbert/fast/int8_rows.py",
+                         "minisbert/fast/span_product.py", "minisbert/fast/tuning.py")
+
+
+def module_imports() -> dict:
+    """Each module of minisbert/ (dotted name) -> the modules of minisbert/ it imports, at any depth of
+    its code (an import inside a function still ties the two rooms)."""
+    paths = {".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): path
+             for path in (REPO / "minisbert").rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".") \
+                    if node.level else node.module
+                submodules = {f"{base}.{alias.name}" for alias in node.names} & paths.keys()
+                imported.update(submodules or {base})
+        graph[name] = {module for module in imported if module in paths} - {name}
+    return graph
+
+
+def test_the_plain_search_is_one_short_room_that_imports_nothing_from_fast():
+    lines = sum(len((REPO / path).read_text().splitlines()) for path in PLAIN_SEARCH)
+    assert lines <= 300
+    graph = module_imports()
+    for path in PLAIN_SEARCH:
+        module = path.removesuffix(".py").replace("/", ".")
+        assert not {name for name in graph[module] if name.startswith("minisbert.fast")}, module
+
+
+def test_no_module_imports_itself_through_others():
+    graph, state = module_imports(), {}
+
+    def circle_from(module, path):
+        state[module] = "open"
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                return path + [imported]
+            if imported not in state and (found := circle_from(imported, path + [imported])):
+                return found
+        state[module] = "done"
+        return None
+
+    circles = [found for module in sorted(graph) if module not in state and (found := circle_from(module, [module]))]
+    assert not circles
+
+
+def test_the_search_is_at_most_1500_lines():
+    """The search (the plain loop, the fast ways, their screens and their tuning numbers) stays a part of
+    the package one can read through."""
+    assert sum(len((REPO / path).read_text().splitlines()) for path in SEARCH) <= 1500

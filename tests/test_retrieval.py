@@ -889,7 +889,7 @@ def test_the_way_of_multiplying_spans_is_measured_once_per_machine(monkeypatch, 
     search(torch.randn(3, 24), corpus, 5, score="dot", way="spans")
     assert measured == [(4, 24, torch.device("cpu")), (8, 24, torch.device("cpu"))]
     kept = machine.known()
-    assert {kept["span product, 4 x 24"], kept["span product, 8 x 24"]} <= set(span_product.WAYS)
+    assert {kept["span product of 4 rows, d = 24"], kept["span product of 8 rows, d = 24"]} <= set(span_product.WAYS)
     machine.forget()
 
 

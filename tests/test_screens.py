@@ -49,7 +49,7 @@ def test_one_query_through_the_int8_screen_finds_what_the_plain_search_finds(sco
     corpus = exact_problem(score, 20000, generator)
     merged = screened_spans(monkeypatch)
     prepared = prepare_corpus(corpus, score=score, screen=True)
-    assert kept(prepared, "int8") is not None
+    assert kept(prepared) is not None
     for row in (0, 5000, 19999):
         query = corpus[row : row + 1]
         ids = {"query_ids": [f"d{row}"], "corpus_ids": [f"d{i}" for i in range(corpus.shape[0])]}
@@ -94,7 +94,7 @@ def test_random_embeddings_through_the_int8_screen_match_brute_force(score, monk
     path = tmp_path / "corpus.safetensors"
     prepare_corpus(corpus, score=score).save(path)
     for prepared in (prepare_corpus(corpus, score=score, screen=True), load_corpus(path, screen=True)):
-        assert kept(prepared, "int8") is not None
+        assert kept(prepared) is not None
         for num_queries in (1, 1, 1, 16, 16):
             queries = torch.randn(num_queries, 64, generator=generator)
             _, indices = search(queries, prepared, 10)
@@ -175,13 +175,13 @@ def test_an_int8_product_that_saturates_is_not_used(monkeypatch):
 
 def test_which_corpora_keep_an_int8_copy():
     corpus = torch.randn(100, 24)
-    assert kept(prepare_corpus(corpus, screen=False), "int8") is None
-    assert kept(prepare_corpus(corpus, score="euclidean", screen=True), "int8") is None
-    assert kept(prepare_corpus(torch.randn(10, 5000), screen=True), "int8") is None  # 5000 · 63² >= 2^24
+    assert kept(prepare_corpus(corpus, screen=False)) is None
+    assert kept(prepare_corpus(corpus, score="euclidean", screen=True)) is None
+    assert kept(prepare_corpus(torch.randn(10, 5000), screen=True)) is None  # 5000 · 63² >= 2^24
     if int8_rows.int8_product_runs(24, torch.device("cpu")):
-        assert kept(prepare_corpus(corpus, score="dot", screen=True), "int8") is not None
+        assert kept(prepare_corpus(corpus, score="dot", screen=True)) is not None
     # By default, where the int8 product is measured quicker than the float32 one.
-    assert (kept(prepare_corpus(corpus), "int8") is not None) == int8_rows.int8_screen_pays(24)
+    assert (kept(prepare_corpus(corpus)) is not None) == int8_rows.int8_screen_pays(24)
 
 
 @needs_int8
@@ -353,7 +353,7 @@ def test_which_way_each_search_takes():
     few = tuning.FEW_QUERIES_INT8 if pays else tuning.FEW_QUERIES
     assert ways(1, small) == ways(few, small) == "one span"
     assert ways(few, corpus) == "spans" and ways(few + 1, corpus).startswith("blocks")
-    screened = kept(prepared, "int8") is not None
+    screened = kept(prepared) is not None
     for num_queries in (1, tuning.SCREENED_FEW_QUERIES, tuning.FEW_QUERIES_INT8):
         runs = int8_rows.int8_product_runs(24, torch.device("cpu"), num_queries)
         assert ways(num_queries, prepared) == ("spans, int8" if screened and runs else "spans")

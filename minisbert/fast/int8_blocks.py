@@ -1,34 +1,30 @@
-"""The int8 screen of a search of many queries (`Int8Blocks`; a screen as fast/screen.py describes).
+"""The int8 screen of a search of many queries (`Int8Blocks`; a screen as fast/screen.py describes),
+where torch's int8 product is exact for integers in [-127, 127] (with AVX512-VNNI it is; without,
+oneDNN saturates: fast/int8_rows.py) and quicker than the float32 product it replaces.
 
-Where torch's int8 product is exact for integers in [-127, 127] (with AVX512-VNNI it is; without,
-oneDNN saturates: fast/int8_rows.py says how) and quicker than the float32 product it replaces, it
-makes the approximate blocks of a search of many queries (bench/README.md, "Search").
-
-The products must order the entries of a query's row of the block as their scores do, so that a
-group's largest integer bounds the group (fast/screen.py's `block_candidates`). So all the rows of a
-piece of INT8_PIECE_ROWS rows (a whole number of groups) share one scale: s = m / 127, m the
-piece's largest |c_i| (of its unit rows for cosine, made as the search makes them), and
-c' = round(c / s). Each entry is then off by at most s (1/2 + 2^-14) (the float32 division, or a
-multiplication by 1 / s, adds less than 2^-15). Each query has its own scale s_q, q' and
+A group's largest integer must bound the group (fast/screen.py's `block_candidates`), so the products
+must order a query's entries as their scores do: all the rows of a piece of INT8_PIECE_ROWS rows (a
+whole number of groups) share one scale s = m / 127, m the piece's largest |c_i| (of its unit rows
+for cosine, made as the search makes them), and c' = round(c / s), each entry off by at most
+s (1/2 + 2^-14) (the float32 division adds less than 2^-15). Each query has its own scale s_q, q' and
 e_q = q - s_q q' (in float64). Writing q̂ = s_q q' and ĉ = s c',
     q·c - q̂·ĉ = q̂·(c - ĉ) + e_q·c,   so   |q·c - s_q s (q'·c')| <= s_q s L1(q') (1/2 + 2^-14) + |e_q| R,
 with L1(q') = sum_i |q'_i| and R the chunk's largest row norm. The float32 score that decides
-(`Screen._rescore`) lies within γ |q| R of q·c (γ as in screen.py's `summation_error`). So an
-entry can beat the k-th best only if its integer q'·c' is above
+(`Screen._rescore`) lies within γ |q| R of q·c (screen.py's `summation_error`). So an entry can beat
+the k-th best only if its integer q'·c' is above
     T = floor((kth - B) / (s_q s)),   B = (s_q s L1(q') (1/2 + 2^-14) + (|e_q| + γ |q|) R) · 1.01,
 computed in float64 (its roundings, below 2^-40 of |T|, are covered by the 1%, since B / (s_q s) is
-at least 63). The comparisons are then between integers. A query or a piece whose largest entry
-lies outside [2^-30, 2^50] (zero among them) is not screened: T is the lowest int32.
+at least 63). A query or a piece whose largest entry lies outside [2^-30, 2^50] (zero among them) is
+not screened: T is the lowest int32.
 """
 
 from functools import partial
 
 import torch
 
-from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY, quantize_queries
-from .machine import fact
+from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY, exact_product, probe_integers, quantize_queries
+from .machine import fact, time_ratio
 from .screen import GROUP_SIZE, Chunk, best_entries, block_candidates, summation_error
-from .span_product import best_times
 from .tuning import INT8_BLOCKS_RATIO, INT8_PIECE_ROWS
 
 MANY_LEVELS = 127
@@ -137,20 +133,8 @@ def int8_blocks_exact(dim: int) -> bool:
 
 
 def _int8_blocks_exact(dim: int) -> bool:
-    generator = torch.Generator().manual_seed(0)
-    chunk = torch.randint(-MANY_LEVELS, MANY_LEVELS + 1, (512, dim), generator=generator, dtype=torch.int8)
-    queries = torch.randint(-MANY_LEVELS, MANY_LEVELS + 1, (1024, dim), generator=generator, dtype=torch.int8)
-    for rows in (chunk, queries):  # every sign pairing of the extremes
-        rows[:4] = torch.tensor([MANY_LEVELS, -MANY_LEVELS, MANY_LEVELS, -MANY_LEVELS], dtype=torch.int8)[:, None]
-        rows[2:4, ::2] *= -1
-    for num_rows in (QUERY_ROWS_MULTIPLE, 1024):
-        try:
-            products = torch._int_mm(queries[:num_rows], chunk.T)
-        except RuntimeError:  # not built for this CPU or shape
-            return False
-        if not torch.equal(products.double(), queries[:num_rows].double() @ chunk.double().T):
-            return False
-    return True
+    chunk, queries = probe_integers(512, dim, MANY_LEVELS), probe_integers(1024, dim, MANY_LEVELS)
+    return all(exact_product(queries[:rows], chunk.T) for rows in (QUERY_ROWS_MULTIPLE, 1024))
 
 
 def int8_blocks_pay(dim: int) -> bool:
@@ -167,6 +151,5 @@ def _int8_blocks_ratio(dim: int) -> float:
     float_queries, float_chunk = queries.float(), chunk.float()
     products = torch.empty(queries.shape[0], chunk.shape[0], dtype=torch.int32)
     float_products = torch.empty(queries.shape[0], chunk.shape[0])
-    best = best_times({"int8": lambda: torch._int_mm(queries, chunk.T, out=products),
-                       "float32": lambda: torch.mm(float_queries, float_chunk.T, out=float_products)})
-    return best["int8"] / best["float32"]
+    return time_ratio(lambda: torch._int_mm(queries, chunk.T, out=products),
+                      lambda: torch.mm(float_queries, float_chunk.T, out=float_products))

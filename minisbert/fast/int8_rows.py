@@ -1,48 +1,38 @@
 """The int8 screen of a few queries over a prepared corpus (a screen as fast/screen.py describes).
 
-A few queries over a corpus of float32 rows can go no faster than the rows can be read: 4·d bytes a
-row. A prepared corpus (minisbert/search.py) can keep a second, smaller copy of its rows to read
-instead, and use it to rule out almost every row (bench/README.md, "Search"): each row is kept as
-d int8 numbers and a scale, a quarter of the float32 bytes.
+A few queries go no faster than the corpus is read, 4·d bytes a float32 row. A prepared corpus
+(minisbert/search.py) can keep a copy of its rows as d int8 numbers and a scale, a quarter of the
+bytes, and read that to rule out almost every row (bench/README.md, "Search").
 
 Quantizing. A row c is kept as c' = round(c / s), integers in [-63, 63], with s = max_i |c_i| / 63,
-so that ĉ = s·c' is close to c; each query is quantized the same way when the search starts
-(q', s_q, q̂ = s_q·q'). The product q'·c' is a sum of integers, computed exactly (see below), and
-s_q·s·(q'·c') is q̂·ĉ. Writing e_c = c - ĉ and e_q = q - q̂,
+so that ĉ = s·c' is close to c; each query is quantized the same way (q', s_q, q̂ = s_q·q'). The
+integer sum q'·c' is exact (see below), and s_q·s·(q'·c') is q̂·ĉ. With e_c = c - ĉ, e_q = q - q̂,
     q·c - q̂·ĉ = q·e_c + e_q·ĉ,   so   |q·c - q̂·ĉ| <= |q| |e_c| + |e_q| |ĉ|
-(Cauchy-Schwarz). For each row the copy keeps |e_c| and |ĉ|, measured when it is made, and the
-search measures |q| and |e_q|. That bound is about 3% of |q| |c| for random unit rows with
-d = 384, where the bound by the largest entries, max_i |q_i| · sum_i |e_c,i| + ..., is about 8%.
-Three roundings are added to it (`Int8RowsScreen`): the float32 multiplications that scale q'·c'
-(at most 3·2^-24 of |q̂| |ĉ|), the float32 sum of the exact score it is compared with (γ |q| |c|,
-γ = d·2^-24 / (1 - d·2^-24): Higham, Accuracy and Stability of Numerical Algorithms, section
-3.1), and the float32 arithmetic of the bound itself (1% of it, far more than it needs).
+(Cauchy-Schwarz): the copy keeps each row's |e_c| and |ĉ|, the search measures |q| and |e_q|. For
+random unit rows with d = 384 that is about 3% of |q| |c| (the bound by the largest entries, about
+8%). Three roundings are added (`Int8RowsScreen`): the float32 scaling of q'·c' (at most 3·2^-24 of
+|q̂| |ĉ|), the float32 sum of the score it is compared with (γ |q| |c|, fast/screen.py's
+`summation_error`), and the float32 arithmetic of the bound itself (1% of it, far more than needed).
+Only rows whose upper bound reaches the search's floor are candidates.
 
-So every row gets an upper bound on its float32 score, and only rows whose bound reaches the
-search's floor are candidates (`Int8RowsScreen`): the rest cannot reach the top-k.
-
-Why [-63, 63] and not [-127, 127]. Not every CPU multiplies int8 the same way. Without AVX512-VNNI,
-oneDNN (torch's int8 kernel on x86) multiplies unsigned by signed bytes with an instruction that
-adds two products into a 16-bit integer, saturating at 32,767: one side, shifted to unsigned
-bytes, reaches 255, and 2 · 255 · 127 = 64,770 saturates (products of rows of 127 came out wrong
-with ONEDNN_MAX_CPU_ISA=AVX2), while 2 · 255 · 63 = 32,130 does not. Before the copy is used, a
-probe of extreme and random integers checks the product against float64, once per machine
-(`int8_product_runs`), and the sum of d products of at most 63² must stay below 2^24, where its conversion to float32 is
-exact: d < 4,227.
+Why [-63, 63]. Without AVX512-VNNI, oneDNN (torch's int8 kernel on x86) multiplies unsigned by signed
+bytes with an instruction that adds two products into a 16-bit integer, saturating at 32,767: one
+side, shifted to unsigned, reaches 255, and 2·255·127 = 64,770 saturates (seen with
+ONEDNN_MAX_CPU_ISA=AVX2), 2·255·63 = 32,130 does not. A probe of extreme and random integers checks
+the product against float64 once per machine (`int8_product_runs`); d products of at most 63² sum
+below 2^24, where their conversion to float32 is exact, for d < 4,227.
 
 A row whose largest entry lies outside [2^-30, 2^50] (zero rows among them) gets the bound +inf: it
-is always scored in float32. Rows are kept only for cosine and dot; a euclidean corpus keeps none.
-Tested through every one-query search in tests/test_retrieval.py, and the bound itself in
-tests/test_screens.py.
+is always scored in float32. Only cosine and dot corpora keep a copy.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from .machine import fact
+from .machine import fact, time_ratio
 from .screen import Chunk, summation_error
-from .span_product import SpanProduct, best_times
+from .span_product import SpanProduct
 from .tuning import INT8_ROWS_RATIO, MOST_CANDIDATES, PROBE_BYTES
 
 LEVELS = 63  # int8 copies hold integers in [-LEVELS, LEVELS]: see the module docstring
@@ -57,8 +47,7 @@ class Int8Rows:
 
     values: torch.Tensor  # (N, d) int8 in [-LEVELS, LEVELS]: c' = round(c / s)
     scales: torch.Tensor  # (N,) float32 s, 0 for rows never screened out
-    # (N, 2) float32 upper bounds on |c - s c'| (+inf: never screened out) and on |s c'|
-    terms: torch.Tensor
+    terms: torch.Tensor  # (N, 2) float32 upper bounds on |c - s c'| (+inf: never screened out) and on |s c'|
 
     def __getitem__(self, rows: slice) -> "Int8Rows":
         """The copy of these rows (views)."""
@@ -171,18 +160,26 @@ def int8_product_runs(dim: int, device: torch.device, num_queries: int = 1) -> b
 
 
 def _int8_product_runs(dim: int, columns: int = 1) -> bool:
-    generator = torch.Generator().manual_seed(0)
-    rows = torch.randint(-LEVELS, LEVELS + 1, (1024, dim), generator=generator, dtype=torch.int8)
-    rows[:4] = torch.tensor([LEVELS, -LEVELS, LEVELS, -LEVELS], dtype=torch.int8)[:, None]
-    for first in (0, 1, 5):  # query columns: rows of extremes of either sign, and random ones
-        queries = rows[first : first + columns].T.contiguous()  # (d, columns)
-        try:
-            products = torch._int_mm(rows, queries)
-        except RuntimeError:  # not built for this CPU or shape
-            return False
-        if not torch.equal(products.double(), rows.double() @ queries.double()):
-            return False
-    return True
+    rows = probe_integers(1024, dim, LEVELS)  # query columns: extremes of either sign, then random ones
+    return all(exact_product(rows, rows[first : first + columns].T.contiguous()) for first in (0, 1, 5))
+
+
+def probe_integers(num_rows: int, dim: int, levels: int) -> torch.Tensor:
+    """(num_rows, dim) int8: rows of ±levels (every sign pairing), then random integers in [-levels, levels]."""
+    rows = torch.randint(-levels, levels + 1, (num_rows, dim), generator=torch.Generator().manual_seed(num_rows),
+                         dtype=torch.int8)
+    rows[:4] = torch.tensor([levels, -levels, levels, -levels], dtype=torch.int8)[:, None]
+    rows[2:4, ::2] *= -1
+    return rows
+
+
+def exact_product(left: torch.Tensor, right: torch.Tensor) -> bool:
+    """Whether torch's int8 product of (m, d) `left` and (d, n) `right` runs and is exact."""
+    try:
+        products = torch._int_mm(left, right)
+    except RuntimeError:  # not built for this CPU or shape
+        return False
+    return torch.equal(products.double(), left.double() @ right.double())
 
 
 def int8_screen_pays(dim: int) -> bool:
@@ -200,6 +197,4 @@ def _int8_time_ratio(dim: int) -> float:
     query, query_values = torch.full((1, dim), 0.25), torch.ones((dim, 1), dtype=torch.int8)
     block, products = torch.empty(1, probe_rows), torch.empty(probe_rows, 1, dtype=torch.int32)
     float_product = SpanProduct(query, probe_rows)
-    best = best_times({"int8": lambda: torch._int_mm(values, query_values, out=products),
-                       "float32": lambda: float_product(rows, block)})
-    return best["int8"] / best["float32"]
+    return time_ratio(lambda: torch._int_mm(values, query_values, out=products), lambda: float_product(rows, block))

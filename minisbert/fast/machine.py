@@ -21,8 +21,10 @@ A choice can always be forced without measuring: each fast path names its own va
 import fcntl
 import hashlib
 import json
+import math
 import os
 import platform
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +32,7 @@ import torch
 
 from .. import cpu
 from ..fileio import atomic_write, home_folder
+from .tuning import PROBE_ROUNDS
 
 MACHINE_FILE_VARIABLE = "MINISBERT_MACHINE_FILE"
 
@@ -90,6 +93,25 @@ def fact(name: str, measure: Callable[[], object]):
             atomic_write(path, lambda tmp: tmp.write_text(json.dumps(facts, indent=1, sort_keys=True)))
             _kept = facts
     return _kept[name]
+
+
+def best_times(calls: dict) -> dict:
+    """Each of `calls` (name -> function of no arguments) timed in turns, PROBE_ROUNDS rounds after
+    one untimed round that only warms up: name -> its best time in seconds."""
+    best = dict.fromkeys(calls, math.inf)
+    for round_number in range(PROBE_ROUNDS + 1):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            if round_number > 0:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def time_ratio(call, other) -> float:
+    """How long `call` takes as a share of `other`'s time, each timed as `best_times` times them."""
+    best = best_times({"call": call, "other": other})
+    return best["call"] / best["other"]
 
 
 def report() -> str:

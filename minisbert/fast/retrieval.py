@@ -1,33 +1,28 @@
 """Exact top-k search, fast: the plain loop's answer (minisbert/retrieval.py) with less work.
 
 Every way here keeps, for each query, its top k + KEPT_BEYOND_K rows by float32 scores, dropping on
-the way only rows that provably cannot be in the exact top-k (`_threshold`). `finish` then proves that
+the way only rows that provably cannot be in the exact top-k (`_threshold`). `finish` proves that
 nothing left out could be in it and scores the kept rows that can exactly (search_inputs.py's
-`settle`, the plain loop's last step), so no way can change a result; a query it cannot prove (ties
-crowding the kept rows) is answered by the plain loop (minisbert/search.py's `_settled`, beside the
-table WAYS that says which way a search takes).
+`settle`); a query it cannot prove (ties crowding the kept rows) goes to the plain loop
+(minisbert/search.py's `_settled`).
 
-A few queries (`search_spans`). The product does little arithmetic per corpus row, so the search
-can go no faster than the corpus can be read: one product per long span of rows (SPAN_ROWS), the
-quickest kernel for its shape measured once on the machine (fast/span_product.py), then one filter
-and one merge for the whole span. The first span is short, so that the k-th best is known early
-and every later span is filtered against it, or screened (fast/screen.py). Rows as given are
-measured a piece at a time right after their product, while in the cache: cosine divides the
-products by the norms, q·c / |c|, rather than the rows before the product.
+A few queries (`search_spans`): the search can go no faster than the corpus is read, so one product
+per long span of rows (SPAN_ROWS), by the kernel measured quickest for its shape on this machine
+(fast/span_product.py), then one filter and one merge per span. The first span is short, so that
+every later one is filtered, or screened (fast/screen.py), against a k-th best. Rows as given are
+measured a piece at a time right after their product, while in the cache; cosine divides the
+products by the norms, q·c / |c|, rather than the rows.
 
-Many queries (`search_blocks`). The product costs 2·Q·N·d FLOP and is compute-bound, so choosing
-the k best must add little. Each query's scores are cut into groups of GROUP_SIZE corpus rows and
-each group reduced to its maximum; only groups whose maximum reaches the query's floor are opened.
-Blocks are laid out (corpus rows, queries), the work between two products runs on one thread
-(`_one_thread`), and the blocks reuse one buffer (bench/README.md, "Search", has each measured).
-Where the CPU has a cheaper product, a screen proposes each block's candidates instead, the first
-block too, against a floor it makes from that block (fast/screen.py). A block or span scored in
-float32 with nothing kept yet (the first) gives its own top K (`_keep_top`).
+Many queries (`search_blocks`): the product is compute-bound, so choosing the k best must add little.
+Each query's scores are cut into groups of GROUP_SIZE rows and only groups whose maximum reaches the
+query's floor are opened; blocks are laid out (corpus rows, queries) and the work between products
+runs on one thread (`_one_thread`). Where the CPU has a cheaper product, a screen proposes each
+block's candidates instead (fast/screen.py). A block or span met with nothing kept yet gives its own
+top K (`_keep_top`).
 
-An approximate score over rows measured here is off by two float32 sums and four roundings at most
-(search_inputs.py's `Bounds`: sums=2, roundings=4); a row too small or too large to measure in
-float32 (or a score that could leave float32's range) sends its span to the checks of the plain
-search, which read it as the plain search does and raise where it raises.
+A score over rows measured here is off by two float32 sums and four roundings at most (`Bounds`
+with sums=2, roundings=4); a row too small or large to measure so sends its span to the plain
+search's checks, which raise where the plain search raises.
 """
 
 import contextlib
@@ -47,27 +42,27 @@ from .tuning import (FIRST_SPAN_ROWS, GROUP_SIZE, KEPT_BEYOND_K, NORM_PIECE_ROWS
                      SPAN_GROWTH, SPAN_ROWS)
 
 ROUGH = {"sums": 2, "roundings": 4}  # the bound of a score made from rows measured in float32 here
-_copies = weakref.WeakKeyDictionary()  # prepared corpus -> {"int8": Int8Rows}
+_copies = weakref.WeakKeyDictionary()  # prepared corpus -> its int8 copy (Int8Rows)
 
 
-def keep_copies(prepared, int8: bool | None) -> None:
-    """Keep the int8 copy a prepared corpus's few-query screen reads (cosine, dot), where torch's int8
-    product runs exactly, and where `int8` is None, where it pays (fast/int8_rows.py)."""
+def with_copy(prepared, screen: bool | None):
+    """`prepared`, keeping its int8 copy (cosine, dot) where torch's int8 product runs exactly (on a
+    CPU), and where `screen` is None, where it pays (fast/int8_rows.py); screen=False: never."""
     dim, device = prepared.rows.shape[1], prepared.rows.device
-    if int8 is not False and prepared.score != "euclidean" and int8_product_runs(dim, device) and (
-            int8 or int8_screen_pays(dim)):
-        _copies[prepared] = {"int8": int8_rows(prepared.rows)}
+    if screen is not False and prepared.score != "euclidean" and int8_product_runs(dim, device) and (
+            screen or int8_screen_pays(dim)):
+        _copies[prepared] = int8_rows(prepared.rows)
+    return prepared
 
 
-def kept(prepared, name: str):
-    """A prepared corpus's copy `name` ("int8"), or None."""
-    return None if prepared is None else _copies.get(prepared, {}).get(name)
+def kept(prepared):
+    """A prepared corpus's int8 copy, or None."""
+    return None if prepared is None else _copies.get(prepared)
 
 
-def search_spans(inputs: SearchInputs, screen: str | None = None, one_span: bool = False):
-    """The (Q, K) running approximate top-K (`_running`) after reading the corpus a span at a time
-    (module docstring), and the largest row norm met; `screen`: "int8" screens a prepared corpus's
-    spans with its int8 copy; `one_span`: the whole corpus in one span (a small one)."""
+def search_spans(inputs: SearchInputs, screen: bool = False, one_span: bool = False):
+    """The (Q, K) running approximate top-K after reading the corpus a span at a time, and the largest row
+    norm met; `screen`: with a prepared corpus's int8 copy; `one_span`: the whole (small) corpus in one."""
     queries, device = inputs.queries, inputs.device
     (num_queries, dim), num_docs = queries.shape, inputs.corpus.shape[0]
     top_values, top_indices = _running(inputs)
@@ -78,13 +73,12 @@ def search_spans(inputs: SearchInputs, screen: str | None = None, one_span: bool
     height = -(-min(span, num_docs) // GROUP_SIZE) * GROUP_SIZE
     block_buffer = torch.empty(num_queries * height, device=device)
     product = SpanProduct(queries, height)
-    screened = None
-    if screen == "int8" and (rows_screen := Int8RowsScreen(queries, height)).usable():
-        screened = Screen(queries, rows_screen)
+    rows_screen = Int8RowsScreen(queries, height) if screen else None
+    screened = Screen(queries, rows_screen) if screen and rows_screen.usable() else None
     first, reach = None if one_span else FIRST_SPAN_ROWS, 0.0
     for start, rows in _spans(num_docs, span, top_values.shape[1], first, SPAN_GROWTH if screened else None):
         if screened is not None:
-            chunk = _prepared_chunk(inputs, start, rows, kept(inputs.prepared, screen))
+            chunk = _prepared_chunk(inputs, start, rows, kept(inputs.prepared))
             screened.load_chunk(chunk)
             kth = _threshold(inputs, slice(None), top_values, max(reach, chunk.largest_norm))
             found = screened.candidates(slice(0, num_queries), kth)
@@ -137,15 +131,12 @@ def _below_floor(inputs: SearchInputs, rows: slice, reach: float, kth: torch.Ten
 
 
 def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Tensor, reach: float):
-    """The (Q, k) exact values and indices from the running approximate top-K of a fast way, and the
-    (Q,) queries for which it cannot prove them (to be searched again by the plain loop).
-
-    Every approximate score lies within E of the exact one (search_inputs.py's `Bounds`, for rows of
-    norm at most `reach`), so a row can be in a query's exact top-k only if its approximate score
-    reaches the floor of the k-th kept one. A row was left out either below such a floor when it was
-    met (`_threshold`), or below the K-th kept score: where that lies below the floor, the kept rows,
-    scored exactly (`settle`), give the answer. Where it does not (K rows or more within 2E of the
-    k-th: ties), the query is returned as unproved."""
+    """The (Q, k) exact values and indices from a fast way's running approximate top-K, and the (Q,)
+    queries it cannot prove them for (for the plain loop). A row can be in the exact top-k only if
+    its approximate score reaches the floor of the k-th kept one (`Bounds`, rows of norm at most
+    `reach`). A row left out was below such a floor when met (`_threshold`) or below the K-th kept
+    score: where that is below the floor, the kept rows scored exactly (`settle`) are the answer;
+    where not (K rows within 2E of the k-th: ties), the query is unproved."""
     k, num_docs = inputs.k, inputs.corpus.shape[0]
     bounds = Bounds(inputs.score, inputs.query_norms, reach, inputs.queries.shape[1], **ROUGH)
     floor = bounds.floor(bounds.lower(top_values[:, k - 1]))  # (Q,)
@@ -183,8 +174,7 @@ def _span_length(rows: int) -> int:
 
 
 def _prepared_chunk(inputs: SearchInputs, start: int, rows: int, copy=None) -> Chunk:
-    """Rows start to start + rows of a prepared corpus (or of one as given, read by the plain search's
-    checks) as a `Chunk`."""
+    """Rows start to start + rows as a `Chunk`: of a prepared corpus, or of one as given read by the plain checks."""
     doc_rows, norms = inputs.corpus_chunk(start, rows)  # (n, d) as scored, (n,) float64
     squared = (norms**2).float() if inputs.score == "euclidean" else None
     return Chunk(doc_rows, None, squared, float(norms.max()), None if copy is None else copy[start : start + rows])
@@ -197,13 +187,10 @@ def _raw_reach(inputs: SearchInputs, norms: torch.Tensor) -> float | None:
         return None
     smallest, largest = (float(value) for value in torch.aminmax(norms))
     largest *= 1 + 2.0**-10  # float32 norms are off by less than 2^-10 of themselves (d < 16,000)
-    fits = largest < math.inf and (inputs.score != "cosine" or smallest >= 2.0**-60)
     query_norm = float(inputs.query_norms.max()) if inputs.query_norms.numel() else 0.0
-    if inputs.score == "dot":
-        fits = fits and query_norm * largest <= torch.finfo(torch.float32).max / 4
-    elif inputs.score == "euclidean":
-        fits = fits and (query_norm + largest) ** 2 <= torch.finfo(torch.float32).max / 4
-    if not fits:  # written so that a NaN fails too
+    largest_score = {"cosine": 1.0, "dot": query_norm * largest, "euclidean": (query_norm + largest) ** 2}
+    if not (largest < math.inf and smallest >= 2.0**-60 * (inputs.score == "cosine")  # a NaN fails too
+            and largest_score[inputs.score] <= torch.finfo(torch.float32).max / 4):
         return None
     return 1 + 2.0**-10 if inputs.score == "cosine" else largest
 
@@ -226,13 +213,10 @@ def _score_span(inputs: SearchInputs, start: int, rows: int, product: SpanProduc
             elif score == "euclidean":
                 block.mul_(2).sub_(norms * norms)
             return reach
-    chunk = _prepared_chunk(inputs, start, rows)
-    if inputs.prepared is not None:
-        product(chunk.rows, block)
-        if score == "euclidean":
-            block.mul_(2).sub_(chunk.squared_norms)
-    else:
-        _score_rows(chunk, inputs.queries, score, block.T)
+    chunk = _prepared_chunk(inputs, start, rows)  # prepared, or rows as given read by the plain checks
+    product(chunk.rows, block)
+    if score == "euclidean":
+        block.mul_(2).sub_(chunk.squared_norms)
     return chunk.largest_norm
 
 
@@ -245,10 +229,9 @@ def _score_rows(chunk: Chunk, queries: torch.Tensor, score: str, out: torch.Tens
         torch.mm(chunk.rows, queries.T, out=out)
 
 
-def search_blocks(inputs: SearchInputs, screen: str | None = None):
-    """The (Q, K) running approximate top-K (`_running`) after blocks of queries against chunks of
-    corpus (module docstring), and the largest row norm met; `screen`: "int8" screens each block with
-    int8 products."""
+def search_blocks(inputs: SearchInputs, screen: bool = False):
+    """The (Q, K) running approximate top-K after blocks of queries against chunks of corpus, and the
+    largest row norm met; `screen`: screen each block with int8 products."""
     queries, score, device = inputs.queries, inputs.score, inputs.device
     (num_queries, dim), num_docs = queries.shape, inputs.corpus.shape[0]
     query_chunk_size, corpus_chunk_size = inputs.query_chunk_size, inputs.corpus_chunk_size
@@ -256,10 +239,9 @@ def search_blocks(inputs: SearchInputs, screen: str | None = None):
     # One buffer for the score blocks, laid out (corpus rows, queries), its height in whole groups.
     height = -(-min(corpus_chunk_size, num_docs) // GROUP_SIZE) * GROUP_SIZE
     block_buffer = torch.empty(height * min(query_chunk_size, num_queries), device=device)
-    unit_buffer = None
-    if score == "cosine" and inputs.prepared is None:
-        unit_buffer = torch.empty(min(corpus_chunk_size, num_docs), dim, device=device)
-    screened = Screen(queries, Int8Blocks(queries, query_chunk_size, height)) if screen == "int8" else None
+    unit_rows_made = score == "cosine" and inputs.prepared is None
+    unit_buffer = torch.empty(min(corpus_chunk_size, num_docs), dim, device=device) if unit_rows_made else None
+    screened = Screen(queries, Int8Blocks(queries, query_chunk_size, height)) if screen else None
     reach = 0.0
     for doc_start in range(0, num_docs, corpus_chunk_size):
         with _one_thread(device):

@@ -1,24 +1,19 @@
 """What the screens of the fast CPU search share.
 
-Most of a matrix product of queries against a corpus chunk is spent on scores that cannot reach the
-top-k. A screen computes the block approximately, cheaper than float32, in int8 (fast/int8_blocks.py:
-many queries; fast/int8_rows.py: a few queries against a prepared corpus's int8 copy), and a proven
-bound on its error turns each approximate score into an upper bound on the float32 one. Every screen
-implements the same two calls:
+Most of a product of queries against a corpus chunk is spent on scores that cannot reach the top-k.
+A screen computes the block more cheaply, in int8 (fast/int8_blocks.py: many queries;
+fast/int8_rows.py: a few queries against a prepared corpus's int8 copy), and a proven bound on its
+error turns each approximate score into an upper bound on the float32 one. Every screen implements:
 
-    load_chunk(chunk)                                 take the next corpus chunk (a `Chunk`)
-    candidates(rows, floor, own_floor)                (M,) query rows and (M,) chunk rows whose upper
-                                                      bound reaches `floor` (Qc,), or None; and the floor
+    load_chunk(chunk)                      take the next corpus chunk (a `Chunk`)
+    candidates(rows, floor, own_floor)     (M,) query rows and (M,) chunk rows whose upper bound
+                                           reaches `floor` (Qc,), and the floor; or None
 
-`Screen` wraps one: it rescores the candidates in float32 and keeps those at or above the floor
-(the float32 bound of search_inputs.py's `Bounds` then relates them to the exact scores, which
-`settle` computes), and it waits before trying again where screening failed (too many candidates).
-The floor comes from the search: nothing below it can reach the top-k, so a screen changes only
-speed, never a result. Where the search has kept nothing yet (its first chunk), the floor is -inf;
-a screen of many queries then picks, for each query, the best entries of its k best groups, `Screen`
-scores them in float32, and the search makes a floor from the lowest (`own_floor`): k rows score at
-least that, whatever the screen's error. Tested through every forced way in tests/test_retrieval.py,
-and each bound on rows built to round badly in tests/test_screens.py.
+`Screen` wraps one: it rescores the candidates in float32, keeps those above the floor, and waits
+before trying again where screening failed (too many candidates). Nothing below the floor can reach
+the top-k, so a screen changes only speed. Where nothing is kept yet (the first chunk) the floor is
+-inf: a screen of many queries then picks each query's best entries of its k best groups, `Screen`
+scores them in float32, and the lowest makes a floor (`own_floor`): k rows score at least that.
 """
 
 from dataclasses import dataclass
@@ -46,8 +41,7 @@ class Screen:
     def __init__(self, queries: torch.Tensor, approximate):
         """queries (Q, d) float32 as multiplied (unit rows for cosine); `approximate` the screen."""
         self.queries, self.approximate = queries, approximate
-        # Per query chunk (keyed by its first row): screens failed in a row, and blocks left to compute
-        # in float32 before trying again. Each failure doubles the wait.
+        # Per query chunk (keyed by its first row): failures in a row, and blocks to wait (doubling).
         self.failures: dict[int, int] = {}
         self.wait: dict[int, int] = {}
 
@@ -114,9 +108,8 @@ def best_entries(groups: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
     return picked * GROUP_SIZE + groups[rows, picked].argmax(dim=2)
 
 
-def block_candidates(
-    groups: torch.Tensor, group_maxima: torch.Tensor, passes
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+def block_candidates(groups: torch.Tensor, group_maxima: torch.Tensor,
+                     passes) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(M,) block rows and (M,) chunk columns of the entries of an approximate (Qc, W / G, G)
     block, cut into groups, that may beat their row's k-th best, sorted by row and then by
     column; None if too many survive. `group_maxima` (Qc, W / G) holds each group's largest
@@ -135,8 +128,7 @@ def block_candidates(
     pair, offset = survives.nonzero(as_tuple=True)  # (M,), (M,)
     if pair.numel() * 128 > block_entries:
         return None
-    # nonzero() lists (row, group) pairs row by row with groups ascending, and offsets
-    # ascending within a group, so the candidates come sorted by row, then by column.
+    # nonzero() lists pairs by row, groups and offsets ascending: the candidates come by row, then column.
     return block_rows[pair], group[pair] * GROUP_SIZE + offset
 
 

@@ -3,22 +3,18 @@
 measurements behind them are in bench/README.md, in the section named after "bench:".
 """
 
-# Which way a search takes (minisbert/search.py's WAYS).
+# Which way a search takes (minisbert/search.py's WAYS), and what a fast way keeps.
 SMALL_CORPUS_ROWS = 16384  # up to this many rows one float32 block is quickest. bench: "Search", small corpora
 FEW_QUERIES = 128  # up to this many queries the corpus is read a span at a time. bench: "Search"
 FEW_QUERIES_INT8 = 64  # ... where the blocks screen with int8 products. bench: "Search"
 SCREENED_FEW_QUERIES = 4  # one query, and from this many, spans are screened with an int8 copy. bench: "Search"
 INT8_ROWS_RATIO = 0.75  # a prepared corpus keeps an int8 copy where its product takes under this share of float32's
 INT8_BLOCKS_RATIO = 0.6  # the int8 blocks screen where their product takes under this share of float32's
-
-# A fast way keeps its top k + KEPT_BEYOND_K by float32 scores; the rows past the k-th prove (or not)
-# that nothing left out could be in the exact top k, which is rare ties only. bench: "Search"
-KEPT_BEYOND_K = 16
+KEPT_BEYOND_K = 16  # a fast way keeps its top k + this many: the rows past the k-th prove the top k. bench: "Search"
 
 # Spans of the few-query search (fast/retrieval.py's `search_spans`).
 GROUP_SIZE = 64  # corpus rows per group of the coarse filter: one group maximum opens or skips 64 scores
-SPAN_ROWS = 2**19 - GROUP_SIZE  # long spans: a span costs a few dozen torch calls; not a multiple of 4096,
-#                                 whose (Q, span) rows map onto the same cache sets
+SPAN_ROWS = 2**19 - GROUP_SIZE  # long spans (a few dozen torch calls each); no multiple of 4096: cache sets
 SPAN_ENTRIES = 2**22  # a span's (Q, span) float32 scores: at most 16 MB
 FIRST_SPAN_ROWS = 4096 - GROUP_SIZE  # the first span is short, so that the k-th best is known early
 SPAN_GROWTH = 4  # a screened search's spans grow this many times a step, each meeting a k-th best high enough
