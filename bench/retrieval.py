@@ -368,7 +368,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
             prepared_corpus = prepare_corpus(corpus)
             setup_mb = _peak_memory_mb(corpus.device) - before
             from minisbert.fast.retrieval import kept
-            copy = kept(prepared_corpus, "int8") is not None
+            copy = kept(prepared_corpus) is not None
             note = "memory includes the prepared copy" + (", with its int8 copy" if copy else "")
             note = f"{way(prepared_corpus)}; {note}"
             return (lambda q: search(q, prepared_corpus, k)[1]), note, setup_mb
