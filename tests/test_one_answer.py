@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from minisbert import retrieval
 from minisbert.fast import retrieval as fast_retrieval
-from minisbert.fast import span_product
+from minisbert.fast import span_product, tuning
 from minisbert.search import WAY_NAMES, load_corpus, prepare_corpus, search
 
 DIM = 24
@@ -85,10 +85,12 @@ def test_every_way_returns_the_plain_loops_bits_on_adversarial_corpora(score, ki
         ids = {"query_ids": [f"d{i}" for i in torch.randint(0, num_docs, (390,), generator=generator).tolist()],
                "corpus_ids": [f"d{i}" for i in range(num_docs)]}
         searched_forms = forms(corpus, score, tmp_path)
-        for k in (1, 10, num_docs + 1):
+        # k + 16 = N: a fast way keeps every row (fast/tuning.py's KEPT_BEYOND_K); k > N: the whole corpus.
+        for k in (1, 10, num_docs - tuning.KEPT_BEYOND_K, num_docs + 1):
             # Around the ways' thresholds (fast/tuning.py): a prepared corpus's int8 copy screens 1 query
-            # and from 4 (not 3); spans end at 64 or 128 queries, or at the query chunk (50 here).
-            for num_queries in (1, 3, 4, 65, 129, 390):
+            # and from 4 (not 3); spans end at the query chunk (50 here), or at 64 or 128 queries, where
+            # the int8 copy's product grows from 64 columns to 128 and from 128 to 256.
+            for num_queries in (1, 3, 4, 50, 51, 64, 65, 128, 129, 390):
                 chosen = {"query_ids": ids["query_ids"][:num_queries], "corpus_ids": ids["corpus_ids"]}
                 expected = results_of(queries[:num_queries], corpus, k, score, fast=False, **chosen,
                                       corpus_chunk_size=500)
