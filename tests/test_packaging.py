@@ -4,6 +4,8 @@
 pytest as the `test` extra), so that the README's setup and `pip install .` install the same things;
 and a copy installed by pip holds every module of minisbert/, imports from any folder, and, having no
 clone around it, keeps weights, data and its cache under ~/.cache/minisbert instead of beside itself.
+And the house keeps its shape: no module over 400 lines, no import circle, the plain search one room of
+at most 300 lines that imports nothing from minisbert/fast/, and the whole search at most 1,500 lines.
 """
 
 import ast
