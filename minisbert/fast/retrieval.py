@@ -189,7 +189,7 @@ def _raw_reach(inputs: SearchInputs, norms: torch.Tensor) -> float | None:
     largest *= 1 + 2.0**-10  # float32 norms are off by less than 2^-10 of themselves (d < 16,000)
     query_norm = float(inputs.query_norms.max()) if inputs.query_norms.numel() else 0.0
     largest_score = {"cosine": 1.0, "dot": query_norm * largest, "euclidean": (query_norm + largest) ** 2}
-    if not (largest < math.inf and smallest >= 2.0**-60 * (inputs.score == "cosine")  # a NaN fails too
+    if not (largest < math.inf and (inputs.score != "cosine" or smallest >= 2.0**-60)  # a NaN fails too
             and largest_score[inputs.score] <= torch.finfo(torch.float32).max / 4):
         return None
     return 1 + 2.0**-10 if inputs.score == "cosine" else largest
