@@ -156,7 +156,7 @@ def settle(queries: torch.Tensor, doc_rows, candidates: tuple, doc_start: int, s
     values = torch.empty(rows.shape, device=rows.device)  # (M,)
     for start in range(0, rows.numel(), SETTLE_PIECE):
         piece = slice(start, start + SETTLE_PIECE)
-        values[piece] = exact_scores(queries[rows[piece]], doc_rows(columns[piece]), score)
+        values[piece] = exact_scores(queries.index_select(0, rows[piece]), doc_rows(columns[piece]), score)
     merge_candidates(-values if score == "euclidean" else values, candidates, doc_start, top_values, top_indices)
 
 

@@ -149,7 +149,7 @@ def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Te
     rows, slots = ((top_indices >= 0) & (top_values >= floor[:, None])).nonzero(as_tuple=True)  # (M,), (M,)
 
     def doc_rows(columns):
-        doc = inputs.corpus[columns].to(device=inputs.device, dtype=torch.float32)
+        doc = inputs.corpus.index_select(0, columns).to(device=inputs.device, dtype=torch.float32)
         return unit_rows(doc) if inputs.score == "cosine" and inputs.prepared is None else doc
 
     settle(inputs.queries, doc_rows, (rows, top_indices[rows, slots]), 0, inputs.score, values, indices)
@@ -295,13 +295,11 @@ def _block_candidates(scores: torch.Tensor, kth: torch.Tensor):
     (H a multiple of GROUP_SIZE; maybe the transpose of an (H, Qc) one) that lie above `kth` (Qc,)
     (`_threshold`; an equal score loses the tie: a higher index)."""
     groups = scores.unflatten(1, (-1, GROUP_SIZE))  # (Qc, H / G, G)
-    # Reduced along the block's rows in memory (across, torch's reduction is many times slower).
-    if scores.stride(1) == 1:
-        group_maxima = groups.amax(dim=2)  # (Qc, H / G)
-    else:
-        group_maxima = scores.T.unflatten(0, (-1, GROUP_SIZE)).amax(dim=1).T  # (Qc, H / G)
+    # Reduced along memory (across, torch's reduction is many times slower); groups along it gathered whole.
+    along = scores.stride(1) == 1
+    group_maxima = groups.amax(dim=2) if along else scores.T.unflatten(0, (-1, GROUP_SIZE)).amax(dim=1).T  # (Qc, H / G)
     rows, group = (group_maxima > kth[:, None]).nonzero(as_tuple=True)  # (P,), (P,)
-    values = groups[rows, group]  # (P, G)
+    values = groups.flatten(0, 1).index_select(0, rows * groups.shape[1] + group) if along else groups[rows, group]  # (P, G)
     pair, offset = (values > kth[rows, None]).nonzero(as_tuple=True)  # (M,), (M,)
     # nonzero() lists pairs query by query, groups and offsets ascending: sorted by query, then row.
     return rows[pair], group[pair] * GROUP_SIZE + offset, values[pair, offset]

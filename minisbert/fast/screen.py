@@ -105,7 +105,8 @@ def best_entries(groups: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
     """(Qc, p) chunk columns of the largest entry of each of the (Qc, p) `picked` groups of an
     approximate (Qc, W / G, G) block."""
     rows = torch.arange(groups.shape[0], device=groups.device)[:, None]  # (Qc, 1)
-    return picked * GROUP_SIZE + groups[rows, picked].argmax(dim=2)
+    opened = groups.flatten(0, 1).index_select(0, (rows * groups.shape[1] + picked).flatten())  # (Qc p, G)
+    return picked * GROUP_SIZE + opened.view(*picked.shape, -1).argmax(dim=2)
 
 
 def block_candidates(groups: torch.Tensor, group_maxima: torch.Tensor,
@@ -124,7 +125,7 @@ def block_candidates(groups: torch.Tensor, group_maxima: torch.Tensor,
     block_entries = num_rows * num_groups * GROUP_SIZE
     if block_rows.numel() * GROUP_SIZE * 2 > block_entries:
         return None
-    survives = passes(groups[block_rows, group], block_rows, group)  # (P, G)
+    survives = passes(groups.flatten(0, 1).index_select(0, block_rows * num_groups + group), block_rows, group)  # (P, G)
     pair, offset = survives.nonzero(as_tuple=True)  # (M,), (M,)
     if pair.numel() * 128 > block_entries:
         return None
