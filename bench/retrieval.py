@@ -154,10 +154,7 @@ def main() -> None:
             roofline(args)
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     from minisbert.fast import machine
-    print(f"facts minisbert measured on this machine ({machine.machine_file()}):")
-    for name, value in sorted(machine.known().items()):
-        if name != "machine":
-            print(f"  {name}: {value}")
+    print(machine.report())
 
 
 def compare(args, size: int, num_queries: int, device: str, memory: bool) -> None:

@@ -37,8 +37,8 @@ from .fast.int8_blocks import int8_blocks_exact, int8_blocks_pay
 from .fast.int8_rows import int8_product_runs
 from .fast.tuning import FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS
 from .fileio import atomic_write
-from .search_inputs import (DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, SearchInputs, as_embedding_matrix,
-                            check_arguments, check_inputs, scored_rows)
+from .search_inputs import (DEFAULT_CORPUS_CHUNK_SIZE, DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, SearchInputs,
+                            as_embedding_matrix, check_arguments, check_inputs, scored_rows)
 
 WAY_VARIABLE = "MINISBERT_SEARCH_WAY"
 
@@ -210,8 +210,8 @@ def prepare_corpus(embeddings, score: str = "cosine", screen: bool | None = None
     check_arguments(corpus[:0], corpus, 1, score, 1, None)
     rows = torch.empty(corpus.shape, device=corpus.device)  # filled a piece at a time: no second copy
     norms = torch.empty(corpus.shape[0], dtype=torch.float64, device=corpus.device)
-    for start in range(0, corpus.shape[0], 8192):
-        piece = slice(start, start + 8192)
+    for start in range(0, corpus.shape[0], DEFAULT_CORPUS_CHUNK_SIZE):
+        piece = slice(start, start + DEFAULT_CORPUS_CHUNK_SIZE)
         rows[piece], norms[piece] = scored_rows(corpus[piece], score, "corpus", start)
     return fast.with_copy(PreparedCorpus(rows, norms, score), screen)
 
@@ -254,6 +254,7 @@ def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
         row = int(bad.nonzero()[0])
         raise ValueError(f"{path}: row {row} has norm {float(norms[row]):.9g}, not 1: a cosine corpus holds unit "
                          f"rows; {damaged}")
-    if metadata["format"] == CORPUS_FORMAT and not torch.equal(tensors.get("norms", torch.empty(0)), norms):
-        raise ValueError(f"{path}: its 'norms' do not match its rows; {damaged}")
+    saved = tensors.get("norms", torch.empty(0))  # as saved: the rows' float64 norms
+    if metadata["format"] == CORPUS_FORMAT and not (saved.dtype == torch.float64 and torch.equal(saved, norms)):
+        raise ValueError(f"{path}: its 'norms' ({saved.dtype}) do not match its rows' float64 norms; {damaged}")
     return fast.with_copy(PreparedCorpus(rows, norms, score), screen)

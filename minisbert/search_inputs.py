@@ -86,8 +86,7 @@ class SearchInputs:
                              "the embeddings down or use score='cosine'")
 
     def results(self, values: torch.Tensor, indices: torch.Tensor):
-        """What `search` returns of the (Q, k) values and indices: distances for euclidean (the values
-        are their negatives), numpy arrays for numpy inputs."""
+        """What `search` returns: distances for euclidean (the values are their negatives), numpy for numpy inputs."""
         scores = -values if self.score == "euclidean" else values
         return (scores.cpu().numpy(), indices.cpu().numpy()) if self.return_numpy else (scores, indices)
 
@@ -113,6 +112,11 @@ def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size,
     return inputs
 
 
+def summation_error(dim: int) -> float:
+    """γ: a float32 sum of d terms, in any order, lies within γ Σ|terms| of the true sum (retrieval.py, step 2)."""
+    return dim * F32_UNIT / (1 - dim * F32_UNIT)
+
+
 class Bounds:
     """E, how far a float32 score can lie from the exact one (retrieval.py, step 2), and so which
     entries of a block can still reach a query's top-k."""
@@ -122,7 +126,7 @@ class Bounds:
         """query_norms (Qc,) float64; an approximate score made by `sums` float32 sums of d terms and
         `roundings` roundings of its size (2 and 4 where a fast way divides by float32 norms)."""
         self.score, self.query_norms = score, query_norms
-        gamma = dim * F32_UNIT / (1 - dim * F32_UNIT)
+        gamma = summation_error(dim)
         reach = query_norms + largest_norm if score == "euclidean" else (query_norms * largest_norm).sqrt()
         self.error = 1.01 * (sums * gamma + roundings * F32_UNIT) * reach**2 + dim * 2.0**-124  # (Qc,)
 
@@ -178,9 +182,8 @@ def merge_candidates(values: torch.Tensor, candidates: tuple, doc_start: int, to
 
 
 def merge_top_k(scores, indices, other_scores, other_indices, k: int, largest: bool = True):
-    """Merge two top-k lists of the same queries, (Q, a) and (Q, b) scores and corpus indices, into
-    (Q, min(k, a + b)), best first (largest=False: smallest first), equal scores by lower index;
-    padding (index -1, score -inf, or +inf with largest=False) last; lists in any order (shards)."""
+    """Two top-k lists of the same queries, (Q, a) and (Q, b) scores and corpus indices, in any order (shards),
+    merged into (Q, min(k, a + b)), best first (largest=False: smallest), equal scores by lower index, padding last."""
     scores = torch.cat([scores, other_scores], dim=1)  # (Q, a + b)
     indices = torch.cat([indices, other_indices], dim=1)
     # Index order first (padding, -1, last), then a stable sort by score keeps it among equals.

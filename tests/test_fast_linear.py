@@ -234,3 +234,15 @@ def test_the_kept_kernel_choices_are_printed_with_the_machine(monkeypatch, fresh
     assert lines[0] == f"machine: {machine.describe()}" and str(fresh_machine_file) in lines[1]
     assert all(f"  {name}: {value}" in lines for name, value in kernel_facts().items())
     assert len(kernel_facts()) == (4 if len(BACKENDS_HERE) > 1 else 0)
+
+
+def test_the_report_prints_the_facts_this_process_chose_by_and_counts_the_rest(fresh_machine_file):
+    """A fact another run kept, or one an older minisbert named (no code asks for it now), is counted
+    in the report, not printed as if it chose anything."""
+    assert machine.fact("a fact asked for here", lambda: 1) == 1
+    facts = json.loads(fresh_machine_file.read_text())
+    fresh_machine_file.write_text(json.dumps({**facts, "a fact of an older minisbert": 2}))
+    machine.forget()
+    lines = machine.report().splitlines()
+    assert "  a fact asked for here: 1" in lines and not any("older minisbert" in line for line in lines)
+    assert lines[-1] == "  (1 more kept, not asked for by this process)"

@@ -10,7 +10,7 @@ s (1/2 + 2^-14) (the float32 division adds less than 2^-15). Each query has its 
 e_q = q - s_q q' (in float64). Writing q̂ = s_q q' and ĉ = s c',
     q·c - q̂·ĉ = q̂·(c - ĉ) + e_q·c,   so   |q·c - s_q s (q'·c')| <= s_q s L1(q') (1/2 + 2^-14) + |e_q| R,
 with L1(q') = sum_i |q'_i| and R the chunk's largest row norm. The float32 score that decides
-(`Screen._rescore`) lies within γ |q| R of q·c (screen.py's `summation_error`). So an entry can beat
+(`Screen._rescore`) lies within γ |q| R of q·c (search_inputs.py's `summation_error`). So an entry can beat
 the k-th best only if its integer q'·c' is above
     T = floor((kth - B) / (s_q s)),   B = (s_q s L1(q') (1/2 + 2^-14) + (|e_q| + γ |q|) R) · 1.01,
 computed in float64 (its roundings, below 2^-40 of |T|, are covered by the 1%, since B / (s_q s) is
@@ -24,7 +24,8 @@ import torch
 
 from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY, exact_product, probe_integers, quantize_queries
 from .machine import fact, time_ratio
-from .screen import GROUP_SIZE, Chunk, best_entries, block_candidates, summation_error
+from ..search_inputs import summation_error
+from .screen import GROUP_SIZE, Chunk, best_entries, block_candidates
 from .tuning import INT8_BLOCKS_RATIO, INT8_PIECE_ROWS
 
 MANY_LEVELS = 127

@@ -11,7 +11,7 @@ integer sum q'·c' is exact (see below), and s_q·s·(q'·c') is q̂·ĉ. With e
 (Cauchy-Schwarz): the copy keeps each row's |e_c| and |ĉ|, the search measures |q| and |e_q|. For
 random unit rows with d = 384 that is about 3% of |q| |c| (the bound by the largest entries, about
 8%). Three roundings are added (`Int8RowsScreen`): the float32 scaling of q'·c' (at most 3·2^-24 of
-|q̂| |ĉ|), the float32 sum of the score it is compared with (γ |q| |c|, fast/screen.py's
+|q̂| |ĉ|), the float32 sum of the score it is compared with (γ |q| |c|, search_inputs.py's
 `summation_error`), and the float32 arithmetic of the bound itself (1% of it, far more than needed).
 Only rows whose upper bound reaches the search's floor are candidates.
 
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from .machine import fact, time_ratio
-from .screen import Chunk, summation_error
+from ..search_inputs import summation_error
+from .screen import Chunk
 from .span_product import SpanProduct
 from .tuning import INT8_ROWS_RATIO, MOST_CANDIDATES, PROBE_BYTES
 

@@ -11,7 +11,8 @@ JSON file, and read back by every later process on the same machine:
 where <cache> is minisbert's cache folder (.cache/ in a clone, ~/.cache/minisbert/cache otherwise)
 and <key> names the processor (model name and flags), the thread count and the torch version, so a
 file never travels to a machine it does not describe. `known()` returns every fact kept so far and
-`report()` the lines that print them (`python bench/encode.py` and `evaluate.py --verbose` do). A
+`report()` the lines that print those this process chose by (`python bench/encode.py`, bench/retrieval.py
+and `evaluate.py --verbose` do). A
 fact is measured again only if its file is deleted.
 
 A choice can always be forced without measuring: each fast path names its own variable or argument
@@ -52,6 +53,7 @@ def machine_file() -> Path:
 
 
 _kept: dict | None = None  # this process's copy of the file
+_asked: set[str] = set()  # the facts this process has asked for
 
 
 def known() -> dict:
@@ -74,6 +76,7 @@ def fact(name: str, measure: Callable[[], object]):
     measured at the same time as another takes the other's value, and every process on the machine
     uses the same one. (The measuring runs outside the lock: it may need other facts.)"""
     global _kept
+    _asked.add(name)
     if name in known():
         return _kept[name]
     value = json.loads(json.dumps(measure()))
@@ -115,10 +118,13 @@ def time_ratio(call, other) -> float:
 
 
 def report() -> str:
-    """The machine and each fact kept about it, one a line."""
+    """The machine and each fact this process chose by, one a line; the file's other facts (asked for by other
+    runs, or named by an older minisbert) are counted, not printed."""
     facts = known()
-    lines = [f"machine: {facts.pop('machine')}", f"facts kept in {machine_file()}:"]
-    return "\n".join(lines + [f"  {name}: {value}" for name, value in sorted(facts.items())])
+    lines = [f"machine: {facts.pop('machine')}", f"facts this process chose by, kept in {machine_file()}:"]
+    lines += [f"  {name}: {value}" for name, value in sorted(facts.items()) if name in _asked]
+    others = len(facts.keys() - _asked)
+    return "\n".join(lines + ([f"  ({others} more kept, not asked for by this process)"] if others else []))
 
 
 def forget() -> None:

@@ -131,9 +131,3 @@ def block_candidates(groups: torch.Tensor, group_maxima: torch.Tensor,
         return None
     # nonzero() lists pairs by row, groups and offsets ascending: the candidates come by row, then column.
     return block_rows[pair], group[pair] * GROUP_SIZE + offset
-
-
-def summation_error(dim: int) -> float:
-    """γ = d·v / (1 - d·v): a float32 sum of d terms is off by at most γ times the sum of their
-    absolute values (v = 2^-24; Higham, Accuracy and Stability of Numerical Algorithms, section 3.1)."""
-    return dim * 2.0**-24 / (1 - dim * 2.0**-24)
