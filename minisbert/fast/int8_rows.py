@@ -34,12 +34,11 @@ from .machine import fact, time_ratio
 from ..search_inputs import summation_error
 from .screen import Chunk
 from .span_product import SpanProduct
-from .tuning import INT8_ROWS_RATIO, MOST_CANDIDATES, PROBE_BYTES
+from .tuning import INT8_COPY_PIECE_ROWS, INT8_ROWS_RATIO, MOST_CANDIDATES, PROBE_BYTES
 
 LEVELS = 63  # int8 copies hold integers in [-LEVELS, LEVELS]: see the module docstring
 SMALLEST_ENTRY = 2.0**-30  # rows (and queries) whose largest entry lies outside this range
 LARGEST_ENTRY = 2.0**50  # are never screened out (their squares stay in float32's range)
-PIECE_ROWS = 8192  # rows quantized at once when a copy is made
 
 
 @dataclass
@@ -56,11 +55,11 @@ class Int8Rows:
 
 
 def int8_rows(rows: torch.Tensor) -> Int8Rows:
-    """The int8 copy of (N, d) float32 rows, PIECE_ROWS at a time."""
+    """The int8 copy of (N, d) float32 rows, INT8_COPY_PIECE_ROWS at a time."""
     values = torch.empty(rows.shape, dtype=torch.int8, device=rows.device)
     scales, terms = torch.empty(rows.shape[0], device=rows.device), torch.empty(rows.shape[0], 2, device=rows.device)
-    for start in range(0, rows.shape[0], PIECE_ROWS):
-        part = slice(start, start + PIECE_ROWS)
+    for start in range(0, rows.shape[0], INT8_COPY_PIECE_ROWS):
+        part = slice(start, start + INT8_COPY_PIECE_ROWS)
         values[part], scales[part], terms[part, 0], terms[part, 1] = _quantize(rows[part])
     return Int8Rows(values, scales, terms)
 

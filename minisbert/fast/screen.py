@@ -21,7 +21,7 @@ from functools import partial
 
 import torch
 
-from .tuning import GROUP_SIZE, RESCORE_PIECE
+from .tuning import GROUP_SIZE, MOST_OPENED, MOST_SCREENED, RESCORE_PIECE
 
 
 @dataclass
@@ -120,14 +120,12 @@ def block_candidates(groups: torch.Tensor, group_maxima: torch.Tensor,
     num_rows, num_groups = group_maxima.shape
     promising = passes(group_maxima, slice(None), slice(None))  # (Qc, W / G)
     block_rows, group = promising.nonzero(as_tuple=True)  # (P,), (P,)
-    # Past these sizes the float32 block is the cheaper way: an opened entry costs about a sixth of a
-    # float32 entry, a candidate rescored on its own about fifty (bench/README.md, "Search").
     block_entries = num_rows * num_groups * GROUP_SIZE
-    if block_rows.numel() * GROUP_SIZE * 2 > block_entries:
+    if block_rows.numel() * GROUP_SIZE > MOST_OPENED * block_entries:
         return None
     survives = passes(groups.flatten(0, 1).index_select(0, block_rows * num_groups + group), block_rows, group)  # (P, G)
     pair, offset = survives.nonzero(as_tuple=True)  # (M,), (M,)
-    if pair.numel() * 128 > block_entries:
+    if pair.numel() > MOST_SCREENED * block_entries:
         return None
     # nonzero() lists pairs by row, groups and offsets ascending: the candidates come by row, then column.
     return block_rows[pair], group[pair] * GROUP_SIZE + offset

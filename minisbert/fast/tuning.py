@@ -26,6 +26,9 @@ PIECE_ENTRIES = 2**16  # entries of a (piece, Q') product the span product copie
 RESCORE_PIECE = 1024  # candidates rescored in float32 at once: 1.5 MB of gathered rows for d = 384
 INT8_PIECE_ROWS = 1024  # rows of a chunk that share one int8 scale (a whole number of groups)
 MOST_CANDIDATES = 1 / 64  # a span whose candidates pass this share of its entries is scored in float32
+# An opened entry costs about a sixth of a float32 one, a candidate rescored alone fifty. bench: "Search", block filter
+MOST_OPENED, MOST_SCREENED = 1 / 2, 1 / 128  # a block opening or passing more entries is scored in float32
+INT8_COPY_PIECE_ROWS = 8192  # rows of a prepared corpus quantized at once when its int8 copy is made
 
 # Probes that measure a fact once per machine (fast/machine.py).
 PROBE_BYTES = 2**26  # float32 rows of a timing probe: more than a 2-core machine's caches hold
