@@ -254,7 +254,7 @@ def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
         row = int(bad.nonzero()[0])
         raise ValueError(f"{path}: row {row} has norm {float(norms[row]):.9g}, not 1: a cosine corpus holds unit "
                          f"rows; {damaged}")
-    saved = tensors.get("norms", torch.empty(0))  # as saved: the rows' float64 norms
+    saved = tensors.get("norms", torch.empty(0))  # `_save` writes the rows' float64 norms
     if metadata["format"] == CORPUS_FORMAT and not (saved.dtype == torch.float64 and torch.equal(saved, norms)):
         raise ValueError(f"{path}: its 'norms' ({saved.dtype}) do not match its rows' float64 norms; {damaged}")
     return fast.with_copy(PreparedCorpus(rows, norms, score), screen)

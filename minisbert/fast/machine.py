@@ -11,9 +11,9 @@ JSON file, and read back by every later process on the same machine:
 where <cache> is minisbert's cache folder (.cache/ in a clone, ~/.cache/minisbert/cache otherwise)
 and <key> names the processor (model name and flags), the thread count and the torch version, so a
 file never travels to a machine it does not describe. `known()` returns every fact kept so far and
-`report()` the lines that print those this process chose by (`python bench/encode.py`, bench/retrieval.py
-and `evaluate.py --verbose` do). A
-fact is measured again only if its file is deleted.
+`report()` the lines that print those this process chose by (`python bench/encode.py`,
+bench/retrieval.py and `evaluate.py --verbose` print them). A fact is measured again only if its file
+is deleted.
 
 A choice can always be forced without measuring: each fast path names its own variable or argument
 (MINISBERT_GEMM for the encoder's products, MINISBERT_SEARCH_WAY for the search).
