@@ -106,7 +106,7 @@ def best_entries(groups: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
     approximate (Qc, W / G, G) block."""
     rows = torch.arange(groups.shape[0], device=groups.device)[:, None]  # (Qc, 1)
     opened = groups.flatten(0, 1).index_select(0, (rows * groups.shape[1] + picked).flatten())  # (Qc p, G)
-    return picked * GROUP_SIZE + opened.view(*picked.shape, -1).argmax(dim=2)
+    return picked * GROUP_SIZE + opened.view(*picked.shape, groups.shape[2]).argmax(dim=2)
 
 
 def block_candidates(groups: torch.Tensor, group_maxima: torch.Tensor,
