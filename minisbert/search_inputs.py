@@ -182,8 +182,8 @@ def merge_candidates(values: torch.Tensor, candidates: tuple, doc_start: int, to
 
 
 def merge_top_k(scores, indices, other_scores, other_indices, k: int, largest: bool = True):
-    """Two top-k lists of the same queries, (Q, a) and (Q, b) scores and corpus indices, in any order (shards),
-    merged into (Q, min(k, a + b)), best first (largest=False: smallest), equal scores by lower index, padding last."""
+    """Two top-k lists of the same queries, (Q, a) and (Q, b) scores and indices, in any order (shards), merged into
+    (Q, min(k, a + b)), best first (largest=False: smallest), ties by lower index; padding (-1, -inf/+inf) last."""
     scores = torch.cat([scores, other_scores], dim=1)  # (Q, a + b)
     indices = torch.cat([indices, other_indices], dim=1)
     # Index order first (padding, -1, last), then a stable sort by score keeps it among equals.
