@@ -1,23 +1,23 @@
 """The search the library calls: exact top-k on any embeddings, the plain loop or a faster way.
 
 Every way returns the plain loop's answer (minisbert/retrieval.py says what a score is) bit for bit:
-each ends in the same exact rescoring, and they differ only in how they find the candidates. `WAYS`
-chooses, first match wins, from facts about the call and about the machine (an exact and quicker
-int8 product, measured once per machine and kept: minisbert/fast/machine.py). `way=NAME` or
-MINISBERT_SEARCH_WAY=NAME forces one; `fast=False` is way="plain". Rows a query leaves out
-(`query_ids`, `corpus_ids`: BEIR's self-matches) are dropped after any way (`_without`).
+each ends in the same exact rescoring and differs only in how it finds the candidates. `WAYS`
+chooses, first match wins, from facts about the call and the machine (an exact and quicker int8
+product, measured once per machine: fast/machine.py). `way=NAME` or MINISBERT_SEARCH_WAY=NAME forces
+one; `fast=False` is way="plain". Rows a query leaves out (`query_ids`, `corpus_ids`: BEIR's
+self-matches) are dropped after any way (`_without`).
 
-A corpus searched again and again is best prepared once (`prepare_corpus`): its rows are checked and
-made unit rows (cosine) once, and on a CPU an int8 copy is kept beside it to screen a few queries
-with. `load_corpus` checks every row of a saved one again, so a file damaged or edited elsewhere is
-refused, naming it:
+A corpus searched again and again is best prepared once (`prepare_corpus`: checked, unit rows for
+cosine, on a CPU an int8 copy to screen a few queries with). `load_corpus` checks a saved one's
+rows again, so a file damaged or edited elsewhere is refused, naming it:
 
     corpus = prepare_corpus(model.encode(documents))      # score="cosine"
     corpus.save("corpus.safetensors")
     scores, rows = search(model.encode(["a question"]), load_corpus("corpus.safetensors"), k=10)
 
-On a GPU the plain loop runs; a large corpus can stay in CPU memory (`device="cuda"` moves it chunk
-by chunk). Tested way against way in tests/test_retrieval.py, timed beside faiss in bench/retrieval.py.
+On a GPU the "device" way runs (one product and one top-k per block, then the exact rescoring); a
+corpus can stay in CPU memory (`device="cuda"` moves it a chunk at a time). Tested way against way in
+tests/test_retrieval.py, timed beside faiss in bench/retrieval.py.
 """
 
 import dataclasses
@@ -75,13 +75,8 @@ def _int8_blocks_pay(s: SearchInputs) -> bool:
     return s.score != "euclidean" and int8_blocks_pay(s.queries.shape[1])
 
 
-def _anywhere(s: SearchInputs) -> bool:
-    return True
-
-
 def _settled(way):
-    """A fast way as a runner: its approximate top-K scored exactly (`fast.finish`), and the plain loop
-    for the queries whose answer that cannot prove (ties past the rows it keeps)."""
+    """A fast way, its top-K scored exactly (`fast.finish`); the plain loop where that proves nothing (ties)."""
     def run(inputs: SearchInputs):
         values, indices, unproved = fast.finish(inputs, *way(inputs))
         if unproved.any():  # the same search for those queries
@@ -95,19 +90,19 @@ def _settled(way):
 # The ways, first match wins. A forced way runs where "can run" holds, else it is refused.
 WAYS = (
     # name               can run          taken when          runs
-    ("plain",            _anywhere,       lambda s: not _on_cpu(s), retrieval.chunked_search),
+    ("plain",            lambda s: True,  lambda s: False,    retrieval.chunked_search),
+    ("device",           lambda s: True,  lambda s: not _on_cpu(s), _settled(fast.search_device)),
     ("one span",         _on_cpu,         _small,             _settled(partial(fast.search_spans, one_span=True))),
     ("spans, int8",      _int8_copy,      _screened_few,      _settled(partial(fast.search_spans, screen=True))),
     ("spans",            _on_cpu,         _few,               _settled(fast.search_spans)),
     ("blocks, int8",     _int8_product,   _int8_blocks_pay,   _settled(partial(fast.search_blocks, screen=True))),
-    ("blocks",           _on_cpu,         _anywhere,          _settled(fast.search_blocks)),
+    ("blocks",           _on_cpu,         lambda s: True,     _settled(fast.search_blocks)),
 )
 WAY_NAMES = tuple(name for name, *_ in WAYS)
 
 
 def choose_way(inputs: SearchInputs, forced: str | None = None) -> str:
-    """The way a search of these inputs takes: `forced` (or MINISBERT_SEARCH_WAY) if given and it can
-    run, else the first in WAYS that can run and is taken."""
+    """`forced` (or MINISBERT_SEARCH_WAY) if it can run, else the first of WAYS that can run and is taken."""
     forced = forced or os.environ.get(WAY_VARIABLE) or None
     for name, can_run, taken, _ in WAYS:
         if forced is None and can_run(inputs) and taken(inputs):
@@ -127,12 +122,10 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
 
     Args:
         queries: (Q, d) float embeddings (torch tensor or numpy array).
-        corpus: (N, d) float embeddings (float16 and bfloat16 are read as float32), or a
-            PreparedCorpus (`prepare_corpus`, `load_corpus`).
+        corpus: (N, d) float embeddings (float16, bfloat16 read as float32), or a `PreparedCorpus`.
         k: results per query; with k > N the whole corpus, ranked.
-        score: "cosine" (the default), "dot" or "euclidean" (minisbert/retrieval.py); for a prepared
-            corpus the score it was prepared for (another is refused).
-        query_chunk_size, corpus_chunk_size: block shape (default 1024 x 8192): speed and memory only.
+        score: "cosine" (the default), "dot" or "euclidean" (retrieval.py); a prepared corpus's own.
+        query_chunk_size, corpus_chunk_size: block shape (default 1024 x 8192, on a GPU up to 1 GB): speed, memory.
         query_ids, corpus_ids: one id per query and per corpus row; a row whose id equals the query's
             is never returned for it (BEIR drops such self-matches), the next best takes its place.
         device: where to compute; defaults to the corpus tensor's device (CPU for numpy).
@@ -146,9 +139,8 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
         corpus, else torch tensors on `device`.
 
     Raises:
-        ValueError: an unknown score or way, k < 1, bad chunk sizes, inputs that are not 2-D floating
-            point, an empty corpus, mismatched dimensions, a row holding NaN or inf or too large for
-            float32, scores that could pass float32's range, ids not one per row.
+        ValueError: an unknown score or way, k < 1, bad chunk sizes, inputs not 2-D floating point, an
+            empty corpus, mismatched dimensions, a row not finite in float32, scores past float32, bad ids.
     """
     inputs = check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, device)
     excluded = _excluded_pairs(query_ids, corpus_ids, inputs.queries.shape[0], inputs.corpus.shape[0], inputs.device)
@@ -201,11 +193,10 @@ UNIT_SLACK = 4 * 2.0**-24
 
 
 def prepare_corpus(embeddings, score: str = "cosine", screen: bool | None = None) -> PreparedCorpus:
-    """(N, d) embeddings checked once and kept as `score` scores them, for many searches; refused where
-    `search` refuses them, with the same messages. screen: keep the int8 copy the fast ways screen a
-    few queries with on a CPU (cosine and dot, N·(d + 12) bytes): None (the default) where torch's
-    int8 product runs exactly and pays (measured once per machine), True where it runs, False never.
-    Results never depend on it."""
+    """(N, d) embeddings checked once (refused where `search` refuses them) and kept as `score` scores
+    them. screen: keep the int8 copy that screens a few queries on a CPU (cosine, dot; N·(d + 12)
+    bytes): None where torch's int8 product is exact and pays (measured once per machine), True where
+    it is exact, False never. Results never depend on it."""
     corpus = as_embedding_matrix(embeddings, "corpus")
     check_arguments(corpus[:0], corpus, 1, score, 1, None)
     rows = torch.empty(corpus.shape, device=corpus.device)  # filled a piece at a time: no second copy
@@ -217,8 +208,7 @@ def prepare_corpus(embeddings, score: str = "cosine", screen: bool | None = None
 
 
 def _save(self: PreparedCorpus, path: str | Path) -> None:
-    """Write the rows, their norms and the score function to one safetensors file, atomically (the
-    screens' copies are made again on loading)."""
+    """Write the rows, their norms and the score to one safetensors file, atomically (no screen's copy)."""
     tensors = {"rows": self.rows.contiguous().cpu(), "norms": self.norms.contiguous().cpu()}
     atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata={"format": CORPUS_FORMAT,
                                                                                "score": self.score}))
@@ -228,8 +218,8 @@ PreparedCorpus.save = _save
 
 
 def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
-    """The prepared corpus `PreparedCorpus.save` wrote to `path`, every row checked as `prepare_corpus`
-    checks it: finite, a unit row (or zero) for cosine, its norm as saved. screen: as in prepare_corpus."""
+    """The corpus `PreparedCorpus.save` wrote to `path`, each row checked as `prepare_corpus` checks it:
+    finite, a unit row (or zero) for cosine, its norm as saved. screen: as in prepare_corpus."""
     path = Path(path)
     try:
         with safe_open(str(path), framework="pt") as opened:

@@ -21,7 +21,8 @@ def test_without_cuda_it_says_so_and_measures_nothing(monkeypatch, capsys):
 
 
 def test_search_parity_holds_cpu_against_cpu():
-    assert gpu.search_parity("cpu", rows=3001, dim=16, queries=5) == {"cosine": True, "dot": True, "euclidean": True}
+    parity = gpu.search_parity("cpu", rows=3001, dim=16, queries=8)
+    assert len(parity) == 13 and all(parity.values()), parity
 
 
 def test_bandwidth_fraction_is_bytes_per_second_over_the_peak():

@@ -2,12 +2,10 @@
 where torch's int8 product is exact for integers in [-127, 127] (with AVX512-VNNI it is; without,
 oneDNN saturates: fast/int8_rows.py) and quicker than the float32 product it replaces.
 
-A group's largest integer must bound the group (fast/screen.py's `block_candidates`), so the products
-must order a query's entries as their scores do: all the rows of a piece of INT8_PIECE_ROWS rows (a
-whole number of groups) share one scale s = m / 127, m the piece's largest |c_i| (of its unit rows
-for cosine, made as the search makes them), and c' = round(c / s), each entry off by at most
-s (1/2 + 2^-14) (the float32 division adds less than 2^-15). Each query has its own scale s_q, q' and
-e_q = q - s_q q' (in float64). Writing q̂ = s_q q' and ĉ = s c',
+A group's largest integer must bound the group (`block_candidates`), so the rows of a piece of
+INT8_PIECE_ROWS rows (whole groups) share one scale s = m / 127, m the piece's largest |c_i| (of its
+unit rows for cosine), and c' = round(c / s), each entry off by at most s (1/2 + 2^-14). Each query
+has its own scale s_q, q' and e_q = q - s_q q' (in float64). Writing q̂ = s_q q' and ĉ = s c',
     q·c - q̂·ĉ = q̂·(c - ĉ) + e_q·c,   so   |q·c - s_q s (q'·c')| <= s_q s L1(q') (1/2 + 2^-14) + |e_q| R,
 with L1(q') = sum_i |q'_i| and R the chunk's largest row norm. The float32 score that decides
 (`Screen._rescore`) lies within γ |q| R of q·c (search_inputs.py's `summation_error`). So an entry can beat

@@ -1,26 +1,22 @@
 """The int8 screen of a few queries over a prepared corpus (a screen as fast/screen.py describes).
 
-A few queries go no faster than the corpus is read, 4·d bytes a float32 row. A prepared corpus
-(minisbert/search.py) can keep a copy of its rows as d int8 numbers and a scale, a quarter of the
-bytes, and read that to rule out almost every row (bench/README.md, "Search").
+A few queries go no faster than the corpus is read. A prepared corpus (minisbert/search.py) can keep
+its rows as d int8 numbers and a scale, a quarter of the bytes, to rule out most rows with.
 
 Quantizing. A row c is kept as c' = round(c / s), integers in [-63, 63], with s = max_i |c_i| / 63,
 so that ĉ = s·c' is close to c; each query is quantized the same way (q', s_q, q̂ = s_q·q'). The
 integer sum q'·c' is exact (see below), and s_q·s·(q'·c') is q̂·ĉ. With e_c = c - ĉ, e_q = q - q̂,
     q·c - q̂·ĉ = q·e_c + e_q·ĉ,   so   |q·c - q̂·ĉ| <= |q| |e_c| + |e_q| |ĉ|
-(Cauchy-Schwarz): the copy keeps each row's |e_c| and |ĉ|, the search measures |q| and |e_q|. For
-random unit rows with d = 384 that is about 3% of |q| |c| (the bound by the largest entries, about
-8%). Three roundings are added (`Int8RowsScreen`): the float32 scaling of q'·c' (at most 3·2^-24 of
-|q̂| |ĉ|), the float32 sum of the score it is compared with (γ |q| |c|, search_inputs.py's
-`summation_error`), and the float32 arithmetic of the bound itself (1% of it, far more than needed).
-Only rows whose upper bound reaches the search's floor are candidates.
+(Cauchy-Schwarz): the copy keeps each row's |e_c| and |ĉ|, the search measures |q| and |e_q| (for
+random unit rows, d = 384, about 3% of |q| |c|). Three roundings are added (`Int8RowsScreen`): the
+float32 scaling of q'·c' (3·2^-24 of |q̂| |ĉ|), the float32 sum of the score it is compared with
+(γ |q| |c|: `summation_error`), and the bound's own float32 arithmetic (1% of it, ample). Only rows
+whose upper bound reaches the search's floor are candidates.
 
-Why [-63, 63]. Without AVX512-VNNI, oneDNN (torch's int8 kernel on x86) multiplies unsigned by signed
-bytes with an instruction that adds two products into a 16-bit integer, saturating at 32,767: one
-side, shifted to unsigned, reaches 255, and 2·255·127 = 64,770 saturates (seen with
-ONEDNN_MAX_CPU_ISA=AVX2), 2·255·63 = 32,130 does not. A probe of extreme and random integers checks
-the product against float64 once per machine (`int8_product_runs`); d products of at most 63² sum
-below 2^24, where their conversion to float32 is exact, for d < 4,227.
+Why [-63, 63]. Without AVX512-VNNI, oneDNN (torch's x86 int8 kernel) adds two unsigned-by-signed
+byte products into a 16-bit integer, saturating at 32,767: 2·255·127 saturates, 2·255·63 = 32,130
+does not. A probe of extreme and random integers checks the product against float64 once per
+machine (`int8_product_runs`); d products of at most 63² sum below 2^24 (exact in float32) for d < 4,227.
 
 A row whose largest entry lies outside [2^-30, 2^50] (zero rows among them) gets the bound +inf: it
 is always scored in float32. Only cosine and dot corpora keep a copy.
@@ -183,8 +179,7 @@ def exact_product(left: torch.Tensor, right: torch.Tensor) -> bool:
 
 
 def int8_screen_pays(dim: int) -> bool:
-    """Whether the int8 product of a probe of PROBE_BYTES of float32 rows with one query takes less
-    than INT8_ROWS_RATIO of the time of the float32 one here (measured once per machine)."""
+    """Whether one query's int8 product over PROBE_BYTES of rows takes under INT8_ROWS_RATIO of float32's."""
     if not int8_product_runs(dim, torch.device("cpu")):
         return False
     return fact(f"int8 rows pay for one query, d = {dim}", lambda: _int8_time_ratio(dim) < INT8_ROWS_RATIO)

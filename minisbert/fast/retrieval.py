@@ -1,24 +1,24 @@
 """Exact top-k search, fast: the plain loop's answer (minisbert/retrieval.py) with less work.
 
-Every way here keeps, for each query, its top k + KEPT_BEYOND_K rows by float32 scores, dropping on
-the way only rows that provably cannot be in the exact top-k (`_threshold`). `finish` proves that
-nothing left out could be in it and scores the kept rows that can exactly (search_inputs.py's
-`settle`); a query it cannot prove (ties crowding the kept rows) goes to the plain loop
-(minisbert/search.py's `_settled`).
+Every way here keeps each query's top k + KEPT_BEYOND_K rows by float32 scores, dropping on the way
+only rows that provably cannot be in the exact top-k (`_threshold`). `finish` proves that nothing
+left out could be, and scores the kept rows that can exactly (`settle`); a query it cannot prove
+(ties crowding the kept rows) goes to the plain loop (minisbert/search.py's `_settled`).
 
-A few queries (`search_spans`): the search can go no faster than the corpus is read, so one product
-per long span of rows (SPAN_ROWS), by the kernel measured quickest for its shape on this machine
-(fast/span_product.py), then one filter and one merge per span. The first span is short, so that
-every later one is filtered, or screened (fast/screen.py), against a k-th best. Rows as given are
-measured a piece at a time right after their product, while in the cache; cosine divides the
+A few queries (`search_spans`) go no faster than the corpus is read: one product per long span
+(SPAN_ROWS), by the kernel measured quickest here (fast/span_product.py), one filter and one merge.
+The first span is short, so that every later one is filtered, or screened (fast/screen.py), against
+a k-th best. Rows as given are measured right after their product, in the cache; cosine divides the
 products by the norms, q·c / |c|, rather than the rows.
 
 Many queries (`search_blocks`): the product is compute-bound, so choosing the k best must add little.
-Each query's scores are cut into groups of GROUP_SIZE rows and only groups whose maximum reaches the
-query's floor are opened; blocks are laid out (corpus rows, queries) and the work between products
-runs on one thread (`_one_thread`). Where the CPU has a cheaper product, a screen proposes each
-block's candidates instead (fast/screen.py). A block or span met with nothing kept yet gives its own
-top K (`_keep_top`).
+Scores are cut into groups of GROUP_SIZE rows, and only groups whose maximum reaches the query's
+floor are opened; blocks are laid out (corpus rows, queries), the work between products on one
+thread (`_one_thread`). Where the CPU has a cheaper product, a screen proposes the candidates
+(fast/screen.py). A block or span met with nothing kept yet gives its own top K (`_keep_top`).
+
+On a GPU (`search_device`) the product and one top-k per block, as in `torch.topk(q @ C.T)`, are the
+whole cost: each block's own top K is merged in, and the rest waits for `finish`.
 
 A score over rows measured here is off by two float32 sums and four roundings at most (`Bounds`
 with sums=2, roundings=4); a row too small or large to measure so sends its span to the plain
@@ -32,14 +32,14 @@ from functools import partial
 
 import torch
 
-from ..search_inputs import Bounds, SearchInputs, merge_candidates, settle
+from ..search_inputs import DEFAULT_CORPUS_CHUNK_SIZE, Bounds, SearchInputs, merge_candidates, merge_top_k, settle
 from ..similarity import unit_rows
 from .int8_blocks import Int8Blocks
 from .int8_rows import Int8RowsScreen, int8_product_runs, int8_rows, int8_screen_pays
 from .screen import Chunk, Screen
 from .span_product import SpanProduct
-from .tuning import (FIRST_SPAN_ROWS, GROUP_SIZE, KEPT_BEYOND_K, NORM_PIECE_ROWS, PIECE_BYTES, SPAN_ENTRIES,
-                     SPAN_GROWTH, SPAN_ROWS)
+from .tuning import (DEVICE_BLOCK_ENTRIES, FIRST_SPAN_ROWS, GROUP_SIZE, KEPT_BEYOND_K, NORM_PIECE_ROWS, PIECE_BYTES,
+                     SPAN_ENTRIES, SPAN_GROWTH, SPAN_ROWS)
 
 ROUGH = {"sums": 2, "roundings": 4}  # the bound of a score made from rows measured in float32 here
 _copies = weakref.WeakKeyDictionary()  # prepared corpus -> its int8 copy (Int8Rows)
@@ -149,7 +149,7 @@ def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Te
     rows, slots = ((top_indices >= 0) & (top_values >= floor[:, None])).nonzero(as_tuple=True)  # (M,), (M,)
 
     def doc_rows(columns):
-        doc = inputs.corpus.index_select(0, columns).to(device=inputs.device, dtype=torch.float32)
+        doc = inputs.corpus.index_select(0, columns.to(inputs.corpus.device)).to(device=inputs.device, dtype=torch.float32)
         return unit_rows(doc) if inputs.score == "cosine" and inputs.prepared is None else doc
 
     settle(inputs.queries, doc_rows, (rows, top_indices[rows, slots]), 0, inputs.score, values, indices)
@@ -273,6 +273,26 @@ def search_blocks(inputs: SearchInputs, screen: bool = False):
     return top_values, top_indices, reach
 
 
+def search_device(inputs: SearchInputs):
+    """The (Q, K) running approximate top-K after blocks of scores, and the largest row norm met."""
+    (num_queries, _), num_docs = inputs.queries.shape, inputs.corpus.shape[0]
+    top_values, top_indices = _running(inputs)
+    query_rows = max(1, min(inputs.query_chunk_size, num_queries))
+    span, reach = inputs.corpus_chunk_size, 0.0  # as given; by default blocks of DEVICE_BLOCK_ENTRIES scores
+    if span == DEFAULT_CORPUS_CHUNK_SIZE:
+        span = max(span, min(SPAN_ROWS, DEVICE_BLOCK_ENTRIES // query_rows))
+    for start in range(0, num_docs, span):
+        chunk = _prepared_chunk(inputs, start, min(span, num_docs - start))
+        reach = max(reach, chunk.largest_norm)
+        for rows in (slice(first, first + query_rows) for first in range(0, num_queries, query_rows)):
+            block = torch.empty(len(range(num_queries)[rows]), chunk.rows.shape[0], device=inputs.device)
+            _score_rows(chunk, inputs.queries[rows], inputs.score, block.T)  # (Qc, n)
+            values, columns = block.topk(min(top_values.shape[1], block.shape[1]), dim=1)
+            top_values[rows], top_indices[rows] = merge_top_k(top_values[rows], top_indices[rows], values,
+                                                              columns + start, top_values.shape[1])
+    return top_values, top_indices, reach
+
+
 def _block_chunk(inputs: SearchInputs, start: int, unit_buffer: torch.Tensor | None, screened: bool) -> Chunk:
     """The corpus chunk from `start` as `search_blocks` multiplies it: cosine rows as given divided by
     their float32 norms now, or, for a screen, left undivided with their divisors."""
@@ -314,9 +334,7 @@ def _own_floor(inputs: SearchInputs, rows: slice, kth: torch.Tensor, reach: floa
 
 @contextlib.contextmanager
 def _one_thread(device: torch.device):
-    """Run the torch operations inside on one CPU thread: each operation spread over several threads
-    ends by waiting for all of them, which on a busy machine can take a scheduling period, and the
-    work between two products is a dozen small operations (bench/README.md, "Search")."""
+    """Run the dozen small operations between two products on one CPU thread (bench/README.md, "Search")."""
     threads = torch.get_num_threads()
     if device.type != "cpu" or threads == 1:
         yield

@@ -1,19 +1,18 @@
 """What the screens of the fast CPU search share.
 
-Most of a product of queries against a corpus chunk is spent on scores that cannot reach the top-k.
-A screen computes the block more cheaply, in int8 (fast/int8_blocks.py: many queries;
-fast/int8_rows.py: a few queries against a prepared corpus's int8 copy), and a proven bound on its
-error turns each approximate score into an upper bound on the float32 one. Every screen implements:
+Most of a product is spent on scores that cannot reach the top-k. A screen computes the block more
+cheaply, in int8 (fast/int8_blocks.py: many queries; fast/int8_rows.py: a few against a prepared
+corpus's copy), and a proven bound on its error makes each approximate score an upper bound on the
+float32 one. Every screen implements:
 
     load_chunk(chunk)                      take the next corpus chunk (a `Chunk`)
     candidates(rows, floor, own_floor)     (M,) query rows and (M,) chunk rows whose upper bound
                                            reaches `floor` (Qc,), and the floor; or None
 
-`Screen` wraps one: it rescores the candidates in float32, keeps those above the floor, and waits
-before trying again where screening failed (too many candidates). Nothing below the floor can reach
-the top-k, so a screen changes only speed. Where nothing is kept yet (the first chunk) the floor is
--inf: a screen of many queries then picks each query's best entries of its k best groups, `Screen`
-scores them in float32, and the lowest makes a floor (`own_floor`): k rows score at least that.
+`Screen` wraps one: it rescores the candidates in float32, keeps those above the floor, and after a
+failure (too many candidates) waits before trying again. A screen changes only speed. Where nothing
+is kept yet the floor is -inf: a screen of many queries then picks each query's best entries of its
+k best groups, `Screen` scores them, and the lowest makes a floor (`own_floor`).
 """
 
 from dataclasses import dataclass

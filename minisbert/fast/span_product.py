@@ -1,18 +1,14 @@
 """The few-query search's product, a span of corpus rows times a few query rows, computed the
 quickest way this machine has.
 
-fast/retrieval.py's `search_spans` needs the (Q', n) scores of a span of n corpus rows (n, d) and Q'
-factor rows (Q', d), one row per query. Both ways compute the (n, Q') product (one factor row as two,
-the second zero, so that MKL runs its matrix-product kernel) a piece of PIECE_ENTRIES / Q' corpus
-rows at a time, and copy it transposed into the block while it is in the cache (torch's kernel
-writing the (Q', n) block itself was the slowest at the shapes measured: bench/README.md, "Search"):
-"rows" by torch's kernel (MKL on x86), "onednn" by oneDNN (`torch.ops.mkldnn._linear_pointwise`).
-
-Which is quicker differs between processors by large factors (bench/README.md, "Search"), so the
-first search that meets a number of factor rows (rounded up to a power of two) times both on a probe
-and keeps the quicker as a fact of the machine (minisbert/fast/machine.py).
-MINISBERT_SPAN_PRODUCT=rows or onednn forces one. The ways sum in their own orders; the exact
-rescoring makes results independent of them.
+`search_spans` (fast/retrieval.py) needs the (Q', n) scores of n corpus rows against Q' factor rows,
+one per query. Both ways compute the (n, Q') product (one factor row as two, the second zero, so
+that MKL runs its matrix kernel) PIECE_ENTRIES / Q' rows at a time and copy it transposed into the
+block while in the cache: "rows" by torch's kernel (MKL on x86), "onednn" by oneDNN
+(`torch.ops.mkldnn._linear_pointwise`). Which is quicker differs between processors by large
+factors (bench/README.md, "Search"): the first search that meets a number of factor rows (rounded up
+to a power of two) times both once and keeps the quicker as a fact of the machine (fast/machine.py).
+MINISBERT_SPAN_PRODUCT=rows or onednn forces one. The exact rescoring makes results independent of it.
 """
 
 import math

@@ -12,6 +12,8 @@ INT8_ROWS_RATIO = 0.75  # a prepared corpus keeps an int8 copy where its product
 INT8_BLOCKS_RATIO = 0.6  # the int8 blocks screen where their product takes under this share of float32's
 KEPT_BEYOND_K = 16  # a fast way keeps its top k + this many: the rows past the k-th prove the top k. bench: "Search"
 
+DEVICE_BLOCK_ENTRIES = 2**28  # a device block's (Qc, n) float32 scores (at most SPAN_ROWS rows): 1 GB. bench: "GPUs"
+
 # Spans of the few-query search (fast/retrieval.py's `search_spans`).
 GROUP_SIZE = 64  # corpus rows per group of the coarse filter: one group maximum opens or skips 64 scores
 SPAN_ROWS = 2**19 - GROUP_SIZE  # long spans (a few dozen torch calls each); no multiple of 4096: cache sets
