@@ -100,6 +100,9 @@ COMMANDS = {
     "python bench/bfloat16.py --limit 320 --ndcg --train-steps 120 --emulate":
         Run(f"--limit 8 --train-steps 2 {SMALL_CORPUS}", slow=True, data=True),
     "python bench/gpu.py": Run(needs="gpu"),
+    "python bench/retrieval.py --devices cuda --sizes 1000000 --queries 1 16 1000 --methods minisbert-dot "
+    "minisbert-cosine minisbert-prepared minisbert-plain plain plain-cosine":
+        Run("--sizes 20000 --queries 1 16 --repeats 1", needs="gpu"),
     # weights/README.md. all-MiniLM-L6-v2 is in weights/ by the time these run (the minilm fixture fetches
     # it, as every user's first run does), so fetch finds it and prints its folder. Fetching itself, and the
     # README's --dir and --force, run against a local server in tests/test_hub.py:
