@@ -20,10 +20,10 @@ corpus can stay in CPU memory (`device="cuda"` moves it a chunk at a time). Test
 tests/test_retrieval.py, timed beside faiss in bench/retrieval.py.
 """
 
-import dataclasses
 import math
 import os
 from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -80,9 +80,8 @@ def _settled(way):
     def run(inputs: SearchInputs):
         values, indices, unproved = fast.finish(inputs, *way(inputs))
         if unproved.any():  # the same search for those queries
-            unproved_only = dataclasses.replace(inputs, queries=inputs.queries[unproved],
-                                                query_norms=inputs.query_norms[unproved])
-            values[unproved], indices[unproved] = retrieval.chunked_search(unproved_only)
+            rest = replace(inputs, queries=inputs.queries[unproved], query_norms=inputs.query_norms[unproved])
+            values[unproved], indices[unproved] = retrieval.chunked_search(rest)
         return values, indices
     return run
 
@@ -148,8 +147,12 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
     if excluded is not None:  # search past the rows to leave out, then drop them (`_without`)
         most = int(excluded[:, 0].bincount().max()) if excluded.numel() else 0
         inputs.k = min(k + most, inputs.corpus.shape[0])
-    name = choose_way(inputs, "plain" if not fast else way)
-    values, indices = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
+    name, precision = choose_way(inputs, "plain" if not fast else way), torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # TF32 or bfloat16 products would void the bounds
+    try:
+        values, indices = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
+    finally:
+        torch.set_float32_matmul_precision(precision)
     if excluded is not None:
         values, indices = _without(excluded, values, indices, k, inputs.corpus.shape[0])
     return inputs.results(values, indices)

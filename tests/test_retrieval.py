@@ -317,6 +317,39 @@ def test_an_unknown_way_is_named_and_a_way_that_cannot_run_is_refused():
         search_module.search(torch.randn(1, 4), torch.randn(10, 4), 2, way="spans, int8")  # no prepared copy
 
 
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_every_way_multiplies_in_full_float32_whatever_precision_torch_was_set_to(monkeypatch, precision):
+    """TF32 (GPUs) or bfloat16 (oneDNN on CPUs) products lie outside the float32 error bound that
+    decides which rows are rescored, so the search runs its way at "highest" and restores the
+    setting after, also when the way raises."""
+    seen = []
+
+    def recorded(run):
+        def wrapper(inputs):
+            seen.append(torch.get_float32_matmul_precision())
+            if inputs.k == 3:
+                raise RuntimeError("a way that fails")
+            return run(inputs)
+        return wrapper
+
+    monkeypatch.setattr(search_module, "WAYS", tuple((name, can, taken, recorded(run))
+                                                     for name, can, taken, run in search_module.WAYS))
+    generator = torch.Generator().manual_seed(3)
+    queries, corpus = torch.randn(5, 16, generator=generator), torch.randn(300, 16, generator=generator)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        for way in ("plain", "device", None):
+            search_module.search(queries, corpus, 4, way=way)
+            assert torch.get_float32_matmul_precision() == precision
+        with pytest.raises(RuntimeError, match="a way that fails"):
+            search_module.search(queries, corpus, 3)
+        assert torch.get_float32_matmul_precision() == precision
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert len(seen) == 4 and set(seen) == {"highest"}
+
+
 # ---- the plain search of minisbert/retrieval.py, read alone ---------------------------------
 
 
