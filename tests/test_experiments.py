@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -279,6 +280,16 @@ def test_the_report_names_the_machine_that_made_the_models_not_the_one_that_read
     siamese_vs_triplet.main(["--report-only", "--output", str(output)])
     assert "Trained on a machine elsewhere." in (output / "results.md").read_text()
     assert json.loads((output / "run.json").read_text())["date"] == "2026-01-01"  # reading back records nothing
+
+
+def test_a_run_on_a_gpu_is_recorded_with_the_gpu_s_name(monkeypatch):
+    # A record that says "device cuda" alone does not say which GPU made the models.
+    from minisbert.experiments import records
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    about = records.about_the_run(argparse.Namespace(), "cuda")
+    assert about.startswith(f"Run on {time.strftime('%Y-%m-%d')}, device cuda (NVIDIA H100 80GB HBM3), ")
+    assert ", device cpu, " in records.about_the_run(argparse.Namespace(), "cpu")
 
 
 def test_a_run_continued_elsewhere_keeps_the_earlier_record_and_says_which_machine_made_which_models(

@@ -140,8 +140,10 @@ def time_why(run: dict) -> str:
 
 
 def about_the_run(settings: argparse.Namespace, device) -> str:
-    """One line with the date, the device and the CPU, for the report."""
-    cpu = ""
+    """One line with the date, the device (a GPU by its name) and the CPU, for the report."""
+    cpu, device = "", torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        device = f"{device} ({torch.cuda.get_device_name(device)})"
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         text = cpuinfo.read_text()
