@@ -149,7 +149,7 @@ def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Te
     rows, slots = ((top_indices >= 0) & (top_values >= floor[:, None])).nonzero(as_tuple=True)  # (M,), (M,)
 
     def doc_rows(columns):
-        doc = inputs.corpus.index_select(0, columns.to(inputs.corpus.device)).to(device=inputs.device, dtype=torch.float32)
+        doc = inputs.corpus.index_select(0, columns.to(inputs.corpus.device)).to(inputs.device, torch.float32)
         return unit_rows(doc) if inputs.score == "cosine" and inputs.prepared is None else doc
 
     settle(inputs.queries, doc_rows, (rows, top_indices[rows, slots]), 0, inputs.score, values, indices)
@@ -245,7 +245,8 @@ def search_blocks(inputs: SearchInputs, screen: bool = False):
     reach = 0.0
     for doc_start in range(0, num_docs, corpus_chunk_size):
         with _one_thread(device):
-            chunk = _block_chunk(inputs, doc_start, unit_buffer, screened is not None)
+            chunk = _block_chunk(inputs, doc_start, min(corpus_chunk_size, num_docs - doc_start), unit_buffer,
+                                 screened is not None)
         reach = max(reach, chunk.largest_norm)
         if screened is not None:
             screened.load_chunk(chunk)
@@ -282,7 +283,7 @@ def search_device(inputs: SearchInputs):
     if span == DEFAULT_CORPUS_CHUNK_SIZE:
         span = max(span, min(SPAN_ROWS, DEVICE_BLOCK_ENTRIES // query_rows))
     for start in range(0, num_docs, span):
-        chunk = _prepared_chunk(inputs, start, min(span, num_docs - start))
+        chunk = _block_chunk(inputs, start, min(span, num_docs - start))
         reach = max(reach, chunk.largest_norm)
         for rows in (slice(first, first + query_rows) for first in range(0, num_queries, query_rows)):
             block = torch.empty(len(range(num_queries)[rows]), chunk.rows.shape[0], device=inputs.device)
@@ -293,10 +294,9 @@ def search_device(inputs: SearchInputs):
     return top_values, top_indices, reach
 
 
-def _block_chunk(inputs: SearchInputs, start: int, unit_buffer: torch.Tensor | None, screened: bool) -> Chunk:
-    """The corpus chunk from `start` as `search_blocks` multiplies it: cosine rows as given divided by
-    their float32 norms now, or, for a screen, left undivided with their divisors."""
-    rows = min(inputs.corpus_chunk_size, inputs.corpus.shape[0] - start)
+def _block_chunk(inputs: SearchInputs, start: int, rows: int, unit_buffer=None, screened: bool = False) -> Chunk:
+    """The corpus chunk of `rows` rows from `start` as a block multiplies it: cosine rows as given
+    divided by their float32 norms now (into `unit_buffer`, if given), or, for a screen, left undivided."""
     if inputs.prepared is None:
         raw = inputs.corpus[start : start + rows].to(device=inputs.device, dtype=torch.float32)  # (Nc, d)
         norms = torch.linalg.vector_norm(raw, dim=1)  # (Nc,)
@@ -304,7 +304,7 @@ def _block_chunk(inputs: SearchInputs, start: int, unit_buffer: torch.Tensor | N
         if reach is not None:
             divisors = norms[:, None] if inputs.score == "cosine" else None  # (Nc, 1)
             if divisors is not None and not screened:
-                raw, divisors = torch.div(raw, divisors, out=unit_buffer[:rows]), None
+                raw, divisors = torch.div(raw, divisors, out=None if unit_buffer is None else unit_buffer[:rows]), None
             squared = norms * norms if inputs.score == "euclidean" else None
             return Chunk(raw, divisors, squared, reach, None)
     return _prepared_chunk(inputs, start, rows)
