@@ -61,7 +61,7 @@ def _fixed_sum_(terms: torch.Tensor) -> torch.Tensor:
     width = terms.shape[-1]
     while width > 1:
         half = width // 2
-        terms[..., :half] += terms[..., width - half : width]
+        terms[..., :half].add_(terms[..., width - half : width])  # (`+=` would copy the half back onto itself)
         width -= half
     return terms[..., 0] if terms.shape[-1] else terms.sum(-1)
 
