@@ -12,6 +12,7 @@ batch.
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -308,6 +309,14 @@ def brute_force_without_self(queries, corpus, k, score, self_rows):
         own = self_rows[query - 40] if query >= 40 else None
         expected.append([i for i in row if i != own][:k])
     return torch.tensor(expected)
+
+
+def test_off_a_cpu_the_device_way_is_chosen():
+    # choose_way reads the device's type alone, so the choice is checked here without a GPU.
+    inputs = search_module.check_inputs(torch.randn(3, 8), torch.randn(50, 8), 2, None, 1024, None, None)
+    assert search_module.choose_way(inputs) != "device"
+    for device in ("cuda", "mps"):
+        assert search_module.choose_way(replace(inputs, device=torch.device(device))) == "device"
 
 
 def test_an_unknown_way_is_named_and_a_way_that_cannot_run_is_refused():
