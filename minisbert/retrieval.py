@@ -1,24 +1,22 @@
 """Exact top-k search, the plain way: score a block of the corpus, keep what can reach the top k,
 score that exactly, merge.
 
-For each query embedding, the k corpus embeddings that score best. Scoring Q queries against N
-documents of dimension d is one matrix product, (Q, d) @ (d, N), and the answer is the k best
-columns of each row. The (Q, N) scores would take 4·Q·N bytes (8 GB for 1,000 queries over 2M
-documents), so `search` walks the corpus and the queries in chunks.
+For each query embedding, the k corpus embeddings that score best: the k best columns of each row
+of one matrix product, (Q, d) @ (d, N). Its (Q, N) scores would take 4·Q·N bytes (8 GB for 1,000
+queries over 2M documents), so `search` walks the corpus and the queries in chunks.
 
-What a returned score is. A float32 product sums each q·c in an order its kernel chooses, which
-changes with the kernel, the block's shape and the machine, and so would the order of two rows that
-nearly tie. So a score is one fixed arithmetic of the query row and the corpus row
-(minisbert/similarity.py's `exact_scores`):
+What a returned score is. A float32 product sums each q·c in an order its kernel chooses (it changes
+with the kernel, the block's shape and the machine), which can turn a near tie. So a score is one
+fixed arithmetic of the query row and the corpus row (minisbert/similarity.py's `exact_scores`):
 
     cosine     q̂·ĉ over the unit rows q̂, ĉ that `unit_rows` makes     larger is better
     dot        q·c                                                     larger is better
     euclidean  |q - c|                                                 smaller is better
 
 each summed in float64 over the exact products (or squared differences) in one fixed pairwise
-order, then rounded once to float32. Equal scores go to the lower corpus index. Every path of the
-search (this loop, the fast ways of minisbert/fast/, any chunk size or number of queries, a prepared
-or a raw corpus) returns exactly these scores in exactly this order, bit for bit.
+order, then rounded once to float32; equal scores go to the lower corpus index. Every path (this
+loop, minisbert/fast/'s ways, any chunk size or query count, a prepared or a raw corpus) returns
+these scores in this order, bit for bit.
 
 The loop. For each (query chunk, corpus chunk) block it
     1. scores the block in float32: one matrix product, (Qc, d) @ (d, Nc) (for euclidean the key
@@ -33,17 +31,17 @@ The loop. For each (query chunk, corpus chunk) block it
        (for euclidean's keys 1.01 (γ + 2u) (|q| + R)², and the distance rounds within 2u);
     3. scores the candidates exactly and merges them into the running top-k (`settle`).
 
-Memory is a few blocks whatever N is; the candidates are usually the k best and a few more.
-sentence-transformers' `util.semantic_search` is steps 1 and a top-k. The checks, the bound E
-(`Bounds`) and step 3 (`settle`) are in search_inputs.py, which the fast ways (minisbert/fast/)
-share. Tested in tests/test_retrieval.py: against brute force, and every way against this loop.
+Memory is a few blocks whatever N is; sentence-transformers' `util.semantic_search` is step 1 and
+a top-k. The checks, `Bounds`, `settle` and `exact_products` (full float32 products, never TF32) are
+in search_inputs.py, shared with minisbert/fast/. Tested in tests/test_retrieval.py: against brute
+force, and every way against this loop.
 """
 
 import math
 
 import torch
 
-from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, Bounds, SearchInputs, check_inputs, settle
+from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, Bounds, SearchInputs, check_inputs, exact_products, settle
 
 
 def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
@@ -54,9 +52,9 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
     return inputs.results(*chunked_search(inputs))
 
 
+@exact_products()
 def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loop on checked inputs. Returns the (Q, k) values (scores; the negated distances for
-    euclidean) and corpus indices, best first."""
+    """The loop on checked inputs: the (Q, k) values (negated distances for euclidean) and indices, best first."""
     queries, k, score = inputs.queries, inputs.k, inputs.score
     top_values = torch.full((queries.shape[0], k), -math.inf, device=inputs.device)  # (Q, k)
     top_indices = torch.full_like(top_values, -1, dtype=torch.long)  # (Q, k)

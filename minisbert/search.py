@@ -38,7 +38,7 @@ from .fast.int8_rows import int8_product_runs
 from .fast.tuning import FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS
 from .fileio import atomic_write
 from .search_inputs import (DEFAULT_CORPUS_CHUNK_SIZE, DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, SearchInputs,
-                            as_embedding_matrix, check_arguments, check_inputs, scored_rows)
+                            as_embedding_matrix, check_arguments, check_inputs, exact_products, scored_rows)
 
 WAY_VARIABLE = "MINISBERT_SEARCH_WAY"
 
@@ -147,12 +147,9 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
     if excluded is not None:  # search past the rows to leave out, then drop them (`_without`)
         most = int(excluded[:, 0].bincount().max()) if excluded.numel() else 0
         inputs.k = min(k + most, inputs.corpus.shape[0])
-    name, precision = choose_way(inputs, "plain" if not fast else way), torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")  # TF32 or bfloat16 products would void the bounds
-    try:
+    name = choose_way(inputs, "plain" if not fast else way)
+    with exact_products():  # TF32 or bfloat16 products would void the bounds
         values, indices = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
-    finally:
-        torch.set_float32_matmul_precision(precision)
     if excluded is not None:
         values, indices = _without(excluded, values, indices, k, inputs.corpus.shape[0])
     return inputs.results(values, indices)

@@ -7,6 +7,7 @@ euclidean) within float32; for dot and euclidean no score beyond float32 (|q·c|
 |q - c|² <= (|q| + |c|)²). A failure raises a ValueError naming the input and the row.
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -33,11 +34,9 @@ class PreparedCorpus:
 
 
 def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (n, d) float32 rows of `chunk`, numbered from `start`, as `score` scores them (unit rows
-    for cosine), and their (n,) float64 norms, after checking every row is finite and fits float32."""
+    """`chunk`'s (n, d) float32 rows as `score` scores them (unit rows for cosine), checked, and their norms."""
     norms = row_norms(chunk)  # (n,) float64, inf or NaN only for a row holding inf or NaN
-    largest = torch.finfo(torch.float32).max ** (0.5 if score == "euclidean" else 1.0)
-    fits = norms <= largest  # False for NaN too
+    fits = norms <= torch.finfo(torch.float32).max ** (0.5 if score == "euclidean" else 1.0)  # False for NaN too
     if not fits.all():
         row = start + int(fits.logical_not().nonzero()[0])
         raise ValueError(f"{name} row {row} contains NaN or inf, or values too large for float32; embed it "
@@ -64,8 +63,7 @@ class SearchInputs:
     prepared: PreparedCorpus | None = None
 
     def corpus_chunk(self, start: int, size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows start to start + size (default corpus_chunk_size) as scored, on the device, checked
-        (`scored_rows`, and no score beyond float32), and their (n,) float64 norms."""
+        """Rows start to start + size (default corpus_chunk_size) as scored and checked, and their norms."""
         end = start + (size or self.corpus_chunk_size)
         if self.prepared is not None:
             return self.prepared.rows[start:end].to(self.device), self.prepared.norms[start:end].to(self.device)
@@ -89,6 +87,17 @@ class SearchInputs:
         """What `search` returns: distances for euclidean (the values are their negatives), numpy for numpy inputs."""
         scores = -values if self.score == "euclidean" else values
         return (scores.cpu().numpy(), indices.cpu().numpy()) if self.return_numpy else (scores, indices)
+
+
+@contextlib.contextmanager
+def exact_products():
+    """Full float32 products while a search runs: TF32 or bfloat16 ones would void `Bounds`."""
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
 
 
 def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, device) -> SearchInputs:
@@ -118,21 +127,17 @@ def summation_error(dim: int) -> float:
 
 
 class Bounds:
-    """E, how far a float32 score can lie from the exact one (retrieval.py, step 2), and so which
-    entries of a block can still reach a query's top-k."""
+    """E, how far a float32 score can lie from the exact one (retrieval.py, step 2), and its floors."""
 
     def __init__(self, score: str, query_norms: torch.Tensor, largest_norm: float, dim: int, sums: int = 1,
                  roundings: int = 2):
-        """query_norms (Qc,) float64; an approximate score made by `sums` float32 sums of d terms and
-        `roundings` roundings of its size (2 and 4 where a fast way divides by float32 norms)."""
+        """query_norms (Qc,) float64; a float32 score made by `sums` sums of d terms and `roundings` roundings."""
         self.score, self.query_norms = score, query_norms
-        gamma = summation_error(dim)
         reach = query_norms + largest_norm if score == "euclidean" else (query_norms * largest_norm).sqrt()
-        self.error = 1.01 * (sums * gamma + roundings * F32_UNIT) * reach**2 + dim * 2.0**-124  # (Qc,)
+        self.error = 1.01 * (sums * summation_error(dim) + roundings * F32_UNIT) * reach**2 + dim * 2.0**-124  # (Qc,)
 
     def lower(self, approximate: torch.Tensor) -> torch.Tensor:
-        """(Qc,) float64 values below which the k-th best cannot lie, when k entries of each query's
-        row have approximate scores >= `approximate` (Qc,)."""
+        """(Qc,) float64 below which the k-th best cannot lie, where k entries score >= `approximate` (Qc,)."""
         approximate = approximate.double()
         if self.score != "euclidean":
             return approximate - self.error
@@ -140,8 +145,7 @@ class Bounds:
         return -(squared.sqrt() * (1 + 2.01 * F32_UNIT) + 2.0**-149)
 
     def floor(self, kth: torch.Tensor) -> torch.Tensor:
-        """(Qc,) float32: every entry that can score at least the (Qc,) float64 values `kth` has an
-        approximate score at or above it. Rounded down to float32."""
+        """(Qc,) float32, rounded down: an entry that can score `kth` (Qc,) float64 has a float32 score above."""
         if self.score != "euclidean":
             floor = kth - self.error
         else:
@@ -153,9 +157,8 @@ class Bounds:
 
 def settle(queries: torch.Tensor, doc_rows, candidates: tuple, doc_start: int, score: str,
            top_values: torch.Tensor, top_indices: torch.Tensor) -> None:
-    """Score the candidates, (M,) query rows (ascending) and (M,) chunk rows, exactly and merge them
-    into the running (Qc, k) top-k, in place; `queries` (Qc, d) as scored, doc_rows(chunk rows) the
-    rows as scored. SETTLE_PIECE at a time, so memory stays bounded however many candidates tie."""
+    """Score the candidates ((M,) query rows, ascending; (M,) chunk rows, given by doc_rows as scored) exactly
+    and merge them into the (Qc, k) top-k, in place, SETTLE_PIECE at a time (bounded however many tie)."""
     rows, columns = candidates
     values = torch.empty(rows.shape, device=rows.device)  # (M,)
     for start in range(0, rows.numel(), SETTLE_PIECE):
@@ -166,8 +169,7 @@ def settle(queries: torch.Tensor, doc_rows, candidates: tuple, doc_start: int, s
 
 def merge_candidates(values: torch.Tensor, candidates: tuple, doc_start: int, top_values: torch.Tensor,
                      top_indices: torch.Tensor) -> None:
-    """Merge (M,) candidates' values (larger is better) at (M,) query rows (ascending) and chunk rows
-    into the running (Qc, k) top-k, in place, with the tie rule."""
+    """Merge (M,) values (larger is better) at (M,) query rows (ascending) and chunk rows into a (Qc, k) top-k."""
     rows, columns = candidates
     if rows.numel() == 0:
         return

@@ -94,6 +94,10 @@ COMMANDS = {
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 10000": SMALL_SEARCH,
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 10000 200000": SMALL_SEARCH,
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 1000000": SMALL_SEARCH,
+    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 --methods minisbert-dot minisbert-cosine "
+    "minisbert-prepared plain faiss": SMALL_SEARCH,
+    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 10000 1000000 --methods minisbert-dot "
+    "minisbert-cosine minisbert-prepared plain faiss": SMALL_SEARCH,
     "python bench/retrieval.py --sizes 1000000 --queries 1 --methods minisbert-prepared plain":
         Run("--sizes 2000 --repeats 1"),
     "python bench/train.py --peer-python PEER/bin/python --repeats 3": Run("--pairs 32 --repeats 1", slow=True,

@@ -359,6 +359,34 @@ def test_every_way_multiplies_in_full_float32_whatever_precision_torch_was_set_t
     assert len(seen) == 4 and set(seen) == {"highest"}
 
 
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_the_plain_search_called_alone_multiplies_in_full_float32_too(monkeypatch, precision):
+    """minisbert/retrieval.py's `search`, which a reader may call without minisbert.search, runs its
+    loop at "highest" as well, and restores the setting after, also when a corpus chunk is refused."""
+    seen = []
+    settle = retrieval.settle
+
+    def recorded(*args):
+        seen.append(torch.get_float32_matmul_precision())
+        return settle(*args)
+
+    monkeypatch.setattr(retrieval, "settle", recorded)
+    generator = torch.Generator().manual_seed(3)
+    queries, corpus = torch.randn(5, 16, generator=generator), torch.randn(300, 16, generator=generator)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        retrieval.search(queries, corpus, 4, corpus_chunk_size=100)
+        assert torch.get_float32_matmul_precision() == precision
+        corpus[250, 3] = float("nan")  # the third chunk is refused while the loop runs
+        with pytest.raises(ValueError, match="corpus row 250 contains NaN"):
+            retrieval.search(queries, corpus, 4, corpus_chunk_size=100)
+        assert torch.get_float32_matmul_precision() == precision
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert len(seen) == 5 and set(seen) == {"highest"}
+
+
 # ---- the plain search of minisbert/retrieval.py, read alone ---------------------------------
 
 

@@ -286,8 +286,9 @@ def search_device(inputs: SearchInputs):
         chunk = _block_chunk(inputs, start, min(span, num_docs - start))
         reach = max(reach, chunk.largest_norm)
         for rows in (slice(first, first + query_rows) for first in range(0, num_queries, query_rows)):
-            block = torch.empty(inputs.queries[rows].shape[0], chunk.rows.shape[0], device=inputs.device)
-            _score_rows(chunk, inputs.queries[rows], inputs.score, block.T)  # (Qc, n)
+            queries = inputs.queries[rows]  # (Qc, d)
+            block = torch.empty(queries.shape[0], chunk.rows.shape[0], device=inputs.device)
+            _score_rows(chunk, queries, inputs.score, block.T)  # (Qc, n)
             values, columns = block.topk(min(top_values.shape[1], block.shape[1]), dim=1)
             top_values[rows], top_indices[rows] = merge_top_k(top_values[rows], top_indices[rows], values,
                                                               columns + start, top_values.shape[1])
