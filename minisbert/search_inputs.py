@@ -137,7 +137,7 @@ class Bounds:
         self.error = 1.01 * (sums * summation_error(dim) + roundings * F32_UNIT) * reach**2 + dim * 2.0**-124  # (Qc,)
 
     def lower(self, approximate: torch.Tensor) -> torch.Tensor:
-        """(Qc,) float64 below which the k-th best cannot lie, where k entries score >= `approximate` (Qc,)."""
+        """(Qc,) float64 below which the k-th best cannot lie when k float32 scores are >= `approximate` (Qc,)."""
         approximate = approximate.double()
         if self.score != "euclidean":
             return approximate - self.error
@@ -145,7 +145,7 @@ class Bounds:
         return -(squared.sqrt() * (1 + 2.01 * F32_UNIT) + 2.0**-149)
 
     def floor(self, kth: torch.Tensor) -> torch.Tensor:
-        """(Qc,) float32, rounded down: an entry that can score `kth` (Qc,) float64 has a float32 score above."""
+        """(Qc,) float32, rounded down: at or below the float32 score of any entry that can reach `kth` (Qc,)."""
         if self.score != "euclidean":
             floor = kth - self.error
         else:
