@@ -29,7 +29,7 @@ import torch
 from minisbert import checkpoints, significance
 from minisbert.experiments import verdicts, __main__ as command
 from minisbert.experiments import (embedding_size, embedding_size_report, figures, model_selection, records, runner,
-                                   sbert_objectives, siamese_vs_triplet)
+                                   sbert_objectives, siamese_vs_triplet, siamese_vs_triplet_report)
 from minisbert.experiments.pca import fit_pca
 
 from .conftest import FIXTURES, REPO
@@ -527,6 +527,20 @@ def test_verdicts_say_what_the_tests_can_tell():
     summary = embedding_size_report.training_summary(tests, [8, 32])
     assert "- D = 32 against the base: not detectable; the 95% interval runs from -0.0090 to +0.0110" in summary
     assert "- D = 8 against the base: prefers base (" in summary
+
+
+def test_where_the_two_inferences_part_on_the_papers_finding_it_says_which_agrees():
+    # Triplet at margin 0.2 after 3 epochs, 5 seeds: the per-query test prefers euclidean (as the paper),
+    # the t over the seeds cannot tell; "as the paper finds" alone would hide the second
+    seeds = {"difference": -0.015, "ci95": [-0.03, 0.001], "p": 0.06, "p_holm": 0.06, "seeds": 5}
+    split = {"difference": -0.015, "ci95": [-0.029, -0.001], "p_randomization": 0.045, "p_holm": 0.045,
+             "seed_level": seeds}
+    said = siamese_vs_triplet_report.agreement("Triplet network, margin 0.2", split)
+    assert said == "as the paper finds per query, given the seeds, where the t over the seeds cannot tell"
+    opposite = split | {"seed_level": seeds | {"difference": 0.015, "p": 0.01, "p_holm": 0.01}}
+    assert siamese_vs_triplet_report.agreement("Triplet network, margin 0.2", opposite).endswith("finds the opposite")
+    both = split | {"seed_level": seeds | {"p": 0.01, "p_holm": 0.01}}
+    assert siamese_vs_triplet_report.agreement("Triplet network, margin 0.2", both) == "as the paper finds"
 
 
 def test_embedding_size_reads_quoras_layout_and_no_question_finds_itself(tmp_path):
