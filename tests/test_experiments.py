@@ -280,6 +280,11 @@ def test_the_report_names_the_machine_that_made_the_models_not_the_one_that_read
     siamese_vs_triplet.main(["--report-only", "--output", str(output)])
     assert "Trained on a machine elsewhere." in (output / "results.md").read_text()
     assert json.loads((output / "run.json").read_text())["date"] == "2026-01-01"  # reading back records nothing
+    # results.json keeps the records beside the seeds, so it alone says which code and machine made it
+    results = json.loads((output / "results.json").read_text())
+    assert results["records"] == [{"date": "2026-01-01", "about": "Trained on a machine elsewhere."}]
+    assert "seeds" in results["settings"]
+    assert "code" in json.loads((reference / "results.json").read_text())["records"][0]  # None outside git
 
 
 def test_a_run_on_a_gpu_is_recorded_with_the_gpu_s_name(monkeypatch):

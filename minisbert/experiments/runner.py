@@ -11,7 +11,8 @@ from that model's last checkpoint (fit.py).
     OUTPUT/run.json                    which machine and code made which models, and the equivalence
                                        margin in force then (records.py)
     OUTPUT/models/<name>/              log.jsonl, checkpoint.pt, final/ (fit.py), result.json
-    OUTPUT/results.json, results.md    every number, each query's own included, and the tables
+    OUTPUT/results.json, results.md    every number, each query's own included, and the tables;
+                                       results.json also run.json's records (seeds in "settings")
     OUTPUT/*.png                       the figures (figures.py, when matplotlib is installed)
 
 A model trained with several seeds (--seeds N: seed, seed + 1, ...) is one entry per seed
@@ -196,7 +197,9 @@ class Study:
 
     def write_results(self, results: dict, markdown: str) -> None:
         """results.json and results.md. A model trained with one seed keeps its per-query scores once:
-        they are the seed's own, so the copy under "runs" is left out."""
+        they are the seed's own, so the copy under "runs" is left out. results.json also keeps run.json's
+        records under "records" (records.history: the machine, code commit and margin of each run)."""
+        results = {**results, "records": records.history(self.run())}
         for model in results.get("models", {}).values():
             if len(model.get("runs", [])) == 1:
                 model["runs"] = [{key: value for key, value in model["runs"][0].items() if key != "per_query"}]
