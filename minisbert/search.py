@@ -35,7 +35,8 @@ from . import retrieval
 from .fast import retrieval as fast
 from .fast.int8_blocks import int8_blocks_exact, int8_blocks_pay
 from .fast.int8_rows import int8_product_runs
-from .fast.tuning import FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS
+from .fast.tuning import (DEVICE_BLOCK_ENTRIES, FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS,
+                          SPAN_ROWS)
 from .fileio import atomic_write
 from .search_inputs import (DEFAULT_CORPUS_CHUNK_SIZE, DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, SearchInputs,
                             as_embedding_matrix, check_arguments, check_inputs, exact_products, scored_rows)
@@ -148,6 +149,9 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
         most = int(excluded[:, 0].bincount().max()) if excluded.numel() else 0
         inputs.k = min(k + most, inputs.corpus.shape[0])
     name = choose_way(inputs, "plain" if not fast else way)
+    if name == "device" and corpus_chunk_size is None:  # a device's blocks: up to DEVICE_BLOCK_ENTRIES scores
+        rows = max(1, min(inputs.query_chunk_size, inputs.queries.shape[0]))
+        inputs.corpus_chunk_size = max(DEFAULT_CORPUS_CHUNK_SIZE, min(SPAN_ROWS, DEVICE_BLOCK_ENTRIES // rows))
     with exact_products():  # TF32 or bfloat16 products would void the bounds
         values, indices = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
     if excluded is not None:

@@ -319,6 +319,21 @@ def test_off_a_cpu_the_device_way_is_chosen():
         assert search_module.choose_way(replace(inputs, device=torch.device(device))) == "device"
 
 
+def test_a_corpus_chunk_size_given_bounds_the_device_way_s_blocks_even_at_the_default(monkeypatch):
+    # Left out, the device way scores blocks of up to DEVICE_BLOCK_ENTRIES scores (here one block of
+    # all 20,000 rows); given, even equal to the default 8,192, it is the caller's bound on memory.
+    sizes, block_chunk = [], fast_retrieval._block_chunk
+    monkeypatch.setattr(fast_retrieval, "_block_chunk",
+                        lambda inputs, start, rows, *rest: sizes.append(rows) or block_chunk(inputs, start, rows, *rest))
+    queries, corpus = torch.randn(3, 8), torch.randn(20_000, 8)
+    expected = search_module.search(queries, corpus, 5, way="plain")
+    for given, blocks in ((None, [20_000]), (search_module.DEFAULT_CORPUS_CHUNK_SIZE, [8192, 8192, 3616])):
+        sizes.clear()
+        values, indices = search_module.search(queries, corpus, 5, way="device", corpus_chunk_size=given)
+        assert sizes == blocks
+        assert torch.equal(values, expected[0]) and torch.equal(indices, expected[1])
+
+
 def test_an_unknown_way_is_named_and_a_way_that_cannot_run_is_refused():
     with pytest.raises(ValueError, match="unknown search way 'fastest'; choose one of"):
         search_module.search(torch.randn(3, 4), torch.randn(10, 4), 2, way="fastest")

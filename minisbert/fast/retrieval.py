@@ -32,13 +32,13 @@ from functools import partial
 
 import torch
 
-from ..search_inputs import DEFAULT_CORPUS_CHUNK_SIZE, Bounds, SearchInputs, merge_candidates, merge_top_k, settle
+from ..search_inputs import Bounds, SearchInputs, merge_candidates, merge_top_k, settle
 from ..similarity import unit_rows
 from .int8_blocks import Int8Blocks
 from .int8_rows import Int8RowsScreen, int8_product_runs, int8_rows, int8_screen_pays
 from .screen import Chunk, Screen
 from .span_product import SpanProduct
-from .tuning import (DEVICE_BLOCK_ENTRIES, FIRST_SPAN_ROWS, GROUP_SIZE, KEPT_BEYOND_K, NORM_PIECE_ROWS, PIECE_BYTES,
+from .tuning import (FIRST_SPAN_ROWS, GROUP_SIZE, KEPT_BEYOND_K, NORM_PIECE_ROWS, PIECE_BYTES,
                      SPAN_ENTRIES, SPAN_GROWTH, SPAN_ROWS)
 
 ROUGH = {"sums": 2, "roundings": 4}  # the bound of a score made from rows measured in float32 here
@@ -279,9 +279,7 @@ def search_device(inputs: SearchInputs):
     (num_queries, _), num_docs = inputs.queries.shape, inputs.corpus.shape[0]
     top_values, top_indices = _running(inputs)
     query_rows = max(1, min(inputs.query_chunk_size, num_queries))
-    span, reach = inputs.corpus_chunk_size, 0.0  # as given; by default blocks of DEVICE_BLOCK_ENTRIES scores
-    if span == DEFAULT_CORPUS_CHUNK_SIZE:
-        span = max(span, min(SPAN_ROWS, DEVICE_BLOCK_ENTRIES // query_rows))
+    span, reach = inputs.corpus_chunk_size, 0.0  # as given, or search.py's device blocks
     for start in range(0, num_docs, span):
         chunk = _block_chunk(inputs, start, min(span, num_docs - start))
         reach = max(reach, chunk.largest_norm)
