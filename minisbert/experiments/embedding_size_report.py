@@ -23,7 +23,7 @@ def deviations(s, width: int, results: dict, run: dict) -> str:
          "questions retrieves its duplicate",
          f"{s.data}" + ("" if runner.holds_quora(s.data) else
                         ": triplets mined from the train split, the test split's queries over its corpus"),
-         "the preset's (made for 2 CPU cores), kept on the GPU; --data FOLDER with quora_duplicate_questions.tsv "
+         f"{records.preset_why(run)}; --data FOLDER with quora_duplicate_questions.tsv "
          "runs the paper's split"],
         ["start model", "RoBERTa-base, not yet a sentence encoder (H = 768)", f"{s.model} (H = {width}), already "
          "trained for sentence similarity", "the one BERT-family checkpoint these machines can fetch (the Hugging Face "
@@ -37,7 +37,7 @@ def deviations(s, width: int, results: dict, run: dict) -> str:
          "here is not tested"],
         ["projection's learning rate", "the encoder's (not stated otherwise)", f"{s.projection_lr:g} (the encoder "
          f"{s.lr:g})", "a layer that starts from a PCA and not from pretrained weights moves little at 2e-5"],
-        ["epochs", "10 (converged after about 2)", str(s.epochs), "the preset's (made for 2 CPU cores); --epochs"],
+        ["epochs", "10 (converged after about 2)", str(s.epochs), f"{records.preset_why(run)}; --epochs"],
         ["device and time", "a T4 GPU for the speed; training's not stated", f"{records.machines(run)}; "
          f"{min(seconds) / 60:.1f} to {max(seconds) / 60:.1f} min a network", "the machine the models were made on "
          "(run.json)"],

@@ -139,6 +139,13 @@ def time_why(run: dict) -> str:
         "; its notes say which times a shared or stopped machine lengthened)" if noted else ")")
 
 
+def preset_why(run: dict) -> str:
+    """The deviations table's reason for a budget the preset sets: sized for 2 CPU cores, and, where
+    run.json records a GPU, kept there."""
+    on_gpu = any("device cuda" in record.get("about", "") for record in history(run))
+    return "the preset's (made for 2 CPU cores" + (", and kept on the GPU)" if on_gpu else ")")
+
+
 def about_the_run(settings: argparse.Namespace, device) -> str:
     """One line with the date, the device (a GPU by its name) and the CPU, for the report."""
     cpu, device = "", torch.device(device)

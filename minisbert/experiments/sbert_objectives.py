@@ -192,8 +192,7 @@ def deviations(s, results: dict, run: dict) -> str:
          "sentence similarity", "the one BERT-family checkpoint these machines can fetch (the Hugging Face hub is "
          "unreachable from them); so the numbers here are not the paper's and are not set beside them"],
         ["classification data", "SNLI and MultiNLI, about 1 million pairs (section 4)", f"SICK train, at most "
-         f"{s.examples:,} pairs", "the preset's budget, made for 2 CPU cores; SICK has the same three entailment "
-         "labels"],
+         f"{s.examples:,} pairs", f"{records.preset_why(run)}; SICK has the same three entailment labels"],
         ["regression data", "STS-B train", f"STS-B train, at most {s.examples:,} pairs", "the preset's budget"],
         ["triplet data", "Wikipedia sections triplets (Dor et al.), section 4.4", f"{s.data}: mined (query, relevant "
          f"document, negative) triplets, at most {s.examples:,}", "a retrieval task to score the triplet objective on"],
