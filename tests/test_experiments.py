@@ -300,7 +300,6 @@ def test_a_run_on_a_gpu_is_recorded_with_the_gpu_s_name(monkeypatch):
 def test_a_budget_the_preset_sets_says_it_was_kept_where_a_gpu_made_the_models():
     # The preset is sized for 2 CPU cores; a deviations table of models made on a GPU says it was kept
     # there, so that it gives no reason that the committed runs' machine does not bear out.
-    from minisbert.experiments import records
     cpu = {"about": "Run on 2026-11-27, device cpu, 2 CPU cores (avx2), torch 2.13.0+cpu."}
     gpu = {"about": "Run on 2026-11-28, device cuda (NVIDIA H200), 16 CPU cores (avx2), torch 2.11.0+cu130."}
     assert records.preset_why(cpu) == "the preset's (made for 2 CPU cores)"

@@ -185,8 +185,9 @@ def agreement(network: str, test: dict, level: str = "per query") -> str:
         found = "as the paper finds" if sign == expected else "the opposite of the paper"
         if not over_seeds or over_seeds == (word, sign):
             return found
+        seeds_say = {"prefers": "finds the opposite", "equivalent": "finds the measures equivalent"}
         return (f"{found} per query, given the seeds, where the t over the seeds "
-                + {"prefers": "finds the opposite", "equivalent": "finds the measures equivalent"}.get(over_seeds[0], "cannot tell"))
+                f"{seeds_say.get(over_seeds[0], 'cannot tell')}")
     if over_seeds and over_seeds[0] == "prefers":
         return ("the paper's preference is not reproduced per query, though the t over the seeds "
                 + ("finds it" if over_seeds[1] == expected else "finds the opposite"))
