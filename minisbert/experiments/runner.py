@@ -11,8 +11,7 @@ from that model's last checkpoint (fit.py).
     OUTPUT/run.json                    which machine and code made which models, and the equivalence
                                        margin in force then (records.py)
     OUTPUT/models/<name>/              log.jsonl, checkpoint.pt, final/ (fit.py), result.json
-    OUTPUT/results.json, results.md    every number, each query's own included, and the tables;
-                                       results.json also run.json's records (seeds in "settings")
+    OUTPUT/results.json, results.md    every number (each query's own, run.json's records) and the tables
     OUTPUT/*.png                       the figures (figures.py, when matplotlib is installed)
 
 A model trained with several seeds (--seeds N: seed, seed + 1, ...) is one entry per seed
@@ -43,8 +42,7 @@ import numpy as np
 import torch
 
 import minisbert
-from .. import datasets
-from .. import metrics
+from .. import datasets, metrics
 from ..evaluation import CACHE_DIR, encode_cached, rank, rank_embeddings, score_run
 from ..fileio import read_json, write_json
 from ..fit import TrainingSettings, fit
@@ -196,9 +194,8 @@ class Study:
         return records.margin_record(self.run())
 
     def write_results(self, results: dict, markdown: str) -> None:
-        """results.json and results.md. A model trained with one seed keeps its per-query scores once:
-        they are the seed's own, so the copy under "runs" is left out. results.json also keeps run.json's
-        records under "records" (records.history: the machine, code commit and margin of each run)."""
+        """results.json (run.json's records too: machine, code and margin) and results.md. A model trained
+        with one seed keeps its per-query scores once: the seed's own, so the copy under "runs" is left out."""
         results = {**results, "records": records.history(self.run())}
         for model in results.get("models", {}).values():
             if len(model.get("runs", [])) == 1:
