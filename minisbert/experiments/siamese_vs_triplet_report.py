@@ -24,7 +24,8 @@ def deviations(s, trained: list, results: dict, run: dict) -> str:
     seeds are the run's own (run.json and each model's training record)."""
     seconds = {f"{name}-seed{seed}": r["training"]["seconds"] for name, *_ in trained
                for seed, r in zip(runner.seed_list(s), results[name]["runs"])}
-    budget = f"{records.preset_why(run)}; --data FOLDER with MS MARCO's files reads the paper's"
+    preset = records.preset_why(run)
+    budget = f"{preset}; --data FOLDER with MS MARCO's files reads the paper's"
     rows = [
         ["training data", "MS MARCO: 125,000 training queries, a positive passage and the hard negatives of "
          "sentence-transformers' msmarco-hard-negatives (section 2.1)",
@@ -44,8 +45,8 @@ def deviations(s, trained: list, results: dict, run: dict) -> str:
         ["device and time", "an NVIDIA V100; 3 epochs in about 11 hours (Siamese) and 15 (Triplet), section 4.2",
          records.minutes(run, seconds),
          records.time_why(run)],
-        ["batch", "64", str(s.batch_size), f"{records.preset_why(run)}; --batch-size 64"],
-        ["epochs", "3", str(s.epochs), f"{records.preset_why(run)}; --epochs 3"],
+        ["batch", "64", str(s.batch_size), f"{preset}; --batch-size 64"],
+        ["epochs", "3", str(s.epochs), f"{preset}; --epochs 3"],
         ["triplet margin", "5 (1 tried for Triplet cosine, section 4.1)", ", ".join(f"{m:g}" for m in s.margins),
          "cosine distances cannot reach 5, and the paper asks whether the margin should be tuned (section 4.2)"],
         ["learning rate", "not stated; decaying linearly, gradients clipped", f"{s.lr:g}, warmup then linear decay, "
