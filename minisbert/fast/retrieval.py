@@ -253,9 +253,8 @@ def search_blocks(inputs: SearchInputs, screen: bool = False):
         for query_start in range(0, num_queries, query_chunk_size):
             rows = slice(query_start, min(query_start + query_chunk_size, num_queries))
             kth = _threshold(inputs, rows, top_values[rows], reach)
-            found = None
-            if screened is not None:
-                found = screened.candidates(rows, kth, (inputs.k, partial(_own_floor, inputs, rows, kth, reach)))
+            own_floor = (inputs.k, partial(_own_floor, inputs, rows, kth, reach))
+            found = None if screened is None else screened.candidates(rows, kth, own_floor)
             if found is None:
                 if chunk.divisors is not None:  # the screen failed: the chunk's unit rows, once
                     chunk.rows = torch.div(chunk.rows, chunk.divisors, out=unit_buffer[: chunk.rows.shape[0]])
@@ -265,7 +264,8 @@ def search_blocks(inputs: SearchInputs, screen: bool = False):
                     _score_rows(chunk, queries[rows], score, block.T)
                     _keep_top(block, top_values[rows], top_indices[rows])
                     continue
-                block = block_buffer[: height * (rows.stop - rows.start)].view(height, -1)  # (H, Qc)
+                chunk_height = -(-chunk.rows.shape[0] // GROUP_SIZE) * GROUP_SIZE  # whole groups, no more
+                block = block_buffer[: chunk_height * (rows.stop - rows.start)].view(chunk_height, -1)  # (H, Qc)
                 _score_rows(chunk, queries[rows], score, block[: chunk.rows.shape[0]])  # (Nc, d) @ (d, Qc)
                 with _one_thread(device):
                     block[chunk.rows.shape[0] :] = -math.inf
