@@ -202,7 +202,7 @@ def as_embedding_matrix(embeddings, name: str) -> torch.Tensor:
     if embeddings.ndim != 2 or not embeddings.is_floating_point():
         raise ValueError(f"{name} must be a 2-D (rows, dim) floating-point matrix, got shape "
                          f"{tuple(embeddings.shape)} {embeddings.dtype}; for a single vector pass v[None, :]")
-    return embeddings
+    return embeddings.detach()  # not differentiable: scores are computed again, exactly, and indices picked
 
 
 def check_arguments(queries, corpus, k, score, query_chunk_size, corpus_chunk_size) -> None:

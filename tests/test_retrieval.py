@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode
 
 from minisbert import retrieval
 from minisbert import search as search_module
+from minisbert import util
 from minisbert.fast import int8_blocks, machine, screen, span_product
 from minisbert.fast import retrieval as fast_retrieval
 from minisbert.search import WAY_NAMES, load_corpus, prepare_corpus
@@ -250,6 +251,26 @@ def test_numpy_in_numpy_out_torch_otherwise(path):
     assert isinstance(torch_scores, torch.Tensor)
     np.testing.assert_array_equal(torch_indices.numpy(), indices)
     np.testing.assert_array_equal(torch_scores.numpy(), scores)  # the same rows through the same kernels
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_embeddings_that_require_grad_are_searched_as_their_values(score, path):
+    # A model's outputs taken outside torch.no_grad() require grad. The search is not differentiable
+    # (its scores are computed again in float64 and its indices are picked), so it searches their
+    # values: the same bits as detached inputs, and no graph in what comes back or in a prepared corpus.
+    generator = torch.Generator().manual_seed(5)
+    queries = torch.randn(6, 16, generator=generator).requires_grad_()
+    corpus = torch.randn(90, 16, generator=generator).requires_grad_()
+    scores, indices = search(queries, corpus, 4, score=score, query_chunk_size=4, corpus_chunk_size=32, **path)
+    expected = search(queries.detach(), corpus.detach(), 4, score=score, query_chunk_size=4, corpus_chunk_size=32,
+                      **path)
+    assert torch.equal(scores, expected[0]) and torch.equal(indices, expected[1])
+    assert not scores.requires_grad
+    prepared = prepare_corpus(corpus, score)
+    assert not prepared.rows.requires_grad and not prepared.norms.requires_grad
+    assert not search(queries, prepared, 4, **path)[0].requires_grad
+    assert util.semantic_search(queries, corpus, top_k=2)[0][0]["corpus_id"] == int(
+        search(queries[:1].detach(), corpus.detach(), 1)[1][0, 0])
 
 
 def test_empty_query_set_gives_empty_results(path):
