@@ -123,7 +123,7 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
     Args:
         queries: (Q, d) float embeddings (torch tensor or numpy array).
         corpus: (N, d) float embeddings (float16, bfloat16 read as float32), or a `PreparedCorpus`.
-        k: results per query; with k > N the whole corpus, ranked.
+        k: results per query (an int, numpy's too); with k > N the whole corpus, ranked.
         score: "cosine" (the default), "dot" or "euclidean" (retrieval.py); a prepared corpus's own.
         query_chunk_size, corpus_chunk_size: block shape (default 1024 x 8192, on a GPU up to 1 GB): speed, memory.
         query_ids, corpus_ids: one id per query and per corpus row; a row whose id equals the query's

@@ -114,7 +114,7 @@ def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size,
     check_arguments(queries, corpus, k, score, query_chunk_size, corpus_chunk_size)
     device = torch.device(device) if device is not None else corpus.device
     queries, query_norms = scored_rows(queries.to(device), score, "queries", 0)
-    inputs = SearchInputs(queries, query_norms, corpus, min(k, corpus.shape[0]), score, query_chunk_size,
+    inputs = SearchInputs(queries, query_norms, corpus, min(int(k), corpus.shape[0]), score, query_chunk_size,
                           corpus_chunk_size or DEFAULT_CORPUS_CHUNK_SIZE, device, return_numpy, prepared)
     if prepared is not None:
         inputs.check_scores_fit(prepared.norms, 0)
@@ -208,7 +208,7 @@ def as_embedding_matrix(embeddings, name: str) -> torch.Tensor:
 def check_arguments(queries, corpus, k, score, query_chunk_size, corpus_chunk_size) -> None:
     if score not in SCORE_FUNCTIONS:
         raise ValueError(f"unknown score {score!r}; choose one of {', '.join(SCORE_FUNCTIONS)}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     for name, size in {"query_chunk_size": query_chunk_size, "corpus_chunk_size": corpus_chunk_size}.items():
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):

@@ -39,7 +39,8 @@ SCORE_NAMES = {cos_sim: "cosine", dot_score: "dot"}
 def semantic_search(query_embeddings, corpus_embeddings, query_chunk_size: int = 100,
                     corpus_chunk_size: int = 500000, top_k: int = 10, score_function=cos_sim) -> list:
     """For each query, its top_k corpus rows, best first, as [{"corpus_id": row, "score": score}, ...]
-    (fewer when the corpus has fewer rows). Equal scores: the lower corpus row first.
+    (fewer when the corpus has fewer rows; none for top_k=0 or an empty corpus). Equal scores: the
+    lower corpus row first.
 
     score_function: cos_sim or dot_score (minisbert's search takes no other function). The chunk
     sizes are accepted for sentence-transformers' signature; minisbert's search picks its own,
@@ -48,6 +49,8 @@ def semantic_search(query_embeddings, corpus_embeddings, query_chunk_size: int =
         raise ValueError(f"score_function must be minisbert.util.cos_sim or minisbert.util.dot_score, got "
                          f"{score_function!r}; for another score call minisbert.search.search(score=...)")
     queries, corpus = as_rows(query_embeddings, "query_embeddings"), as_rows(corpus_embeddings, "corpus_embeddings")
+    if top_k == 0 or len(corpus) == 0:  # nothing to find: an empty list per query, as sentence-transformers gives
+        return [[] for _ in range(len(queries))]
     scores, indices = search(queries, corpus, min(top_k, len(corpus)), score=SCORE_NAMES[score_function])
     # tolist() gives Python ints and floats, as sentence-transformers' hits hold.
     return [[{"corpus_id": row, "score": score} for row, score in zip(query_rows, query_scores)]

@@ -236,6 +236,21 @@ def test_util_matches_sentence_transformers(st):
         util.semantic_search(queries, corpus, score_function=lambda a, b: a @ b.T)
 
 
+def test_semantic_search_takes_what_sentence_transformers_takes():
+    # sentence-transformers' semantic_search (5.7, run in the peer environment on such inputs) returns an
+    # empty list per query for top_k=0 and for an empty corpus (its loop over corpus chunks never runs,
+    # and torch.topk with k = 0 picks nothing), [] for no queries, and takes a numpy integer top_k and
+    # embeddings that require grad (a model's outputs outside torch.no_grad()).
+    generator = torch.Generator().manual_seed(0)
+    queries, corpus = torch.randn(3, 8, generator=generator), torch.randn(40, 8, generator=generator)
+    hits = util.semantic_search(queries, corpus, top_k=2)
+    assert util.semantic_search(queries, corpus, top_k=0) == [[], [], []]
+    assert util.semantic_search(queries, corpus[:0], top_k=3) == [[], [], []]
+    assert util.semantic_search(queries[:0], corpus, top_k=2) == []
+    assert util.semantic_search(queries, corpus, top_k=np.int64(2)) == hits
+    assert util.semantic_search(queries.clone().requires_grad_(), corpus.clone().requires_grad_(), top_k=2) == hits
+
+
 # ---------------------------------------------------------------------------------------------
 # Nothing silently ignored
 
