@@ -10,6 +10,9 @@ random L2-normalised float32 data (fixed seed):
         cosine: checked and normalised once, with the copies its screens read where they pay),
         minisbert.util.semantic_search (sentence-transformers' call, over the search), and, if
         asked for, score="dot" with fast=False (the plain loop)
+    the floor, if asked for: the float32 product of the queries and every row, and the exact scores
+        of each query's k best rows (found beforehand), the two steps no way of minisbert's that
+        multiplies in float32 can leave out (`floor`)
     plain torch.topk(queries @ corpus.T)    (chunked over queries only if the full score matrix
                                             would not fit in --plain-budget-gb; it says so)
     plain torch.topk(cos_sim(queries, corpus))   (the cosine one-liner: sentence-transformers'
@@ -66,10 +69,10 @@ from bench.peer import add_peer_python_option, check_peer_python, cpu_summary  #
 
 METHODS = (
     "minisbert-dot", "minisbert-cosine", "minisbert-prepared", "minisbert-util", "minisbert-float32",
-    "minisbert-plain", "plain", "plain-cosine", "semantic_search", "faiss",
+    "minisbert-plain", "floor", "plain", "plain-cosine", "semantic_search", "faiss",
 )
-# The plain path sorts every block; it is timed only when asked for with --methods.
-DEFAULT_METHODS = tuple(m for m in METHODS if m != "minisbert-plain")
+# The plain path sorts every block, and the floor is no search; they are timed only when asked for with --methods.
+DEFAULT_METHODS = tuple(m for m in METHODS if m not in ("minisbert-plain", "floor"))
 LABELS = {
     "minisbert-dot": 'minisbert search(score="dot")',
     "minisbert-float32": 'minisbert (dot, no screen)',
@@ -77,6 +80,7 @@ LABELS = {
     "minisbert-cosine": 'minisbert search(score="cosine")',
     "minisbert-prepared": "minisbert search(prepare_corpus(C))",
     "minisbert-util": "minisbert util.semantic_search",
+    "floor": "floor: product, exact scores of the k",
     "plain": "torch.topk(q @ C.T)",
     "plain-cosine": "torch.topk(cos_sim(q, C))",
     "semantic_search": "sentence-transformers semantic_search",
@@ -90,6 +94,7 @@ SAME_SCORE_AS = {
     "minisbert-util": "minisbert-cosine",
     "minisbert-float32": "minisbert-dot",
     "minisbert-plain": "minisbert-dot",
+    "floor": "minisbert-dot",
     "plain": "minisbert-dot",
     "plain-cosine": "minisbert-cosine",
     "semantic_search": "minisbert-cosine",
@@ -224,7 +229,7 @@ def compare(args, size: int, num_queries: int, device: str, memory: bool) -> Non
               f"{min(timings) / bound:7.2f}x {memory_mb:14.1f}  {agreement:>6s}  {note}")
     ratios = [("minisbert-dot", "faiss"), ("minisbert-cosine", "faiss"), ("minisbert-dot", "plain"),
               ("minisbert-cosine", "plain"), ("minisbert-cosine", "plain-cosine"), ("minisbert-prepared", "plain"),
-              ("minisbert-prepared", "faiss"),
+              ("minisbert-prepared", "faiss"), ("floor", "faiss"), ("floor", "plain"),
               ("minisbert-cosine", "semantic_search"), ("minisbert-util", "minisbert-cosine"),
               ("minisbert-dot", "minisbert-float32"), ("minisbert-dot", "minisbert-plain")]
     shown = [(a, b) for a, b in ratios if a in throughput and b in throughput]
@@ -380,6 +385,8 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
             return (lambda q: search(q, corpus, k, score="dot", fast=False)[1]), "", 0.0
         score = method.split("-")[1]
         return (lambda q: search(q, corpus, k, score=score)[1]), way(corpus, score), 0.0
+    if method == "floor":
+        return floor(queries, corpus, k), "each query's k rows chosen before the timing", 0.0
     if method in ("plain", "plain-cosine"):
         if corpus.device.type == "cpu":
             budget_gb = args.plain_budget_gb
@@ -416,6 +423,40 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
         search_fn = lambda q: torch.from_numpy(index.search(q.numpy(), k)[1])  # noqa: E731
         return search_fn, "memory includes the index's copy of the corpus", setup_mb
     raise ValueError(f"unknown method {method!r}")
+
+
+def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int):
+    """A function q -> (Q, k) indices doing the two steps that a search returning minisbert's scores
+    from float32 products cannot leave out: the product of q and every row, by the search's own kernels
+    (for a few queries its span product, the quickest measured here, a span at a time; else torch's, in
+    blocks of 8,192 rows laid out (rows, queries)), and the exact scores (minisbert/retrieval.py) of
+    each query's k best rows, found before the timing. It chooses nothing and checks no row, so no way
+    of minisbert's that multiplies in float32 is quicker (a screen's int8 product can be). q is
+    `queries` or its first rows (the warm-up)."""
+    from minisbert.fast.span_product import SpanProduct
+    from minisbert.fast.tuning import FEW_QUERIES, SPAN_ENTRIES
+    from minisbert.search import search
+    from minisbert.search_inputs import SETTLE_PIECE
+    from minisbert.similarity import exact_scores
+    best = torch.as_tensor(search(queries, corpus, k, score="dot")[1])  # (Q, k)
+    few = queries.shape[0] <= FEW_QUERIES
+    height = min(corpus.shape[0], SPAN_ENTRIES // queries.shape[0] if few else 8192)
+    buffer = torch.empty(height * queries.shape[0], device=corpus.device)
+
+    def product_and_exact_scores(q):
+        span_product = SpanProduct(q, height) if few else None
+        for start in range(0, corpus.shape[0], height):
+            rows, out = corpus[start : start + height], buffer[: min(height, corpus.shape[0] - start) * q.shape[0]]
+            if few:
+                span_product(rows, out.view(q.shape[0], rows.shape[0]))
+            else:
+                torch.mm(rows, q.T, out=out.view(rows.shape[0], q.shape[0]))
+        pairs = torch.arange(q.shape[0], device=q.device).repeat_interleave(best.shape[1]), best[: q.shape[0]].flatten()
+        for start in range(0, pairs[0].numel(), SETTLE_PIECE):
+            piece = slice(start, start + SETTLE_PIECE)
+            exact_scores(q.index_select(0, pairs[0][piece]), corpus.index_select(0, pairs[1][piece]), "dot")
+        return best[: q.shape[0]]
+    return product_and_exact_scores
 
 
 def make_data(size: int, dim: int, num_queries: int, device: torch.device):

@@ -98,6 +98,14 @@ COMMANDS = {
     "minisbert-prepared plain faiss": SMALL_SEARCH,
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 10000 1000000 --methods minisbert-dot "
     "minisbert-cosine minisbert-prepared plain faiss": SMALL_SEARCH,
+    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 10000 --methods minisbert-dot minisbert-cosine "
+    "minisbert-prepared floor plain faiss": SMALL_SEARCH,
+    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 --queries 1 1000 --methods minisbert-dot "
+    "minisbert-cosine minisbert-prepared floor plain faiss": SMALL_SEARCH,
+    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 --queries 16 --methods minisbert-dot "
+    "minisbert-cosine minisbert-prepared floor plain faiss": SMALL_SEARCH,
+    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 1000000 --methods minisbert-dot minisbert-cosine "
+    "minisbert-prepared floor plain faiss": SMALL_SEARCH,
     "python bench/retrieval.py --sizes 1000000 --queries 1 --methods minisbert-prepared plain":
         Run("--sizes 2000 --repeats 1"),
     "python bench/train.py --peer-python PEER/bin/python --repeats 3": Run("--pairs 32 --repeats 1", slow=True,

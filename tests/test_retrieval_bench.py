@@ -1,0 +1,41 @@
+"""Tests for bench/retrieval.py's floor, the part of its table that is no search: the product and the
+exact scores of each query's k best rows, which no search returning minisbert's scores can leave
+out. It answers as the search does, for a few queries (the span product) and for many (blocks),
+and for the first rows alone (the warm-up); and the script times it beside the search, without the
+peer environment."""
+
+import importlib.util
+import subprocess
+import sys
+
+import torch
+
+from minisbert.fast.tuning import FEW_QUERIES
+from minisbert.search import search
+
+from .conftest import REPO
+
+spec = importlib.util.spec_from_file_location("retrieval_bench", REPO / "bench" / "retrieval.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_the_floor_answers_as_the_search_does_for_few_and_many_queries():
+    generator = torch.Generator().manual_seed(0)
+    corpus = torch.randn(9000, 24, generator=generator)  # over 8,192 rows: two blocks
+    for num_queries in (1, 3, FEW_QUERIES + 1):
+        queries = torch.randn(num_queries, 24, generator=generator)
+        floor = bench.floor(queries, corpus, 7)
+        expected = search(queries, corpus, 7, score="dot")[1]
+        assert torch.equal(floor(queries), expected)
+        assert torch.equal(floor(queries[:1]), expected[:1])
+
+
+def test_the_script_times_the_floor_beside_the_search_without_a_peer():
+    result = subprocess.run([sys.executable, "bench/retrieval.py", "--sizes", "300", "--queries", "1", "200",
+                             "--repeats", "1", "--methods", "minisbert-dot", "floor", "plain"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("floor: product, exact scores")]
+    assert len(lines) == 2 and all("100.0%" in line for line in lines), result.stdout
+    assert "floor / plain:" in result.stdout
