@@ -114,8 +114,8 @@ def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size,
     check_arguments(queries, corpus, k, score, query_chunk_size, corpus_chunk_size)
     device = torch.device(device) if device is not None else corpus.device
     queries, query_norms = scored_rows(queries.to(device), score, "queries", 0)
-    inputs = SearchInputs(queries, query_norms, corpus, min(int(k), corpus.shape[0]), score, query_chunk_size,
-                          corpus_chunk_size or DEFAULT_CORPUS_CHUNK_SIZE, device, return_numpy, prepared)
+    inputs = SearchInputs(queries, query_norms, corpus, min(int(k), corpus.shape[0]), score, int(query_chunk_size),
+                          int(corpus_chunk_size or DEFAULT_CORPUS_CHUNK_SIZE), device, return_numpy, prepared)
     if prepared is not None:
         inputs.check_scores_fit(prepared.norms, 0)
     return inputs
@@ -211,7 +211,7 @@ def check_arguments(queries, corpus, k, score, query_chunk_size, corpus_chunk_si
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     for name, size in {"query_chunk_size": query_chunk_size, "corpus_chunk_size": corpus_chunk_size}.items():
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1):
             raise ValueError(f"{name} must be a positive integer, got {size!r}")
     if corpus.shape[0] == 0:
         raise ValueError("corpus is empty: there is nothing to search")

@@ -806,6 +806,15 @@ def test_bad_input_raises_clear_error(kwargs, message, path):
         search(**arguments, **path)
 
 
+def test_numpy_integers_are_taken_as_sizes(path):
+    # As k is: a size computed with numpy (np.int64(n) // 4) is a size, and the answer is the same.
+    generator = torch.Generator().manual_seed(0)
+    queries, corpus = torch.randn(5, 4, generator=generator), torch.randn(30, 4, generator=generator)
+    expected = search(queries, corpus, 3, query_chunk_size=2, corpus_chunk_size=7, **path)
+    found = search(queries, corpus, np.int64(3), query_chunk_size=np.int64(2), corpus_chunk_size=np.int32(7), **path)
+    assert all(torch.equal(a, b) for a, b in zip(found, expected))
+
+
 # ---- memory ------------------------------------------------------------------------------
 
 
