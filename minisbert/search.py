@@ -231,7 +231,7 @@ def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
     except FileNotFoundError as error:
         raise ValueError(f"{path}: no such file") from error
     except (OSError, SafetensorError) as error:
-        raise ValueError(f"{path}: not a prepared corpus file ({error})") from error
+        raise ValueError(f"{path}: not a prepared corpus file ({'a folder' if path.is_dir() else error})") from error
     score, rows = metadata.get("score"), tensors.get("rows")
     if metadata.get("format") not in (CORPUS_FORMAT, *OLD_FORMATS) or score not in ("cosine", "dot", "euclidean"):
         raise ValueError(f"{path}: not a prepared corpus file (metadata {metadata}); write one with "

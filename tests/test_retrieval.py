@@ -1037,6 +1037,8 @@ def test_a_file_that_is_not_a_prepared_corpus_is_named(tmp_path):
     path.write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match="corpus.safetensors: not a prepared corpus file"):
         load_corpus(path)
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path}: not a prepared corpus file (a folder)") + "$"):
+        load_corpus(tmp_path)  # the folder holding it, given by mistake
 
 
 def test_a_prepared_corpus_file_of_the_first_format_still_loads(tmp_path):
