@@ -1,8 +1,8 @@
-"""Tests for bench/retrieval.py's floor, the part of its table that is no search: the product and the
-exact scores of each query's k best rows, which no search returning minisbert's scores can leave
-out. It answers as the search does, for a few queries (the span product) and for many (blocks),
-and for the first rows alone (the warm-up); and the script times it beside the search, without the
-peer environment."""
+"""Tests for bench/retrieval.py's floor, the part of its table that is no search: the float32 product
+and the exact scores of each query's k best rows, which no way of minisbert's that multiplies in
+float32 can leave out. It answers as the search does, for a few queries (the span product) and for
+many (blocks), and for the first rows alone (the warm-up); and the script times it beside the
+search, without the peer environment."""
 
 import importlib.util
 import subprocess
