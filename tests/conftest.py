@@ -1,8 +1,9 @@
 """Shared test setup.
 
-Real-data tests, and tests that take minutes, are marked `slow`: CI runs them; `pytest -m "not slow"`
-skips them locally. The real-data ones read the datasets from MINISBERT_DATA_MIRROR, which defaults
-here to ../shared/data beside the repository.
+Real-data tests, the documents' commands, and tests that take minutes, are marked `slow`: plain
+`pytest` skips them (pyproject.toml), `pytest -m slow` runs them, and CI runs both (README, "Tests").
+The real-data ones read the datasets from MINISBERT_DATA_MIRROR, which defaults here to ../shared/data
+beside the repository.
 """
 
 import json
@@ -22,6 +23,10 @@ os.environ.setdefault("MINISBERT_DATA_MIRROR", str(REPO.parent / "shared" / "dat
 # Facts measured about the machine (minisbert/fast/machine.py) go to a file of the test session's own:
 # tests shrink the probes that measure them, and the user's kept facts must not come from those.
 os.environ["MINISBERT_MACHINE_FILE"] = os.path.join(tempfile.mkdtemp(prefix="minisbert-tests-"), "machine.json")
+# ... and nothing is timed: each choice takes its first candidate (torch's kernels, no int8 screen), so that
+# the suite's time and results never depend on how loaded the machine is. The tests of each probe turn
+# timing on (`timed_probes`) and measure once; tests of every kernel or way force each one in turn.
+os.environ["MINISBERT_PROBES"] = "off"
 
 # Parity is judged in exact fp32 arithmetic: no TF32 shortcuts on GPUs that have them.
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -47,6 +52,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def timed_probes(monkeypatch, tmp_path):
+    """Probes that time the machine, as a user's process runs them, into an empty facts file of this test's own."""
+    from minisbert.fast import machine
+
+    monkeypatch.setenv(machine.PROBES_VARIABLE, "on")
+    monkeypatch.setenv(machine.MACHINE_FILE_VARIABLE, str(tmp_path / "machine.json"))
+    machine.forget()
+    yield tmp_path / "machine.json"
+    machine.forget()
 
 
 @pytest.fixture(scope="session")

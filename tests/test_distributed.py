@@ -47,7 +47,8 @@ from .conftest import REPO
 from .test_training import CORPUS, PAIRS, QRELS, QUERIES, TRIPLETS, make_tiny_model, read_log
 from .tolerances import float32_apart, scale, scores_apart, training_roundings
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.slow]  # processes of their own: the slow suite (README, "Tests")
 
 
 @pytest.fixture(scope="module")

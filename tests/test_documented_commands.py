@@ -40,6 +40,8 @@ from minisbert import cpu
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.slow  # the documents' commands: the slow suite (README, "Tests")
+
 
 @dataclass(frozen=True)
 class Run:
@@ -62,6 +64,7 @@ COMMANDS = {
     # README.md
     "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -r requirements.txt": Run(by_ci=True),
     "python -m pytest -q": Run(by_ci=True),
+    "python -m pytest -q -m slow": Run(by_ci=True),
     "python evaluate.py --k 1 5 10": Run(),
     "python evaluate.py --data scifact --model all-MiniLM-L6-v2 bm25 --significance": Run(slow=True, data=True),
     "python evaluate.py --task sts --data stsb": Run(slow=True, data=True),
@@ -247,7 +250,7 @@ def test_every_documented_command_is_in_the_table():
 def test_the_setup_and_test_commands_are_what_ci_runs():
     ci = (REPO / ".ci" / "run").read_text()
     assert "python3 -m venv .venv" in ci and ".venv/bin/pip install --quiet torch==2.13.0 -r requirements.txt" in ci
-    assert ci.rstrip().splitlines()[-1] == ".venv/bin/python -m pytest -q"
+    assert ci.rstrip().splitlines()[-2:] == [".venv/bin/python -m pytest -q", ".venv/bin/python -m pytest -q -m slow"]
 
 
 def command_line(documented: str, run: Run) -> str:

@@ -28,6 +28,7 @@ from minisbert.fast import encoder as fast_encoder
 from minisbert.fast.encode import FAST_PATH
 from minisbert.model import SentenceModel
 
+from .test_packaging import module_imports
 from .conftest import REPO, reference
 from .test_encoder_math import TINY
 from .tolerances import encoder_roundings, float32_apart, gradient_roundings, scale
@@ -188,11 +189,16 @@ def test_the_model_setting_and_each_call_choose_the_path(monkeypatch):
 
 
 def imported_with(module):
-    """The names of all modules loaded by importing `module` in a fresh interpreter."""
-    show = "import importlib, sys; importlib.import_module(sys.argv[1]); print(*sorted(sys.modules))"
-    finished = subprocess.run([sys.executable, "-c", show, module], cwd=REPO, capture_output=True,
-                              text=True, check=True)
-    return finished.stdout.split()
+    """Every module of minisbert/ that `module`'s code reaches: what it imports, at any depth of its code
+    (tests/test_packaging.py's reading of the sources), what those import, and so on. A reader of the
+    module meets these; the package's __init__ (`minisbert.load`, which offers the choice) is not counted."""
+    graph, loaded, waiting = module_imports(), set(), [module]
+    while waiting:
+        name = waiting.pop()
+        if name not in loaded:
+            loaded.add(name)
+            waiting += graph.get(name, ())
+    return loaded
 
 
 def test_plain_and_fast_modules_do_not_import_each_other():

@@ -36,7 +36,8 @@ from .conftest import FIXTURES, REPO
 from .tolerances import float32_apart
 
 TINY = FIXTURES / "tiny_bert"  # 2 layers, 32 dimensions, random weights, mean pooling
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest.py
+pytestmark = [pytest.mark.usefixtures("one_thread"),  # tiny tensors: see conftest.py
+              pytest.mark.slow]  # the studies end to end: the slow suite (README, "Tests")
 
 
 @pytest.fixture(autouse=True)

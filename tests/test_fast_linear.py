@@ -89,12 +89,9 @@ def test_each_kernel_gives_the_plain_embeddings_on_minilm(minilm, backend, monke
 
 
 @pytest.fixture
-def fresh_machine_file(tmp_path, monkeypatch):
-    """An empty file of machine facts (fast/machine.py) for this test alone."""
-    monkeypatch.setenv(machine.MACHINE_FILE_VARIABLE, str(tmp_path / "machine.json"))
-    machine.forget()
-    yield tmp_path / "machine.json"
-    machine.forget()
+def fresh_machine_file(timed_probes):
+    """An empty file of machine facts (fast/machine.py) for this test alone, the probes timing as a user's do."""
+    return timed_probes
 
 
 def kernel_facts() -> dict:
@@ -246,3 +243,19 @@ def test_the_report_prints_the_facts_this_process_chose_by_and_counts_the_rest(f
     lines = machine.report().splitlines()
     assert "  a fact asked for here: 1" in lines and not any("older minisbert" in line for line in lines)
     assert lines[-1] == "  (1 more kept, not asked for by this process)"
+
+
+def test_with_probes_off_nothing_is_timed_and_each_choice_is_its_first_candidate(monkeypatch):
+    """The test suite's own setting (tests/conftest.py): no call is run to time it, so no choice
+    depends on the machine's load; and a misspelt setting is named, not taken as "on"."""
+    monkeypatch.setenv(machine.PROBES_VARIABLE, "off")
+    ran = []
+    assert machine.best_times({"first": lambda: ran.append(1), "second": lambda: ran.append(2)}) == \
+        {"first": 0.0, "second": 0.0}
+    assert machine.time_ratio(lambda: ran.append(3), lambda: ran.append(4)) == 1.0 and ran == []
+    encoder, _ = random_encoder("bert", "gelu")
+    layers = [encoder.layers[0].ffn.intermediate]
+    assert fast_linear._quickest(list(BACKENDS_HERE), layers, "none", None, torch.float32) == BACKENDS_HERE[0]
+    monkeypatch.setenv(machine.PROBES_VARIABLE, "no")
+    with pytest.raises(ValueError, match="MINISBERT_PROBES='no': choose on"):
+        machine.best_times({"first": lambda: None})

@@ -9,6 +9,8 @@ import torch
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.slow  # a benchmark script: the slow suite (README, "Tests")
+
 spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "bench" / "gpu.py")
 gpu = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu)

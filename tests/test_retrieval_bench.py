@@ -8,12 +8,15 @@ import importlib.util
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from minisbert.fast.tuning import FEW_QUERIES
 from minisbert.search import search
 
 from .conftest import REPO
+
+pytestmark = pytest.mark.slow  # a benchmark script: the slow suite (README, "Tests")
 
 spec = importlib.util.spec_from_file_location("retrieval_bench", REPO / "bench" / "retrieval.py")
 bench = importlib.util.module_from_spec(spec)

@@ -203,10 +203,13 @@ def _backend(layers, gelu, keep_as, dtype) -> str:
 
 
 def _quickest(candidates, layers, gelu, keep_as, dtype) -> str:
-    """Time each kernel on this product, in turn, and return the quicker; forget the other's weights.
+    """Time each kernel on this product, in turn, and return the quicker; forget the other's weights
+    (with timing off, fast/machine.py: the first candidate, torch's kernel, untimed).
 
     Each round has a different number of rows, as encode's batches do: oneDNN prepares its kernel for
     each shape it meets, and that cost is part of what it costs."""
+    if not machine.timing():
+        return candidates[0]
     best = dict.fromkeys(candidates, math.inf)
     # Inputs from a generator of its own: drawing from torch's global one would change the dropout
     # masks a training run draws next, depending on when (in which process) a shape is first met.

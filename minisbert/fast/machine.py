@@ -16,7 +16,11 @@ bench/retrieval.py and `evaluate.py --verbose` print them). A fact is measured a
 is deleted.
 
 A choice can always be forced without measuring: each fast path names its own variable or argument
-(MINISBERT_GEMM for the encoder's products, MINISBERT_SEARCH_WAY for the search).
+(MINISBERT_GEMM for the encoder's products, MINISBERT_SEARCH_WAY for the search). And timing can be
+turned off altogether: with MINISBERT_PROBES=off a choice made by timing takes its first candidate
+(torch's kernels, no int8 screen) without timing anything. The test suite runs so (tests/conftest.py),
+so that its time and its results never depend on how loaded the machine was when a probe ran; the
+tests of each probe turn timing back on and measure once.
 """
 
 import fcntl
@@ -36,6 +40,7 @@ from ..fileio import atomic_write, home_folder
 from .tuning import PROBE_ROUNDS
 
 MACHINE_FILE_VARIABLE = "MINISBERT_MACHINE_FILE"
+PROBES_VARIABLE = "MINISBERT_PROBES"  # "off": nothing is timed; every timed choice takes its first candidate
 
 
 def describe() -> str:
@@ -98,9 +103,20 @@ def fact(name: str, measure: Callable[[], object]):
     return _kept[name]
 
 
+def timing() -> bool:
+    """Whether probes time anything (MINISBERT_PROBES is not "off")."""
+    setting = os.environ.get(PROBES_VARIABLE, "on")
+    if setting not in ("on", "off"):
+        raise ValueError(f"{PROBES_VARIABLE}={setting!r}: choose on (the default) or off")
+    return setting == "on"
+
+
 def best_times(calls: dict) -> dict:
     """Each of `calls` (name -> function of no arguments) timed in turns, PROBE_ROUNDS rounds after
-    one untimed round that only warms up: name -> its best time in seconds."""
+    one untimed round that only warms up: name -> its best time in seconds. With timing off, nothing
+    runs and every time is 0: the first of `calls` is the quickest."""
+    if not timing():
+        return dict.fromkeys(calls, 0.0)
     best = dict.fromkeys(calls, math.inf)
     for round_number in range(PROBE_ROUNDS + 1):
         for name, call in calls.items():
@@ -112,7 +128,10 @@ def best_times(calls: dict) -> dict:
 
 
 def time_ratio(call, other) -> float:
-    """How long `call` takes as a share of `other`'s time, each timed as `best_times` times them."""
+    """How long `call` takes as a share of `other`'s time, each timed as `best_times` times them
+    (1 with timing off: `call` then never pays for itself)."""
+    if not timing():
+        return 1.0
     best = best_times({"call": call, "other": other})
     return best["call"] / best["other"]
 
