@@ -1,5 +1,5 @@
-"""Which kernels give a row the same bits whatever else is in the product: the measurement behind
-fast/linear.py's TILE_ROWS and fast/encoder.py's attention on each text at its own length.
+"""Which kernels give a row the same bits whatever else is in the product: why fast/linear.py calls
+every kernel on tiles of one size (TILE_ROWS) and fast/encoder.py attends to one text a call.
 
     python bench/batch_invariance.py              # 1 and 2 threads, float32 and (where native) bfloat16
 
@@ -7,7 +7,8 @@ For each of the encoder's four products (all-MiniLM-L6-v2's shapes), each kernel
 `F.linear`; oneDNN's `_linear_pointwise`), each precision and thread count, it multiplies the first
 n rows of a (2,048, in) matrix (--rows), for n = 1 .. 64 and every 7th and 16th count on to 2,048, and
 prints the row counts whose rows differ, in any bit, from the same rows of the 2,048-row product, and which
-of them are multiples of --tile-rows (fast/linear.py's TILE_ROWS). For attention it compares each of
+of them are multiples of --tile-rows (default fast/linear.py's TILE_ROWS), and at how many places of
+a tile of that many rows a row gets other bits than at the first place. For attention it compares each of
 32 texts attended alone (at its own length) with the same text among 7 others of its length, and
 padded to 256 tokens (masked). For GELU it counts the elements whose bits change when they are the
 last few of a pass (torch's one-at-a-time loop after its vectors) rather than inside one. Weights and
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from minisbert import cpu  # noqa: E402
+from minisbert.fast.linear import TILE_ROWS  # noqa: E402
 
 PRODUCTS = {"Q,K,V 384->1152": (384, 1152), "attention output 384->384": (384, 384),
             "feed-forward in 384->1536": (384, 1536), "feed-forward out 1536->384": (1536, 384)}
@@ -49,6 +51,17 @@ def differing_row_counts(kernel, x, weight, bias, counts) -> list:
     """The row counts n for which kernel(x[:n]) differs from the first n rows of kernel(x)."""
     full = kernel(x, weight, bias)
     return [n for n in counts if not torch.equal(kernel(x[:n], weight, bias), full[:n])]
+
+
+def differing_places(kernel, x, weight, bias, tile_rows: int) -> int:
+    """Of the places 1 .. tile_rows - 1 of a tile, at how many a row gets other bits than at place 0
+    (the tile's other rows the same each time)."""
+    results = []
+    for place in range(tile_rows):
+        tile = x[:tile_rows].clone()  # (tile_rows, in)
+        tile[place] = x[-1]
+        results.append(kernel(tile, weight, bias)[place])
+    return sum(not torch.equal(result, results[0]) for result in results[1:])
 
 
 def summary(counts: list) -> str:
@@ -90,7 +103,7 @@ def elementwise_checks(dtype, generator) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--tile-rows", type=int, default=16, help="the tile whose multiples are checked")
+    parser.add_argument("--tile-rows", type=int, default=TILE_ROWS, help="the tile whose multiples and places are checked")
     parser.add_argument("--rows", type=int, default=2048, help="the rows of the largest product")
     args = parser.parse_args()
     dtypes = [torch.float32] + ([torch.bfloat16] if cpu.native_bfloat16() else [])
@@ -107,8 +120,10 @@ def main():
                     x = torch.randn(args.rows, fan_in, generator=generator).to(dtype)
                     every = differing_row_counts(kernel, x, weight, bias, row_counts)
                     tiled = [n for n in every if n % args.tile_rows == 0]
+                    places = differing_places(kernel, x, weight, bias, args.tile_rows)
                     print(f"{threads} threads, {str(dtype)[6:]:8} {name:6} {product:27} rows that differ at "
-                          f"n rows: {summary(every)}; at multiples of {args.tile_rows}: {summary(tiled)}")
+                          f"n rows: {summary(every)}; at multiples of {args.tile_rows}: {summary(tiled)}; "
+                          f"places in a tile that change a row: {places} of {args.tile_rows - 1}")
             print(f"{threads} threads, {str(dtype)[6:]:8} attention: texts whose bits change "
                   f"(of 32): {attention_checks(dtype, generator)}")
             print(f"{threads} threads, {str(dtype)[6:]:8} element-wise: elements whose bits change alone "

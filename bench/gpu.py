@@ -68,7 +68,7 @@ def search_parity(device: str, rows: int = 20_011, dim: int = 64, queries: int =
         query_rows = torch.cat([corpus[7:8], corpus[:: rows // (queries - 1)][: queries - 1]])  # (Q, d)
         for score in ("cosine", "dot", "euclidean"):
             if score != "cosine" and name == "scales":
-                continue  # dot products past float32: refused alike, tested in tests/test_one_answer.py
+                continue  # dot products past float32: refused alike, tested in tests/test_search_property.py
             expected = search(query_rows, corpus, k, score=score, device="cpu", way="plain")
             agree = True
             for way in WAY_NAMES:

@@ -5,16 +5,20 @@ For each query embedding, the k corpus embeddings that score best: the k best co
 of one matrix product, (Q, d) @ (d, N). Its (Q, N) scores would take 4·Q·N bytes (8 GB for 1,000
 queries over 2M documents), so `search` walks the corpus and the queries in chunks.
 
-What a returned score is. A float32 product sums each q·c in an order its kernel chooses (it changes
-with the kernel, the block's shape and the machine), which can turn a near tie. So a score is one
-fixed arithmetic of the query row and the corpus row (minisbert/similarity.py's `exact_scores`):
+What a returned score is. The rows searched are the inputs rounded to float32, whatever their
+floating dtype (float16 and bfloat16 exactly, float64 to the nearest float32): every check, norm,
+unit row and score is of those float32 rows. A float32 product sums each q·c in an order its kernel
+chooses (it changes with the kernel, the block's shape and the machine), which can turn a near tie.
+So a score is one fixed arithmetic of the query row and the corpus row (minisbert/similarity.py's
+`exact_scores`):
 
     cosine     q̂·ĉ over the unit rows q̂, ĉ that `unit_rows` makes     larger is better
     dot        q·c                                                     larger is better
     euclidean  |q - c|                                                 smaller is better
 
-each summed in float64 over the exact products (or squared differences) in one fixed pairwise
-order, then rounded once to float32; equal scores go to the lower corpus index. Every path (this
+each summed in float64 in one fixed pairwise order over the exact products (for euclidean the
+squares of the differences, each computed in float64; the distance is the root of the sum), then
+rounded once to float32; equal scores go to the lower corpus index. Every path (this
 loop, minisbert/fast/'s ways, any chunk size or query count, a prepared or a raw corpus) returns
 these scores in this order, bit for bit.
 
@@ -33,8 +37,8 @@ The loop. For each (query chunk, corpus chunk) block it
 
 Memory is a few blocks whatever N is; sentence-transformers' `util.semantic_search` is step 1 and
 a top-k. The checks, `Bounds`, `settle` and `exact_products` (full float32 products, never TF32) are
-in search_inputs.py, shared with minisbert/fast/. Tested in tests/test_retrieval.py: against brute
-force, and every way against this loop.
+in search_inputs.py, shared with minisbert/fast/. Tested in tests/test_retrieval.py against brute
+force, and in tests/test_search_property.py against exact arithmetic, and every way against this loop.
 """
 
 import math

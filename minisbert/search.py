@@ -17,7 +17,7 @@ rows again, so a file damaged or edited elsewhere is refused, naming it:
 
 On a GPU the "device" way runs (one product and one top-k per block, then the exact rescoring); a
 corpus can stay in CPU memory (`device="cuda"` moves it a chunk at a time). Tested way against way in
-tests/test_retrieval.py, timed beside faiss in bench/retrieval.py.
+tests/test_search_property.py, timed beside faiss in bench/retrieval.py.
 """
 
 import math
@@ -121,8 +121,10 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
     """Exact top-k corpus rows for each query row.
 
     Args:
-        queries: (Q, d) float embeddings (torch tensor or numpy array).
-        corpus: (N, d) float embeddings (float16, bfloat16 read as float32), or a `PreparedCorpus`.
+        queries: (Q, d) float embeddings (torch tensor or numpy array), of any floating dtype.
+        corpus: (N, d) float embeddings, or a `PreparedCorpus`. Both are rounded to float32 first
+            (float16, bfloat16 exactly; float64 to the nearest float32), and the search is of those
+            float32 rows: their checks, norms, unit rows and scores (retrieval.py).
         k: results per query (an int, numpy's too); with k > N the whole corpus, ranked.
         score: "cosine" (the default), "dot" or "euclidean" (retrieval.py); a prepared corpus's own.
         query_chunk_size, corpus_chunk_size: block shape (default 1024 x 8192, on a GPU up to 1 GB): speed, memory.

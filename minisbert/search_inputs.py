@@ -2,9 +2,10 @@
 checks, the error bound of a float32 score (`Bounds`), and the step that decides every result (`settle`).
 
 Checks (`check_inputs`, and each corpus chunk as it is read): 2-D floating-point inputs of one
-dimension; k and the chunk sizes positive integers; every row finite, its norm (squared for
-euclidean) within float32; for dot and euclidean no score beyond float32 (|q·c| <= |q| |c|,
-|q - c|² <= (|q| + |c|)²). A failure raises a ValueError naming the input and the row.
+dimension; k and the chunk sizes positive integers; every row, rounded to float32 (`scored_rows`),
+finite, its norm (squared for euclidean) within float32; for dot and euclidean no score beyond
+float32 (|q·c| <= |q| |c|, |q - c|² <= (|q| + |c|)²). A failure raises a ValueError naming the input
+and the row.
 """
 
 import contextlib
@@ -34,17 +35,20 @@ class PreparedCorpus:
 
 
 def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`chunk`'s (n, d) float32 rows as `score` scores them (unit rows for cosine), checked, and their norms."""
+    """`chunk`'s (n, d) rows rounded to float32, checked, as `score` scores them (unit rows for cosine),
+    and their float64 norms. The rows searched are the float32 ones, whatever dtype was given: every
+    check, norm, unit row and score is of them (a float64 entry beyond float32's range rounds to inf)."""
+    chunk = chunk.to(torch.float32)  # (n, d)
     norms = row_norms(chunk)  # (n,) float64, inf or NaN only for a row holding inf or NaN
     fits = norms <= torch.finfo(torch.float32).max ** (0.5 if score == "euclidean" else 1.0)  # False for NaN too
     if not fits.all():
         row = start + int(fits.logical_not().nonzero()[0])
         raise ValueError(f"{name} row {row} contains NaN or inf, or values too large for float32; embed it "
                          "again or drop it")
-    if score == "cosine":  # a float32 copy of the rows has the same norms: they are not measured again
-        chunk = unit_rows(chunk.to(torch.float32), norms)
+    if score == "cosine":
+        chunk = unit_rows(chunk, norms)
         norms = row_norms(chunk)
-    return chunk.to(torch.float32), norms
+    return chunk, norms
 
 
 @dataclass
@@ -72,13 +76,17 @@ class SearchInputs:
         return rows, norms
 
     def check_scores_fit(self, norms: torch.Tensor, start: int) -> None:
-        """Raise if the largest query and the largest of these (n,) corpus norms could score beyond float32."""
+        """Raise if the largest query and any of these (n,) corpus norms could score beyond float32, naming
+        the first such corpus row (the same row whatever the chunks, so every way names it)."""
         if self.score == "cosine" or self.queries.shape[0] == 0 or norms.numel() == 0:
             return
-        query_row, doc_row = int(self.query_norms.argmax()), int(norms.argmax())
-        query_norm, doc_norm = float(self.query_norms[query_row]), float(norms[doc_row])
-        bound = (query_norm + doc_norm) ** 2 if self.score == "euclidean" else query_norm * doc_norm
-        if bound > LARGEST_SCORE:
+        query_row = int(self.query_norms.argmax())
+        query_norm = float(self.query_norms[query_row])
+        bounds = (query_norm + norms) ** 2 if self.score == "euclidean" else query_norm * norms  # (n,)
+        beyond = bounds > LARGEST_SCORE  # (n,)
+        if beyond.any():
+            doc_row = int(beyond.nonzero()[0])
+            doc_norm = float(norms[doc_row])
             raise ValueError(f"queries row {query_row} (norm {query_norm:.3g}) and corpus row {start + doc_row} "
                              f"(norm {doc_norm:.3g}) may score beyond float32 with score={self.score!r}; scale "
                              "the embeddings down or use score='cosine'")

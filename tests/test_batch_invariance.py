@@ -1,45 +1,77 @@
 """Same text, same vector: encode() gives a text the same embedding, to the last bit, whatever batch
-it is in (minisbert/fast/encode.py says how the fast path keeps that; the plain path runs each text
-alone).
+it is in (minisbert/fast/encode.py says how the fast path makes that hold; the plain path runs each
+text alone).
 
-"Correct" means: 64 texts of 2 to 250 tokens, encoded at batch sizes 1, 2, 5, 16 and 64, in order and
-shuffled, with another token budget, as a list and one string at a time, give every text exactly the
-embedding (torch.equal) it gets when encoded alone; in float32, and in bfloat16 where the CPU
-multiplies it natively; on the fast path and the plain path. And two processes on one machine, one of
-them while the machine is loaded, give the same bits. No tolerance here: anything but equality fails.
+"Correct" means: for each way this CPU can compute an embedding (the plain path, and the fast path
+with each product kernel a machine's fact can choose, forced in turn with MINISBERT_GEMM) in each
+dtype it multiplies natively (float32, and bfloat16 where it has bfloat16 products), batches drawn
+from a seed give every text exactly (torch.equal) the embedding it gets encoded alone, as one string.
+A batch is a few of 32 texts of 2 to 250 tokens (pairs of them share a length), in any order and
+with repeats, encoded as a list at a batch size of 1 to 64 under a token budget from one long text
+to many. Without autograd the model's forward pass holds the same: a text padded among others, down
+to one token, equals it alone. No tolerance here: anything but equality fails.
+
+The fast path holds this by construction, not by luck of the kernels (fast/linear.py): no kernel
+is called with a shape that depends on the batch. A CPU whose kernels happen to give a row the same
+bits at any row count would pass the property test even with that broken, so the construction is
+checked too, by watching every call: each product gets one tile of TILE_ROWS rows, each attention
+call one text, the Dense layer one tile. And two processes on one machine, the first of them
+timing the kernels while the machine is loaded (as a user's process does; the test session itself
+times nothing: tests/conftest.py), give the same bits: the kernel chosen for each product is kept
+per machine (fast/machine.py).
 
 The model is random, of all-MiniLM-L6-v2's widths (so its products and attention meet the kernels
 the real model meets) but one block deep, with a Dense layer and Normalize after mean pooling, so that
-every step encode() takes is covered and the test runs in seconds on any CPU.
+every step encode() takes is covered and the tests run in seconds on any CPU.
 """
 
 import json
 import os
+import random
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minisbert import cpu
 from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
 from minisbert.fast import encode as fast_encode
+from minisbert.fast import linear as fast_linear
 from minisbert.fast import machine
 from minisbert.fast.encode import FAST_PATH
 from minisbert.model import SentenceModel
 from minisbert.pooling import Dense
+from minisbert.precision import computing_in
 from minisbert.tokenizer import Tokenizer
 
 from .conftest import FIXTURES, REPO
 
 MINILM_WIDTHS = dict(hidden_size=384, num_heads=12, intermediate_size=1536)
 LONGEST = 250  # tokens, [CLS] and [SEP] included
-BATCH_SIZES = (1, 2, 5, 16, 64)
-DTYPES = [pytest.param("float32"), pytest.param("bfloat16", marks=pytest.mark.skipif(
-    not cpu.native_bfloat16(), reason="this CPU has no native bfloat16 products (AVX512-BF16 or AMX): "
-                                      "encode() refuses bfloat16 here"))]
+BATCH_SIZES = (1, 2, 3, 5, 16, 17, 64)
+TEXTS_IN_A_BATCH = (1, 2, 3, 5, 16, 17, 32)
+TOKEN_BUDGETS = (fast_encode.CPU_TOKENS_PER_FORWARD, 700, LONGEST, 8192)  # LONGEST: one long text a batch
+BATCHES = 16  # drawn for each way and dtype
+
+
+def ways(kernels) -> list:
+    """(dtype, kernel) for each dtype and kernel in `kernels` (None: the plain path), skipped where this
+    CPU does not run them."""
+    params = []
+    for dtype in ("float32", "bfloat16"):
+        for kernel in kernels:
+            reason = None
+            if dtype == "bfloat16" and not cpu.native_bfloat16():
+                reason = "this CPU has no native bfloat16 products (AVX512-BF16 or AMX): encode() refuses bfloat16 here"
+            elif kernel is not None and not fast_linear.runs(kernel, getattr(torch, dtype)):
+                reason = f"the {kernel} kernel cannot multiply {dtype} on this CPU"
+            params.append(pytest.param(dtype, kernel, id=f"{dtype}-{kernel or 'plain'}",
+                                       marks=[pytest.mark.skip(reason=reason)] if reason else []))
+    return params
 
 
 @pytest.fixture(scope="module")
@@ -58,42 +90,75 @@ def model():
 
 @pytest.fixture(scope="module")
 def texts(model) -> list:
-    """64 texts of 0 to 248 words of the vocabulary, one token each: 2 to 250 tokens."""
+    """32 texts of 0 to 248 words of the vocabulary, one token each: 2 to 250 tokens, two texts of
+    each length (attention meets texts that share a length)."""
     words = [w for w in model.tokenizer.rust.get_vocab() if w.isalpha() and w.islower()]
     generator = torch.Generator().manual_seed(0)
-    lengths = [0, LONGEST - 2] + torch.randint(0, LONGEST - 1, (62,), generator=generator).tolist()
+    lengths = [0, 1, LONGEST - 2] + torch.randint(0, LONGEST - 1, (13,), generator=generator).tolist()
     texts = [" ".join(words[i] for i in torch.randint(0, len(words), (n,), generator=generator).tolist())
-             for n in lengths]
-    assert sorted(map(len, model.tokenizer.token_ids(texts)))[::63] == [2, LONGEST]
+             for n in lengths + lengths]
+    tokens = list(map(len, model.tokenizer.token_ids(texts)))
+    assert (min(tokens), max(tokens)) == (2, LONGEST)
     return texts
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "plain"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_text_gets_the_same_bits_in_any_batch(model, texts, dtype, fast, monkeypatch):
-    def encode(inputs, **options):
-        return model.encode(inputs, convert_to_tensor=True, dtype=dtype, fast=fast, **options)
+@pytest.mark.parametrize("dtype, kernel", ways([None, *fast_linear.BACKENDS]))
+def test_a_text_gets_the_same_bits_in_any_batch(model, texts, dtype, kernel, monkeypatch):
+    if kernel is not None:
+        monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, kernel)
 
-    alone = torch.stack([encode(text) for text in texts])  # (64, D): each text its own call, as one string
-    shuffled = torch.randperm(len(texts), generator=torch.Generator().manual_seed(1)).tolist()
-    for batch_size in BATCH_SIZES:
-        for order in (list(range(len(texts))), shuffled):
-            embeddings = encode([texts[i] for i in order], batch_size=batch_size)
-            different = (embeddings != alone[order]).any(dim=1).sum().item()
-            assert different == 0, f"{different} of {len(texts)} rows differ at batch size {batch_size}"
-    assert torch.equal(encode([texts[5]]), alone[5:6])  # a list of one
-    monkeypatch.setattr(fast_encode, "CPU_TOKENS_PER_FORWARD", 700)  # another token budget, other company
-    assert torch.equal(encode(texts, batch_size=64), alone)
+    def encode(inputs, batch_size=32):
+        return model.encode(inputs, batch_size=batch_size, convert_to_tensor=True, dtype=dtype,
+                            fast=kernel is not None)
+
+    alone = torch.stack([encode(text) for text in texts])  # (32, D): each text its own call, as one string
+    draw = random.Random(f"{dtype} {kernel}")
+    for _ in range(BATCHES):
+        chosen = draw.choices(range(len(texts)), k=draw.choice(TEXTS_IN_A_BATCH))  # any order, repeats
+        batch_size, budget = draw.choice(BATCH_SIZES), draw.choice(TOKEN_BUDGETS)
+        monkeypatch.setattr(fast_encode, "CPU_TOKENS_PER_FORWARD", budget)
+        embeddings = encode([texts[i] for i in chosen], batch_size)  # (k, D): a list, of one text too
+        different = (embeddings != alone[chosen]).any(dim=1).sum().item()
+        assert different == 0, (f"{different} of {len(chosen)} texts differ from them alone at batch size "
+                                f"{batch_size}, {budget} tokens a forward pass")
 
 
-def test_the_forward_pass_of_one_text_equals_it_in_a_padded_batch(model, texts):
-    """What training's forward gives (rows, not whole tiles) is not promised bit for bit, but the
-    fast forward without autograd is: a text padded among longer ones equals it alone."""
-    batch = model.tokenize(texts[:8])
-    with torch.no_grad():
-        together = model(batch)  # (8, D)
-        for row, text in enumerate(texts[:8]):
-            assert torch.equal(model(model.tokenize([text]))[0], together[row])
+@pytest.mark.parametrize("dtype, kernel", ways(fast_linear.BACKENDS))
+def test_the_forward_pass_of_one_text_equals_it_in_a_padded_batch(model, texts, dtype, kernel, monkeypatch):
+    """What training's forward gives (autograd on: one product of all rows) is not promised bit for
+    bit, but the fast forward without it is: a text padded among longer ones equals it alone."""
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, kernel)
+    id_lists = model.tokenizer.token_ids(texts[:8])
+    id_lists.append(id_lists[0][:1])  # one token: [CLS] alone
+    with torch.no_grad(), computing_in(dtype, model.device):
+        together = model(model.tokenizer.pad(id_lists))  # (9, D)
+        for row, ids in enumerate(id_lists):
+            assert torch.equal(model(model.tokenizer.pad([ids]))[0], together[row]), len(ids)
+
+
+@pytest.mark.parametrize("dtype, kernel", ways(fast_linear.BACKENDS))
+def test_no_kernel_is_called_with_a_shape_that_depends_on_the_batch(model, texts, dtype, kernel, monkeypatch):
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, kernel)
+    products, attention, dense = [], [], []
+    for backend, product in list(fast_linear.PRODUCTS.items()):
+        def watched(x, weights, gelu, out, product=product):
+            products.append((x.shape[0], out.shape[0], x.is_contiguous() and x.data_ptr() % 64 == 0))
+            return product(x, weights, gelu, out)
+
+        monkeypatch.setitem(fast_linear.PRODUCTS, backend, watched)
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, *rest: attention.append(q.shape[0]) or sdpa(q, *rest))
+    hook = model.dense.register_forward_pre_hook(lambda module, inputs: dense.append(inputs[0].shape[0]))
+    many = (sorted(texts, key=len)[:8] * fast_linear.TILE_ROWS)[:fast_linear.TILE_ROWS + 1]  # short ones
+    monkeypatch.setattr(fast_encode, "CPU_TOKENS_PER_FORWARD", len(many) * LONGEST)
+    try:
+        model.encode(texts[:17], batch_size=5, dtype=dtype)  # batches of 5, 5, 5 and 2 texts
+        model.encode(many, batch_size=len(many), dtype=dtype)  # one batch of more texts than a tile has rows
+    finally:
+        hook.remove()
+    assert products and set(products) == {(fast_linear.TILE_ROWS, fast_linear.TILE_ROWS, True)}  # rows in, rows out, aligned
+    assert len(attention) == 17 + len(many) and set(attention) == {1}  # one text a call (the model is one block deep)
+    assert len(dense) == 4 + 2 and set(dense) == {fast_linear.TILE_ROWS}  # four batches of one tile, one of two
 
 
 ENCODE_IN_A_PROCESS = """
@@ -114,15 +179,21 @@ def busy_processes(count: int) -> list:
 
 def test_two_processes_one_of_them_under_load_give_the_same_bits(model, texts, tmp_path):
     model.save(tmp_path / "model")
-    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    (tmp_path / "texts.json").write_text(json.dumps(texts[:8]))  # a few: what is checked here is the kernels' choice
     dtypes = ["float32"] + (["bfloat16"] if cpu.native_bfloat16() else [])
-    env = {**os.environ, machine.MACHINE_FILE_VARIABLE: str(tmp_path / "machine.json")}
-    env.pop("MINISBERT_GEMM", None)  # the kernels are chosen as a user's process chooses them
+    # The kernels are chosen as a user's process chooses them: timed, into a machine file of this test's own.
+    machine_file = tmp_path / "machine.json"
+    env = {**os.environ, machine.MACHINE_FILE_VARIABLE: str(machine_file), machine.PROBES_VARIABLE: "on"}
+    env.pop(fast_linear.BACKEND_VARIABLE, None)
 
     def encode_in_a_process(name):
         subprocess.run([sys.executable, "-c", ENCODE_IN_A_PROCESS, str(tmp_path / "model"),
                         str(tmp_path / "texts.json"), str(tmp_path / name), *dtypes],
                        env=env, cwd=REPO, check=True, capture_output=True, text=True)
+
+    def kernel_facts() -> dict:
+        facts = json.loads(machine_file.read_text()) if machine_file.exists() else {}
+        return {name: value for name, value in facts.items() if name.startswith("quicker product kernel")}
 
     # The loaded process runs first: it meets every product's shape first and measures it under load.
     load = busy_processes(os.cpu_count() or 1)
@@ -132,7 +203,11 @@ def test_two_processes_one_of_them_under_load_give_the_same_bits(model, texts, t
         for process in load:
             process.kill()
             process.wait()
+    measured = kernel_facts()
+    choosing = [dtype for dtype in dtypes if all(fast_linear.runs(b, getattr(torch, dtype)) for b in fast_linear.BACKENDS)]
+    assert len(measured) == 4 * len(choosing), measured  # Q/K/V, attention output, feed-forward in and out
     encode_in_a_process("idle")
+    assert kernel_facts() == measured  # read back, not measured again
     for dtype in dtypes:
         loaded, idle = np.load(tmp_path / f"loaded-{dtype}.npy"), np.load(tmp_path / f"idle-{dtype}.npy")
-        assert loaded.shape == (len(texts), 256) and np.array_equal(loaded, idle), dtype
+        assert loaded.shape == (8, 256) and np.array_equal(loaded, idle), dtype

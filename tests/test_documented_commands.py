@@ -91,6 +91,10 @@ COMMANDS = {
     "python bench/encode.py --peer-python PEER/bin/python --limit 320 --rounds 3 --gemm-variants --peer-variants "
     "\"torch float32\" \"torch bfloat16\"": Run(BENCH, slow=True, data=True, needs="peer"),
     "python bench/batch_invariance.py": Run("--threads 1 --rows 96"),
+    "python bench/tile_rows.py --threads 1 --before ../minisbert-7aae6dc --rounds 3":
+        Run("--tiles 32 --rounds 1", slow=True, data=True),
+    "python bench/tile_rows.py --before ../minisbert-7aae6dc --rounds 3 --kernels onednn torch --tiles 32 64":
+        Run("--tiles 32 --rounds 1", slow=True, data=True),
     "python bench/int8.py --limit 320 --rounds 3": Run(BENCH, slow=True, data=True),
     "python bench/int8.py --limit 64 --rounds 1 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
     "python bench/retrieval.py --peer-python PEER/bin/python": SMALL_SEARCH,
@@ -155,6 +159,8 @@ COMMANDS = {
     "MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/encode.py --limit 320 --rounds 3":
         Run(BENCH, slow=True, data=True, needs="peer"),
     "python bench/encode.py --limit 320 --plain --gemm-variants": Run(BENCH, slow=True, data=True),
+    "python bench/tile_rows.py": Run("--tiles 32 --rounds 1", slow=True, data=True),
+    "python bench/tile_rows.py --tiles 32 64 --kernels onednn torch --threads 1": Run("--rounds 1", slow=True, data=True),
     "python bench/gpu.py --model runs/x/final --corpus-rows 8841823 --dim 768": Run("--corpus-rows 10000",
                                                                                      needs="gpu"),
     "python bench/int8.py --limit 320 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
@@ -194,7 +200,8 @@ COMMANDS = {
 # The placeholders the documents write, and what stands in for them here.
 PLACEHOLDERS = {"PEER/bin/python": "$PEER_PYTHON", "/path/to/peer-env/bin/python": "$PEER_PYTHON",
                 "~/stsbenchmark": "$MINISBERT_DATA_MIRROR/stsb", "--data DIR": f"--data {REPO / 'data' / 'example'}",
-                "--nproc_per_node 8": "--nproc_per_node 2", "runs/mnrl8/final": "runs/x/final"}
+                "--nproc_per_node 8": "--nproc_per_node 2", "runs/mnrl8/final": "runs/x/final",
+                "../minisbert-7aae6dc": str(REPO)}  # a checkout of an earlier commit: this one stands in
 COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:\.venv/bin/)?(?:python3? |torchrun |\$PEER_PYTHON |peer/bin/)")
 
 

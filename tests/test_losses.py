@@ -297,6 +297,8 @@ def test_shape_mismatch_and_empty_batch_are_rejected():
         triplet_euclidean_loss(t([[1.0, 0.0]] * 2), t([[1.0, 0.0]] * 2), t([[1.0, 0.0]]), margin=1.0)
     with pytest.raises(ValueError, match=r"anchors has shape \(0, 2\); expected a non-empty"):
         multiple_negatives_ranking_loss(torch.zeros(0, 2), torch.zeros(0, 2))
+    with pytest.raises(ValueError, match=r"anchors has shape \(2, 0\); expected a non-empty"):  # no dimensions
+        multiple_negatives_ranking_loss(torch.zeros(2, 0), torch.zeros(2, 0))
     with pytest.raises(ValueError, match=r"hard_negatives has shape \(2, 3\); expected \(M, 2\)"):
         multiple_negatives_ranking_loss(t([[1.0, 0.0]]), t([[1.0, 0.0]]), t([[1.0, 0.0, 0.0]] * 2))
     with pytest.raises(ValueError, match=r"margin must be >= 0, got -1"):
@@ -314,24 +316,34 @@ def test_softmax_rejects_bad_labels_and_dimension():
         softmax_loss(t([[1.0, 0.0]]), t([[1.0, 0.0]]), torch.tensor([0]), classifier)
 
 
+@pytest.mark.parametrize("embedding_dim, n_labels", [(0, 3), (4, 1), (0, 1)])
+def test_softmax_classifier_needs_a_dimension_and_two_labels(embedding_dim, n_labels):
+    # each condition alone is enough to refuse: a classifier over no features, or with one label to pick
+    with pytest.raises(ValueError, match=f"got embedding_dim={embedding_dim}, n_labels={n_labels}"):
+        SoftmaxClassifier(embedding_dim, n_labels)
+
+
 # --- Choosing a loss --------------------------------------------------------------------------
 
 
+# takes_margin: the two triplet hinges, and only they; whole_batch: MNRL, whose anchors are ranked against
+# every example of the batch (the trainer must not split its batch), and only it.
 @pytest.mark.parametrize(
-    "arch, metric, loss, function, n_texts, label_kind",
+    "arch, metric, loss, function, n_texts, label_kind, takes_margin, whole_batch",
     [
-        ("siamese", "cosine", None, siamese_cosine_mse_loss, 2, "score"),
-        ("siamese", "euclidean", None, siamese_euclidean_mse_loss, 2, "score"),
-        ("triplet", "cosine", None, triplet_cosine_loss, 3, None),
-        ("triplet", "euclidean", None, triplet_euclidean_loss, 3, None),
-        ("siamese", "cosine", "softmax", softmax_loss, 2, "class"),
-        ("siamese", "cosine", "mnrl", multiple_negatives_ranking_loss, 2, None),
-        ("triplet", "cosine", "mnrl", multiple_negatives_ranking_loss, 3, None),
+        ("siamese", "cosine", None, siamese_cosine_mse_loss, 2, "score", False, False),
+        ("siamese", "euclidean", None, siamese_euclidean_mse_loss, 2, "score", False, False),
+        ("triplet", "cosine", None, triplet_cosine_loss, 3, None, True, False),
+        ("triplet", "euclidean", None, triplet_euclidean_loss, 3, None, True, False),
+        ("siamese", "cosine", "softmax", softmax_loss, 2, "class", False, False),
+        ("siamese", "cosine", "mnrl", multiple_negatives_ranking_loss, 2, None, False, True),
+        ("triplet", "cosine", "mnrl", multiple_negatives_ranking_loss, 3, None, False, True),
     ],
 )
-def test_select_loss(arch, metric, loss, function, n_texts, label_kind):
+def test_select_loss(arch, metric, loss, function, n_texts, label_kind, takes_margin, whole_batch):
     spec = select_loss(arch, metric, loss)
     assert (spec.function, spec.n_texts, spec.label_kind) == (function, n_texts, label_kind)
+    assert (spec.takes_margin, spec.whole_batch) == (takes_margin, whole_batch)
 
 
 def test_select_loss_rejects_unknown_names_and_combinations():

@@ -27,6 +27,7 @@ from minisbert.metrics import (
     map_at_k,
     mrr_at_k,
     ndcg_at_k,
+    per_query_scores,
     precision_at_k,
     rank_by_score,
     recall_at_k,
@@ -63,6 +64,16 @@ def test_binary_query_by_hand(definitions):
     # or by 3 relevant ("trec"): the same here.
     assert m["map@5"] == pytest.approx(1.0 / 3)
     assert m["map@1"] == 0
+
+
+@pytest.mark.parametrize("definitions", ["st", "trec"])
+def test_the_default_cutoffs_are_those_sentence_transformers_reports(definitions):
+    # InformationRetrievalEvaluator reports accuracy, precision and recall @ 1, 3, 5, 10, MRR and NDCG @ 10
+    # and MAP @ 100; minisbert reports every metric at each of those cutoffs (and "mrr" for trec).
+    names = {f"{metric}@{k}" for metric in ("accuracy", "precision", "recall", "mrr", "ndcg", "map")
+             for k in (1, 3, 5, 10, 100)} | ({"mrr"} if definitions == "trec" else set())
+    assert set(evaluate_run(BINARY_RUN, BINARY_QRELS, definitions=definitions)) == names
+    assert set(per_query_scores(BINARY_RUN, BINARY_QRELS, definitions=definitions)) == names
 
 
 def test_st_and_trec_disagree_on_map_when_many_relevant():
@@ -138,6 +149,13 @@ def test_run_query_without_qrels_warns_and_is_ignored():
     with pytest.warns(UserWarning, match="1 run queries have no qrels and are ignored: 'zz'"):
         m = evaluate_run({"q": ["a"], "zz": ["b"]}, {"q": {"a": 1}}, ks=[1])
     assert m["precision@1"] == 1.0
+
+
+@pytest.mark.parametrize("extra, rest", [(5, "'z4'$"), (6, "'z4' and 1 more$"), (9, "'z4' and 4 more$")])
+def test_a_warning_names_five_queries_and_counts_the_rest(extra, rest):
+    run = {"q": ["a"], **{f"z{i}": ["b"] for i in range(extra)}}
+    with pytest.warns(UserWarning, match=f"{extra} run queries have no qrels and are ignored: 'z0', 'z1', .*{rest}"):
+        evaluate_run(run, {"q": {"a": 1}}, ks=[1])
 
 
 # ---- scored runs and ties ------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""One answer whatever the way: every way of the search, forced, returns the plain loop's indices and
-scores bit for bit (minisbert/retrieval.py defines a returned score as one fixed arithmetic, and every
-way ends in the same exact rescoring), on corpora built to tie and to round badly; a query gets the
-same results alone as in a call of 1,000; and a saved corpus damaged or edited elsewhere is refused.
+"""One answer whatever the call: a query gets the same results alone as in a call of 1,000; the plain
+loop's results are minisbert/retrieval.py's definition written out; and a saved corpus damaged or
+edited elsewhere is refused. That every way of the search, forced, returns the plain loop's indices
+and scores bit for bit, on corpora built to tie and to round badly, is tests/test_search_property.py.
 """
 
 import pytest
@@ -9,97 +9,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minisbert import retrieval
-from minisbert.fast import retrieval as fast_retrieval
-from minisbert.fast import span_product, tuning
-from minisbert.search import WAY_NAMES, load_corpus, prepare_corpus, search
+from minisbert.search import load_corpus, prepare_corpus, search
 
 DIM = 24
-ROWS = 700  # in chunks of 300 rows, spans of 64 then up to 320
-
-
-def adversarial_corpora(generator):
-    """(name, (N, DIM) corpus): rows built so that scores tie exactly or within float32 rounding."""
-    integers = torch.randint(-3, 4, (ROWS, DIM), generator=generator).float()
-    yield "small integers", integers  # every dot product exact; many exact ties
-    multiples = integers[:35].repeat(20, 1) * torch.randint(1, 6, (ROWS, 1), generator=generator).float()
-    yield "multiples", multiples  # equal cosines in every group of 35 rows
-    near = torch.randn(ROWS, DIM, generator=generator)
-    near[1::2] = near[::2] + 1e-6 * torch.randn(ROWS // 2, DIM, generator=generator)
-    yield "near duplicates", near  # pairs whose scores differ by far less than float32 rounding
-    scales = 10.0 ** torch.randint(-30, 16, (ROWS, 1), generator=generator).double()
-    yield "norms from 1e-30 to 1e15", (torch.randn(ROWS, DIM, generator=generator).double() * scales).float()
-    zeros = torch.randn(ROWS, DIM, generator=generator)
-    zeros[::7] = 0
-    yield "zero rows", zeros
-    yield "bfloat16", torch.randint(-3, 4, (ROWS, DIM), generator=generator).to(torch.bfloat16)
-    yield "float16", (torch.randn(ROWS, DIM, generator=generator) / 4).half()
-
-
-@pytest.fixture
-def short_spans(monkeypatch):
-    """Spans of a few groups, so that the few-query ways cross many spans and their growth here."""
-    monkeypatch.setattr(fast_retrieval, "FIRST_SPAN_ROWS", 64)
-    monkeypatch.setattr(fast_retrieval, "SPAN_ROWS", 5 * 64)
-    monkeypatch.setattr(span_product, "PIECE_ENTRIES", 80)
-
-
-def forms(corpus, score, folder):
-    """The corpus as given, prepared with every copy, and saved and loaded."""
-    prepared = prepare_corpus(corpus, score, screen=True)
-    prepared.save(folder / "corpus.safetensors")
-    return {"as given": corpus, "prepared": prepared,
-            "saved and loaded": load_corpus(folder / "corpus.safetensors", screen=True)}
-
-
-def results_of(queries, corpus, k, score, **kwargs):
-    """search's (scores, indices), or the error's message where it refuses; None where the way cannot run."""
-    try:
-        return search(queries, corpus, k, score=score, **kwargs)
-    except ValueError as error:
-        return None if "cannot run here" in str(error) else str(error)
-
-
-def assert_same(got, expected, what):
-    if isinstance(expected, str) or isinstance(got, str):
-        assert got == expected, what
-    else:
-        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), what
-
-
-KINDS = ("small integers", "multiples", "near duplicates", "norms from 1e-30 to 1e15", "zero rows", "bfloat16",
-         "float16")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("score", ["cosine", "dot", "euclidean"])
-def test_every_way_returns_the_plain_loops_bits_on_adversarial_corpora(score, kind, short_spans, tmp_path):
-    generator = torch.Generator().manual_seed(KINDS.index(kind))
-    for name, corpus in adversarial_corpora(generator):
-        if name != kind:
-            continue
-        num_docs = corpus.shape[0]
-        # Queries: rows of the corpus (exact ties with themselves and their copies) and fresh ones.
-        queries = corpus[torch.randint(0, num_docs, (390,), generator=generator)].float()
-        queries[1::2] = torch.randint(-3, 4, (195, DIM), generator=generator).float()
-        ids = {"query_ids": [f"d{i}" for i in torch.randint(0, num_docs, (390,), generator=generator).tolist()],
-               "corpus_ids": [f"d{i}" for i in range(num_docs)]}
-        searched_forms = forms(corpus, score, tmp_path)
-        # k + 16 = N: a fast way keeps every row (fast/tuning.py's KEPT_BEYOND_K); k > N: the whole corpus.
-        for k in (1, 10, num_docs - tuning.KEPT_BEYOND_K, num_docs + 1):
-            # Around the ways' thresholds (fast/tuning.py): a prepared corpus's int8 copy screens 1 query
-            # and from 4 (not 3); spans end at the query chunk (50 here), or at 64 or 128 queries, where
-            # the int8 copy's product grows from 64 columns to 128 and from 128 to 256.
-            for num_queries in (1, 3, 4, 50, 51, 64, 65, 128, 129, 390):
-                chosen = {"query_ids": ids["query_ids"][:num_queries], "corpus_ids": ids["corpus_ids"]}
-                expected = results_of(queries[:num_queries], corpus, k, score, fast=False, **chosen,
-                                      corpus_chunk_size=500)
-                for form, searched in searched_forms.items():
-                    for way in (None, *WAY_NAMES):
-                        got = results_of(queries[:num_queries], searched, k, score, way=way, **chosen,
-                                         query_chunk_size=50, corpus_chunk_size=300)
-                        if got is not None:
-                            assert_same(got, expected, f"{name}, k={k}, {num_queries} queries, {form}, way={way}")
 
 
 @pytest.mark.parametrize("score", ["cosine", "dot", "euclidean"])

@@ -97,10 +97,15 @@ def test_lr_factor_warmup_then_linear_decay():
     assert lr_factor(0, 0, 4) == 1.0  # no warmup: start at the peak, (4 - 0) / 4
 
 
-def test_schedule_rejects_impossible_lengths():
-    optimizer = AdamW([torch.zeros(1, requires_grad=True)])
-    with pytest.raises(ValueError, match="warmup_steps=20, total_steps=10"):
-        LinearWarmupDecay(optimizer, warmup_steps=20, total_steps=10)
+def test_schedule_takes_every_length_from_no_warmup_to_all_warmup_and_refuses_the_rest():
+    optimizer = AdamW([torch.zeros(1, requires_grad=True)], lr=LR)
+    # 0 <= warmup_steps <= total_steps and total_steps >= 1: no warmup starts at the full rate, all warmup
+    # climbs to it at the end
+    assert LinearWarmupDecay(optimizer, warmup_steps=0, total_steps=10).current_lrs() == [LR]
+    assert LinearWarmupDecay(optimizer, warmup_steps=10, total_steps=10).current_lrs() == [0.0]
+    for warmup_steps, total_steps in [(20, 10), (-1, 10), (0, 0)]:
+        with pytest.raises(ValueError, match=f"warmup_steps={warmup_steps}, total_steps={total_steps}"):
+            LinearWarmupDecay(optimizer, warmup_steps=warmup_steps, total_steps=total_steps)
 
 
 def test_weight_decay_groups_leave_out_biases_and_norms():
@@ -128,11 +133,13 @@ def test_clip_grad_norm_by_hand_and_against_torch():
     assert (a.grad.item(), b.grad.item()) == pytest.approx((3 / (5 + 1e-6), 4 / (5 + 1e-6)), abs=float32_apart(3))
 
     generator = torch.Generator().manual_seed(0)
-    for max_norm in (0.5, 1e3):  # random gradients of norm about 5: the first clips, the second does not
+    # random gradients of norm about 5: the first clips, the second does not; gradients of norm about 5e-6,
+    # where torch's 1e-6 added to the norm changes the scale by a fifth, clipped to 1e-7
+    for max_norm, size in ((0.5, 1.0), (1e3, 1.0), (1e-7, 1e-6)):
         ours_params = [torch.zeros(shape, requires_grad=True) for shape in ((5, 3), (3,), (7,))]
         torch_params = [torch.zeros_like(p, requires_grad=True) for p in ours_params]
         for mine, theirs in zip(ours_params, torch_params):
-            mine.grad = torch.randn(mine.shape, generator=generator)
+            mine.grad = size * torch.randn(mine.shape, generator=generator)
             theirs.grad = mine.grad.clone()
         ours_total = clip_grad_norm_(ours_params, max_norm)
         torch_total = torch.nn.utils.clip_grad_norm_(torch_params, max_norm)
@@ -145,6 +152,22 @@ def test_clip_grad_norm_by_hand_and_against_torch():
         clipped_total = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in ours_params]))
         assert clipped_total.item() == pytest.approx(min(max_norm, ours_total.item()),
                                                      rel=float32_apart(25 + 5) + 1e-6 / ours_total.item())
+
+
+def test_clipping_gradients_that_do_not_exist_returns_0_as_torch_does():
+    # parameters without a gradient are left out; with none left the norm is 0 (torch returns tensor(0.))
+    no_gradient = [torch.zeros(2, requires_grad=True)]
+    assert clip_grad_norm_(no_gradient, 1.0) == torch.nn.utils.clip_grad_norm_(no_gradient, 1.0) == 0
+    assert clip_grad_norm_([], 1.0) == 0
+
+
+@pytest.mark.parametrize("max_norm", [0.0, -1.0, float("nan")])
+def test_clipping_to_a_norm_that_is_not_positive_is_refused(max_norm):
+    # torch would scale every gradient to 0 (or NaN): never what a training run means
+    param = torch.zeros(2, requires_grad=True)
+    param.grad = torch.ones(2)
+    with pytest.raises(ValueError, match=f"max_norm must be > 0, got {max_norm}"):
+        clip_grad_norm_([param], max_norm)
 
 
 # --- 1,000 steps against torch ----------------------------------------------------------------
@@ -185,6 +208,21 @@ def test_matches_torch_adamw_lambdalr_and_clipping_for_1000_steps(uninterrupted_
     assert max_abs_diff(model, reference) == 0
     # the run really moved the parameters, so agreement is not trivially about untouched values
     assert max_abs_diff(model, TinyMLP(seed=0)) > 0.1
+
+
+def test_the_defaults_are_torch_adamws():
+    # lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2: ten steps from the same start and gradients
+    # agree to the bit (float64, so that a default off in its third digit shows in every step)
+    generator = torch.Generator().manual_seed(3)
+    mine = torch.randn(6, generator=generator, dtype=torch.float64, requires_grad=True)
+    theirs = mine.detach().clone().requires_grad_()
+    ours_optimizer, torch_optimizer = AdamW([mine]), torch.optim.AdamW([theirs], foreach=False)
+    for _ in range(10):
+        mine.grad = torch.randn(6, generator=generator, dtype=torch.float64)
+        theirs.grad = mine.grad.clone()
+        ours_optimizer.step()
+        torch_optimizer.step()
+    assert torch.equal(mine, theirs)
 
 
 def test_weight_decay_changes_the_result():
@@ -239,9 +277,18 @@ def test_state_dict_is_a_snapshot_and_rejects_a_different_model():
     optimizer, scheduler = ours(model)
     train(model, optimizer, scheduler, clip_grad_norm_, range(3))
     saved = optimizer.state_dict()
-    exp_avg_before = saved["state"][0]["exp_avg"].clone()
+    moments = ("exp_avg", "exp_avg_sq")
+    before = [saved["state"][0][key].clone() for key in moments]
     train(model, optimizer, scheduler, clip_grad_norm_, range(3, 6))
-    assert torch.equal(saved["state"][0]["exp_avg"], exp_avg_before)
+    assert all(torch.equal(saved["state"][0][key], value) for key, value in zip(moments, before))
+    # and loading copies it: an optimizer resumed from it and trained on leaves it as it was, so that one
+    # checkpoint can be resumed from twice
+    resumed = TinyMLP(seed=0)
+    resumed_optimizer = AdamW(weight_decay_groups(resumed.named_parameters(), WEIGHT_DECAY), lr=LR)
+    resumed_optimizer.load_state_dict(saved)
+    resumed_scheduler = LinearWarmupDecay(resumed_optimizer, WARMUP_STEPS, TOTAL_STEPS)
+    train(resumed, resumed_optimizer, resumed_scheduler, clip_grad_norm_, range(3, 6))
+    assert all(torch.equal(saved["state"][0][key], value) for key, value in zip(moments, before))
 
     other = nn.Linear(8, 4)
     other_optimizer = AdamW(weight_decay_groups(other.named_parameters(), WEIGHT_DECAY), lr=LR)

@@ -4,9 +4,11 @@
 
 "Correct" means: the same rows, in the same order, as brute force (the full score matrix in float64
 and a stable sort, so equal scores go to the lower corpus index), whatever the chunk sizes, with
-scores within float32 rounding of brute force's; and every way, forced, returns the plain loop's
-results bit for bit (scores and rows), on corpora built to tie and to round badly, alone or in a
-batch.
+scores within float32 rounding of brute force's. Each check here runs once, on the way the search
+chooses (or the plain loop, where that is what it checks): that every way, forced, returns the plain
+loop's results bit for bit is one property, tested on hundreds of drawn cases in
+tests/test_search_property.py. Memory is the one thing that test cannot see, so the memory bound
+here is checked way by way.
 """
 
 import re
@@ -31,18 +33,10 @@ from .conftest import REPO
 from .tolerances import search_scores_apart
 
 SCORES = ("cosine", "dot", "euclidean")
-# The ways that run on embeddings as given ("spans, int8" screens a prepared corpus's int8 copy).
-PATHS = {name: {"way": name} for name in WAY_NAMES if not name.startswith("spans, ")}
-
-
-@pytest.fixture(params=PATHS)
-def path(request):
-    """search's keyword arguments forcing one way; every test that takes it runs on each."""
-    return PATHS[request.param]
 
 
 def search(*args, **kwargs):
-    """minisbert.search.search; a test of a way that cannot run on its inputs here (the int8 blocks for
+    """minisbert.search.search; a test of a forced way that cannot run on its inputs here (the int8 blocks for
     euclidean, or where torch's int8 product is not exact) is skipped, naming why."""
     try:
         return search_module.search(*args, **kwargs)
@@ -131,21 +125,21 @@ def two_norm_embeddings(rows, dim, generator):
 # ---- worked examples -----------------------------------------------------------------------
 
 
-def test_worked_example_each_score(path):
+def test_worked_example_each_score():
     queries = torch.tensor([[1.0, 0.0]])
     corpus = torch.tensor([[3.0, 4.0], [2.0, 0.0], [0.0, -1.0]])
     # Exact: the norms (5, 2, 1) and the sums are exact in float32, and a division and a square root
     # round once, correctly (IEEE 754), to the float32 nearest 3/5, sqrt(2) and sqrt(20).
     # cosine: (3*1 + 4*0) / 5 = 0.6;  2 / 2 = 1.0;  0 / 1 = 0.0  -> rows 1, 0, 2
-    scores, indices = search(queries, corpus, 3, score="cosine", **path)
+    scores, indices = search(queries, corpus, 3, score="cosine")
     assert indices.tolist() == [[1, 0, 2]]
     torch.testing.assert_close(scores, torch.tensor([[1.0, 0.6, 0.0]]), rtol=0, atol=0)
     # dot: 3, 2, 0 -> rows 0, 1, 2
-    scores, indices = search(queries, corpus, 3, score="dot", **path)
+    scores, indices = search(queries, corpus, 3, score="dot")
     assert indices.tolist() == [[0, 1, 2]]
     torch.testing.assert_close(scores, torch.tensor([[3.0, 2.0, 0.0]]), rtol=0, atol=0)
     # euclidean: |(1,0)-(3,4)| = sqrt(4+16) = 4.472;  |(1,0)-(2,0)| = 1;  |(1,0)-(0,-1)| = sqrt(2)
-    scores, indices = search(queries, corpus, 3, score="euclidean", **path)
+    scores, indices = search(queries, corpus, 3, score="euclidean")
     assert indices.tolist() == [[1, 2, 0]]
     torch.testing.assert_close(scores, torch.tensor([[1.0, 2.0**0.5, 20.0**0.5]]), rtol=0, atol=0)
 
@@ -170,26 +164,26 @@ AWKWARD_CHUNKINGS = [
         (7, 1024, 8192),  # the CPU defaults: a single block here
     ],
 )
-def test_random_matches_brute_force(score, k, query_chunk_size, corpus_chunk_size, path):
+def test_random_matches_brute_force(score, k, query_chunk_size, corpus_chunk_size):
     generator = torch.Generator().manual_seed(0)
     queries = torch.randn(23, 16, generator=generator)
     corpus = torch.randn(101, 16, generator=generator)
     assert_matches_brute_force(
         queries, corpus, k, score, query_chunk_size=query_chunk_size,
-        corpus_chunk_size=corpus_chunk_size, **path,
+        corpus_chunk_size=corpus_chunk_size,
     )
 
 
 @pytest.mark.parametrize("score", SCORES)
-def test_k_larger_than_corpus_returns_whole_corpus_ranked(score, path):
+def test_k_larger_than_corpus_returns_whole_corpus_ranked(score):
     generator = torch.Generator().manual_seed(1)
     queries = torch.randn(6, 8, generator=generator)
     corpus = torch.randn(11, 8, generator=generator)
     chunks = {"query_chunk_size": 5, "corpus_chunk_size": 4}
-    scores, indices = search(queries, corpus, 50, score=score, **chunks, **path)
+    scores, indices = search(queries, corpus, 50, score=score, **chunks)
     assert scores.shape == indices.shape == (6, 11)
     assert all(sorted(row) == list(range(11)) for row in indices.tolist())
-    assert_matches_brute_force(queries, corpus, 50, score, **chunks, **path)
+    assert_matches_brute_force(queries, corpus, 50, score, **chunks)
 
 
 def tied_problem(score, generator, num_docs=60):
@@ -204,33 +198,33 @@ def tied_problem(score, generator, num_docs=60):
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("k", [1, 4, 20, 200])
 @pytest.mark.parametrize("chunk_sizes", [(5, 17), (3, 4), (64, 64)])
-def test_ties_go_to_lower_index_across_chunks(score, k, chunk_sizes, path):
+def test_ties_go_to_lower_index_across_chunks(score, k, chunk_sizes):
     queries, corpus = tied_problem(score, torch.Generator().manual_seed(2))
     query_chunk_size, corpus_chunk_size = chunk_sizes
     scores, indices = search(
         queries, corpus, k, score=score, query_chunk_size=query_chunk_size,
-        corpus_chunk_size=corpus_chunk_size, **path,
+        corpus_chunk_size=corpus_chunk_size,
     )
     expected_scores, expected_indices = brute_force(queries, corpus, k, score)
     assert torch.equal(indices, expected_indices)
     assert_exact_scores(scores, expected_scores, score)
 
 
-def test_all_equal_scores_return_first_rows_in_order(path):
+def test_all_equal_scores_return_first_rows_in_order():
     corpus = torch.ones(50, 4)
-    scores, indices = search(torch.ones(3, 4), corpus, 10, score="dot", corpus_chunk_size=7, **path)
+    scores, indices = search(torch.ones(3, 4), corpus, 10, score="dot", corpus_chunk_size=7)
     assert indices.tolist() == [list(range(10))] * 3
     assert torch.all(scores == 4.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("score", SCORES)
-def test_half_precision_corpus_scored_in_float32(dtype, score, path):
+def test_half_precision_corpus_scored_in_float32(dtype, score):
     generator = torch.Generator().manual_seed(3)
     queries = torch.randn(9, 32, generator=generator)
     corpus = torch.randn(70, 32, generator=generator).to(dtype)
     scores, indices = search(
-        queries, corpus, 5, score=score, query_chunk_size=4, corpus_chunk_size=17, **path
+        queries, corpus, 5, score=score, query_chunk_size=4, corpus_chunk_size=17,
     )
     assert scores.dtype == torch.float32
     # The reference sees the same half-precision values, upcast.
@@ -239,43 +233,42 @@ def test_half_precision_corpus_scored_in_float32(dtype, score, path):
     assert_within_rounding(scores, expected_scores, queries, corpus, indices, score)
 
 
-def test_numpy_in_numpy_out_torch_otherwise(path):
+def test_numpy_in_numpy_out_torch_otherwise():
     generator = np.random.default_rng(4)
     queries = generator.standard_normal((5, 8)).astype(np.float32)
     corpus = generator.standard_normal((20, 8)).astype(np.float32)
-    scores, indices = search(queries, corpus, 3, **path)
+    scores, indices = search(queries, corpus, 3)
     assert isinstance(scores, np.ndarray) and isinstance(indices, np.ndarray)
     assert scores.dtype == np.float32 and indices.dtype == np.int64
-    torch_scores, torch_indices = search(torch.from_numpy(queries), corpus, 3, **path)
+    torch_scores, torch_indices = search(torch.from_numpy(queries), corpus, 3)
     assert isinstance(torch_scores, torch.Tensor)
     np.testing.assert_array_equal(torch_indices.numpy(), indices)
     np.testing.assert_array_equal(torch_scores.numpy(), scores)  # the same rows through the same kernels
 
 
 @pytest.mark.parametrize("score", SCORES)
-def test_embeddings_that_require_grad_are_searched_as_their_values(score, path):
+def test_embeddings_that_require_grad_are_searched_as_their_values(score):
     # A model's outputs taken outside torch.no_grad() require grad. The search is not differentiable
     # (its scores are computed again in float64 and its indices are picked), so it searches their
     # values: the same bits as detached inputs, and no graph in what comes back or in a prepared corpus.
     generator = torch.Generator().manual_seed(5)
     queries = torch.randn(6, 16, generator=generator).requires_grad_()
     corpus = torch.randn(90, 16, generator=generator).requires_grad_()
-    scores, indices = search(queries, corpus, 4, score=score, query_chunk_size=4, corpus_chunk_size=32, **path)
-    expected = search(queries.detach(), corpus.detach(), 4, score=score, query_chunk_size=4, corpus_chunk_size=32,
-                      **path)
+    scores, indices = search(queries, corpus, 4, score=score, query_chunk_size=4, corpus_chunk_size=32)
+    expected = search(queries.detach(), corpus.detach(), 4, score=score, query_chunk_size=4, corpus_chunk_size=32)
     assert torch.equal(scores, expected[0]) and torch.equal(indices, expected[1])
     assert not scores.requires_grad
     prepared = prepare_corpus(corpus, score)
     assert not prepared.rows.requires_grad and not prepared.norms.requires_grad
-    assert not search(queries, prepared, 4, **path)[0].requires_grad
+    assert not search(queries, prepared, 4)[0].requires_grad
 
 
-def test_empty_query_set_gives_empty_results(path):
-    scores, indices = search(torch.zeros(0, 4), torch.randn(10, 4), 3, **path)
+def test_empty_query_set_gives_empty_results():
+    scores, indices = search(torch.zeros(0, 4), torch.randn(10, 4), 3)
     assert scores.shape == indices.shape == (0, 3)
 
 
-# ---- plain and fast agree ------------------------------------------------------------------
+# ---- self-matches across chunks, and choosing a way ---------------------------------------
 
 
 SELF_ROWS = [0, 7, 151, 160, 170, 200, 202]  # corpus rows that are also ids_problem's last 7 queries
@@ -300,23 +293,16 @@ def ids_problem(score, generator):
 
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("chunk_sizes", [(5, 17), (17, 5), (64, 1000)])
-def test_plain_and_fast_return_the_same_top_k(score, chunk_sizes):
+def test_the_plain_loop_leaves_out_self_matches_across_chunks(score, chunk_sizes):
     # 203 rows and 47 queries, so neither chunk size divides N or Q. Rows 150 on repeat earlier
     # rows (ties within and across chunks), and 7 queries are corpus rows whose self-match is
     # dropped. The entries are multiples of 1/8 (cosine: see two_norm_embeddings), so every score
-    # is exact in float32 whatever the order of the sums: the two paths must agree exactly.
+    # is exact in float32 whatever the order of the sums: the rows are brute force's exactly.
     queries, corpus, ids = ids_problem(score, torch.Generator().manual_seed(12))
-    self_rows = SELF_ROWS
     query_chunk_size, corpus_chunk_size = chunk_sizes
     chunks = {"query_chunk_size": query_chunk_size, "corpus_chunk_size": corpus_chunk_size}
-    plain_scores, plain_indices = search(queries, corpus, 12, score=score, **chunks, **ids, fast=False)
-    assert torch.equal(plain_indices, brute_force_without_self(queries, corpus, 12, score, self_rows))
-    for way in PATHS:
-        if way == "blocks, int8" and (score == "euclidean" or not int8_blocks.int8_blocks_exact(24)):
-            continue
-        scores, indices = search(queries, corpus, 12, score=score, **chunks, **ids, way=way)
-        assert torch.equal(indices, plain_indices)
-        assert torch.equal(scores, plain_scores)
+    _, plain_indices = search(queries, corpus, 12, score=score, **chunks, **ids, fast=False)
+    assert torch.equal(plain_indices, brute_force_without_self(queries, corpus, 12, score, SELF_ROWS))
 
 
 def brute_force_without_self(queries, corpus, k, score, self_rows):
@@ -470,9 +456,9 @@ def test_the_plain_search_names_what_is_wrong(queries, corpus, message):
         retrieval.search(queries, corpus, 2, corpus_chunk_size=5)  # row 7 is in the second chunk
 
 
-def test_the_plain_search_reads_alone_in_one_short_room():
-    """retrieval.py and the checks it reads (search_inputs.py) import nothing from fast/, fast/
-    never imports the plain loop it speeds up, and the two read in at most 300 lines."""
+def test_the_plain_search_reads_alone():
+    """retrieval.py and the checks it reads (search_inputs.py) import nothing from fast/, and fast/
+    never imports the plain loop it speeds up."""
     show = "import importlib, sys; importlib.import_module(sys.argv[1]); print(*sorted(sys.modules))"
     for module in ("minisbert.retrieval", "minisbert.search_inputs", "minisbert.fast.retrieval"):
         loaded = subprocess.run([sys.executable, "-c", show, module], cwd=REPO, capture_output=True, text=True,
@@ -481,8 +467,6 @@ def test_the_plain_search_reads_alone_in_one_short_room():
             assert "minisbert.retrieval" not in loaded
         else:
             assert not [name for name in loaded if name.startswith("minisbert.fast")], module
-    room = [REPO / "minisbert" / name for name in ("retrieval.py", "search_inputs.py")]
-    assert sum(len(path.read_text().splitlines()) for path in room) <= 300
 
 
 # ---- merging top-k lists -------------------------------------------------------------------
@@ -605,13 +589,13 @@ def test_fast_path_leaves_the_thread_count_as_it_was():
 # ---- rows at the edges of float32 ----------------------------------------------------------
 
 
-def test_tiny_rows_have_true_cosines(path):
+def test_tiny_rows_have_true_cosines():
     # Squares of entries near 1e-30 underflow in float32; the norm must not come out as zero.
     generator = torch.Generator().manual_seed(11)
     queries = torch.randn(5, 8, generator=generator)
     corpus = torch.randn(300, 8, generator=generator)
     scaled = corpus * torch.where(torch.arange(300) % 2 == 0, 1e-30, 1.0)[:, None]
-    scores, indices = search(queries * 1e-30, scaled, 7, corpus_chunk_size=64, **path)
+    scores, indices = search(queries * 1e-30, scaled, 7, corpus_chunk_size=64)
     expected_scores, expected_indices = brute_force(queries, corpus, 7, "cosine")
     assert torch.equal(indices, expected_indices)
     # Two roundings more than brute force's rows see: each row's scaling by 1e-30, and its unit row
@@ -619,7 +603,7 @@ def test_tiny_rows_have_true_cosines(path):
     assert_within_rounding(scores, expected_scores, queries, corpus, indices, "cosine", roundings=2)
 
 
-def test_huge_rows_have_true_cosines(path):
+def test_huge_rows_have_true_cosines():
     # Squares of entries near 1e30 overflow in float32 (the norm of such a 384-long row would come
     # out as inf, and every cosine as 0); the rows are finite, so their cosines are well defined.
     generator = torch.Generator().manual_seed(14)
@@ -627,20 +611,20 @@ def test_huge_rows_have_true_cosines(path):
     corpus = torch.randn(200, 384, generator=generator)
     huge_queries = queries * torch.tensor([1e30, 1.0, 1e30, 1e-30, 1e30, 1.0])[:, None]
     huge_corpus = corpus * torch.where(torch.arange(200) % 3 == 0, 1e30, 1.0)[:, None]
-    scores, indices = search(huge_queries, huge_corpus, 9, corpus_chunk_size=64, **path)
+    scores, indices = search(huge_queries, huge_corpus, 9, corpus_chunk_size=64)
     expected_scores, expected_indices = brute_force(queries, corpus, 9, "cosine")
     assert torch.equal(indices, expected_indices)
     # Two roundings more, as in test_tiny_rows_have_true_cosines.
     assert_within_rounding(scores, expected_scores, queries, corpus, indices, "cosine", roundings=2)
 
 
-def test_huge_query_rows_with_dot_scores_in_range_are_exact(path):
+def test_huge_query_rows_with_dot_scores_in_range_are_exact():
     # Entries of 1e30 in 384 dims: finite, with a norm (2e31) that fits float32; against rows of
     # norm about 20 every dot product fits too, so the ranking is the true one.
     generator = torch.Generator().manual_seed(15)
     queries = torch.randn(4, 384, generator=generator) * torch.tensor([1e30, 1.0, 1e30, 1.0])[:, None]
     corpus = torch.randn(150, 384, generator=generator)
-    scores, indices = search(queries, corpus, 6, score="dot", corpus_chunk_size=40, **path)
+    scores, indices = search(queries, corpus, 6, score="dot", corpus_chunk_size=40)
     expected_scores, expected_indices = brute_force(queries, corpus, 6, "dot")
     assert torch.equal(indices, expected_indices)
     # Relative to sum |q_i c_i| (about 2.4e32 for the rows of 1e30): the bound scales with the rows, as
@@ -649,7 +633,7 @@ def test_huge_query_rows_with_dot_scores_in_range_are_exact(path):
 
 
 @pytest.mark.parametrize("huge", ["queries", "corpus"])
-def test_squared_norm_overflow_is_refused_for_euclidean(huge, path):
+def test_squared_norm_overflow_is_refused_for_euclidean(huge):
     # The distance needs |q|² and |c|²: with entries of 1e30 (or 1e19: 384 squares of 1e38) they
     # overflow, for a query row as for a corpus row.
     for value in (1e30, 1e19):
@@ -657,7 +641,7 @@ def test_squared_norm_overflow_is_refused_for_euclidean(huge, path):
         row = 3 if huge == "queries" else 41
         {"queries": queries, "corpus": corpus}[huge][row] = value
         with pytest.raises(ValueError, match=f"{huge} row {row} contains NaN or inf, or values too large"):
-            search(queries, corpus, 4, score="euclidean", corpus_chunk_size=16, **path)
+            search(queries, corpus, 4, score="euclidean", corpus_chunk_size=16)
 
 
 @pytest.mark.parametrize(
@@ -669,20 +653,20 @@ def test_squared_norm_overflow_is_refused_for_euclidean(huge, path):
         ("euclidean", 5e17, "9.8e+18"),
     ],
 )
-def test_scores_that_could_overflow_are_refused(score, entry, norm, path):
+def test_scores_that_could_overflow_are_refused(score, entry, norm):
     queries, corpus = torch.randn(4, 384), torch.randn(60, 384)
     queries[2] = entry
     corpus[33] = -entry
     message = f"queries row 2 (norm {norm}) and corpus row 33 (norm {norm}) may score beyond float32"
     with pytest.raises(ValueError, match=re.escape(message)):
-        search(queries, corpus, 4, score=score, corpus_chunk_size=16, **path)
+        search(queries, corpus, 4, score=score, corpus_chunk_size=16)
     # The same rows with cosine are fine: cosines lie in [-1, 1].
-    scores, indices = search(queries, corpus, 4, score="cosine", corpus_chunk_size=16, **path)
+    scores, indices = search(queries, corpus, 4, score="cosine", corpus_chunk_size=16)
     assert indices[2, -1] != 33 and torch.isfinite(scores).all()
 
 
 @pytest.mark.parametrize("num_queries", [1, 16])
-def test_dot_over_embeddings_as_given_refuses_and_accepts_what_the_plain_search_does(num_queries, path,
+def test_dot_over_embeddings_as_given_refuses_and_accepts_what_the_plain_search_does(num_queries,
                                                                                    small_spans):
     # The fast ways measure rows as given in float32, and a span or chunk whose rows or scores could
     # leave float32's range is read by the plain search's checks instead. Two rows in the third span:
@@ -693,44 +677,45 @@ def test_dot_over_embeddings_as_given_refuses_and_accepts_what_the_plain_search_
     queries[:, 3], queries[0, :3] = 0.0, 1e19
     corpus[450] = torch.tensor([0.0, 0.0, 0.0, 1e20])
     with pytest.raises(ValueError, match="queries row 0 .* and corpus row 450 .* may score beyond float32"):
-        search(queries, corpus, 5, score="dot", **path)
+        search(queries, corpus, 5, score="dot")
     # Row 451's entries of 2^126 make a float32 norm of 2^127, near float32's limit, but with queries of
-    # norm below 1/2 no score can pass float32's range: the plain search accepts it, and so does
-    # every path, with the same answer. Entries are multiples of 1/4 and small integers (and
-    # 2^126), so that every score is exact in float32 and every path sees the same ties.
+    # norm below 1/2 no score can pass float32's range: the plain search accepts it, and so does the
+    # way chosen here, with the same answer (tests/test_search_property.py: every way, on such rows).
+    # Entries are multiples of 1/4 and small integers (and 2^126), so that every score is exact in
+    # float32 and both see the same ties.
     queries = torch.randint(-1, 2, (num_queries, 4), generator=generator).float() / 4
     queries[:, 3] = 0.0
     corpus = torch.randint(-2, 3, (600, 4), generator=generator).float()
     corpus[451] = 2.0**126
-    scores, indices = search(queries, corpus, 5, score="dot", **path)
+    scores, indices = search(queries, corpus, 5, score="dot")
     plain_scores, plain_indices = search(queries, corpus, 5, score="dot", fast=False)
     assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
 
 
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), -float("inf")])
-def test_non_finite_embeddings_are_named(score, bad_value, path):
+def test_non_finite_embeddings_are_named(score, bad_value):
     corpus = torch.randn(30, 4)
     corpus[22, 1] = bad_value
     with pytest.raises(ValueError, match="corpus row 22 contains NaN or inf"):
-        search(torch.randn(3, 4), corpus, 2, score=score, corpus_chunk_size=8, **path)
+        search(torch.randn(3, 4), corpus, 2, score=score, corpus_chunk_size=8)
     queries = torch.randn(3, 4)
     queries[2, 0] = bad_value
     with pytest.raises(ValueError, match="queries row 2 contains NaN or inf"):
-        search(queries, torch.randn(30, 4), 2, score=score, **path)
+        search(queries, torch.randn(30, 4), 2, score=score)
     # A bad entry among huge ones (whose norm is measured again after scaling) is found too.
     # Euclidean refuses squares beyond float32, so its huge entries are smaller.
     queries = torch.full((3, 4), 1e15 if score == "euclidean" else 1e30)
     queries[1, 3] = bad_value
     with pytest.raises(ValueError, match="queries row 1 contains NaN or inf"):
-        search(queries, torch.randn(30, 4), 2, score=score, **path)
+        search(queries, torch.randn(30, 4), 2, score=score)
 
 
 # ---- dropping self-matches -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("score", SCORES)
-def test_self_matches_are_dropped_and_replaced(score, path):
+def test_self_matches_are_dropped_and_replaced(score):
     generator = torch.Generator().manual_seed(5)
     corpus = torch.randn(40, 8, generator=generator)
     query_rows = [3, 17, 39, 0]
@@ -739,7 +724,7 @@ def test_self_matches_are_dropped_and_replaced(score, path):
     query_ids = [f"doc{i}" for i in query_rows]
     scores, indices = search(
         queries, corpus, 5, score=score, query_ids=query_ids, corpus_ids=corpus_ids,
-        query_chunk_size=3, corpus_chunk_size=6, **path,
+        query_chunk_size=3, corpus_chunk_size=6,
     )
     # Reference: brute force over 6 results, then remove the query's own row.
     _, expected = brute_force(queries, corpus, 6, score)
@@ -750,7 +735,7 @@ def test_self_matches_are_dropped_and_replaced(score, path):
     assert torch.isfinite(scores).all()
 
 
-def test_rows_filling_up_at_different_chunks(path):
+def test_rows_filling_up_at_different_chunks():
     # Query 0's id matches corpus rows 0-2, so after the first chunk (rows 0-3) its top-3 holds
     # one row while query 1's is full: the next chunk merges full and unfilled rows together.
     generator = torch.Generator().manual_seed(8)
@@ -759,7 +744,7 @@ def test_rows_filling_up_at_different_chunks(path):
     corpus_ids = ["a", "a", "a"] + [f"d{i}" for i in range(3, 12)]
     scores, indices = search(
         queries, corpus, 3, score="dot", query_ids=["a", "z"], corpus_ids=corpus_ids,
-        corpus_chunk_size=4, **path,
+        corpus_chunk_size=4,
     )
     all_scores = queries.double() @ corpus.double().T  # (2, 12)
     all_scores[0, :3] = -torch.inf
@@ -767,14 +752,14 @@ def test_rows_filling_up_at_different_chunks(path):
     assert torch.equal(indices, expected)
 
 
-def test_too_few_rows_left_are_padded(path):
+def test_too_few_rows_left_are_padded():
     corpus = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     ids = {"query_ids": ["a", "b"], "corpus_ids": ["a", "b"]}
-    scores, indices = search(corpus, corpus, 2, score="dot", **ids, **path)
+    scores, indices = search(corpus, corpus, 2, score="dot", **ids)
     # Each query may only return the other row; the second slot is padding.
     assert indices.tolist() == [[1, -1], [0, -1]]
     assert scores[:, 1].tolist() == [-float("inf")] * 2
-    distances, indices = search(corpus, corpus, 2, score="euclidean", **ids, **path)
+    distances, indices = search(corpus, corpus, 2, score="euclidean", **ids)
     assert indices.tolist() == [[1, -1], [0, -1]]
     assert distances[:, 1].tolist() == [float("inf")] * 2
 
@@ -800,18 +785,18 @@ def test_too_few_rows_left_are_padded(path):
         ({"query_ids": ["a"], "corpus_ids": list("abcdefghij")}, "got 1 query_ids for 3 queries"),
     ],
 )
-def test_bad_input_raises_clear_error(kwargs, message, path):
+def test_bad_input_raises_clear_error(kwargs, message):
     arguments = {"queries": torch.randn(3, 4), "corpus": torch.randn(10, 4), "k": 2} | kwargs
     with pytest.raises(ValueError, match=message):
-        search(**arguments, **path)
+        search(**arguments)
 
 
-def test_numpy_integers_are_taken_as_sizes(path):
+def test_numpy_integers_are_taken_as_sizes():
     # As k is: a size computed with numpy (np.int64(n) // 4) is a size, and the answer is the same.
     generator = torch.Generator().manual_seed(0)
     queries, corpus = torch.randn(5, 4, generator=generator), torch.randn(30, 4, generator=generator)
-    expected = search(queries, corpus, 3, query_chunk_size=2, corpus_chunk_size=7, **path)
-    found = search(queries, corpus, np.int64(3), query_chunk_size=np.int64(2), corpus_chunk_size=np.int32(7), **path)
+    expected = search(queries, corpus, 3, query_chunk_size=2, corpus_chunk_size=7)
+    found = search(queries, corpus, np.int64(3), query_chunk_size=np.int64(2), corpus_chunk_size=np.int32(7))
     assert all(torch.equal(a, b) for a, b in zip(found, expected))
 
 
@@ -850,21 +835,20 @@ def _tensors(value):
             yield from _tensors(item)
 
 
+# Every way but "one span", the way of small corpora (its block is the whole (Q, N) score matrix), and
+# "spans, int8", which screens a prepared corpus's int8 copy.
+@pytest.mark.parametrize("way", [name for name in WAY_NAMES if name not in ("one span", "spans, int8")])
 @pytest.mark.parametrize("score", SCORES)
-def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, path):
-    if path.get("way") == "one span":
-        pytest.skip("one span is the way of small corpora: its block is the whole (Q, N) score matrix")
+def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, way):
     generator = torch.Generator().manual_seed(6)
     queries = torch.randn(64, 16, generator=generator)
     # Facts about the machine (the span product's way) are measured on a probe the first time: before.
-    search(queries, torch.randn(500, 16), 5, score=score, query_chunk_size=32, corpus_chunk_size=256, **path)
+    search(queries, torch.randn(500, 16), 5, score=score, query_chunk_size=32, corpus_chunk_size=256, way=way)
     largest = {}
     for num_docs in (2_000, 20_000):
         corpus = torch.randn(num_docs, 16, generator=generator)
         with LargestNewTensor() as recorder:
-            search(
-                queries, corpus, 5, score=score, query_chunk_size=32, corpus_chunk_size=256, **path
-            )
+            search(queries, corpus, 5, score=score, query_chunk_size=32, corpus_chunk_size=256, way=way)
         largest[num_docs] = recorder.largest_bytes
     # The biggest thing ever allocated does not grow with the corpus: a block's float64 or int64
     # entries (32 x 256 x 8 bytes = 64 KiB), or the candidates scored exactly at once (SETTLE_PIECE
@@ -877,13 +861,13 @@ def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("score", SCORES)
-def test_cuda_matches_cpu(score, path):
+def test_cuda_matches_cpu(score):
     generator = torch.Generator().manual_seed(7)
     queries = torch.randn(50, 32, generator=generator)
     corpus = torch.randn(3_000, 32, generator=generator)
-    cpu_scores, cpu_indices = search(queries, corpus, 10, score=score, corpus_chunk_size=700, **path)
+    cpu_scores, cpu_indices = search(queries, corpus, 10, score=score, corpus_chunk_size=700)
     gpu_scores, gpu_indices = search(
-        queries, corpus.cuda().half(), 10, score=score, corpus_chunk_size=700, **path
+        queries, corpus.cuda().half(), 10, score=score, corpus_chunk_size=700,
     )
     expected_scores, expected_indices = brute_force(queries, corpus.half().float(), 10, score)
     assert gpu_indices.device.type == "cuda"
@@ -925,10 +909,10 @@ def small_spans(monkeypatch):
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("num_queries", [1, 2, 5, 16, 1000])
 @pytest.mark.parametrize("corpus_form", ["embeddings", "prepared", "saved and loaded"])
-def test_every_path_at_every_number_of_queries_matches_brute_force(score, num_queries, corpus_form, path,
-                                                                   small_spans, tmp_path):
-    # ids_problem: repeated rows (ties within and across spans and pieces), self-matches left
-    # out, entries whose every score is exact in float32, so every path must agree exactly.
+def test_every_number_of_queries_matches_brute_force(score, num_queries, corpus_form, small_spans, tmp_path):
+    # ids_problem: repeated rows (ties within and across spans and pieces), self-matches left out,
+    # entries whose every score is exact in float32: the way chosen for each number of queries and
+    # form must return brute force's rows and the plain loop's bits.
     # k = 250 is above the 203 rows, 12 below them.
     queries, corpus, ids = ids_problem(score, torch.Generator().manual_seed(13))
     rows = torch.arange(num_queries) % queries.shape[0]
@@ -938,7 +922,7 @@ def test_every_path_at_every_number_of_queries_matches_brute_force(score, num_qu
                      "saved and loaded": lambda: prepared_saved_and_loaded(corpus, score, tmp_path)}[corpus_form]()
     expected_scores, expected = brute_force(queries, corpus, corpus.shape[0], score)
     for k in (12, 250):
-        scores, indices = search(queries, search_corpus, k, score=score, **ids, **path)
+        scores, indices = search(queries, search_corpus, k, score=score, **ids)
         plain_scores, plain_indices = search(queries, corpus, k, score=score, **ids, fast=False)
         assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
         for query, own in enumerate(self_rows):

@@ -4,7 +4,7 @@ every row or entry, the few-query screen rules out almost every row of ordinary 
 through either finds what the plain search and brute force find, ties and left-out rows included,
 and which searches take them (minisbert/search.py's WAYS).
 
-tests/test_one_answer.py runs every way, these among them, against the plain loop on corpora built to tie.
+tests/test_search_property.py runs every way, these among them, against the plain loop on corpora built to tie.
 """
 
 import pytest

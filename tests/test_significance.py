@@ -155,6 +155,14 @@ def test_equivalence_p_is_alpha_where_the_90_percent_interval_touches_the_margin
     assert equivalence_test([1, 2, 3], [0, 0, 0], 2 * margin) < 0.05 < equivalence_test([1, 2, 3], [0, 0, 0], 3)
 
 
+def test_equivalence_p_of_a_mean_outside_the_margin_is_its_far_tail():
+    # d = [1, 2, 3] (mean 2, se 1 / sqrt(3), 2 df) and margin 1: t_high = (1 - 2) / se = -sqrt(3) < 0, and
+    # p = P(T >= -sqrt(3)) = (1 + sqrt(3) / sqrt(2 + 3)) / 2 = 0.887 (2 df, as above, for t of either sign).
+    expected = (1 + math.sqrt(3) / math.sqrt(5)) / 2
+    assert equivalence_test([1, 2, 3], [0, 0, 0], 1) == pytest.approx(expected, rel=1e-12)
+    assert equivalence_test([0, 0, 0], [1, 2, 3], 1) == pytest.approx(expected, rel=1e-12)  # symmetric
+
+
 def test_equivalence_edge_cases():
     assert equivalence_test([1.5, 2.5], [1.0, 2.0], 0.6) == 0.0  # every difference 0.5, inside ±0.6
     assert equivalence_test([1.5, 2.5], [1.0, 2.0], 0.5) == 1.0  # on the margin is not inside it
@@ -221,6 +229,11 @@ def test_compare_pairs_queries_by_id_and_returns_plain_floats():
                                                   result["p_randomization_error"], result["p_t_test"],
                                                   result["p_equivalence"]])
     assert "p_equivalence" not in compare(a, b, seed=9)  # no margin, no equivalence test
+    # Without a seed or counts, compare's numbers are those of the tests it names, each with its defaults
+    # (seed 0, 10,000 trials and resamples): one call and the separate calls a reader makes agree.
+    plain = compare(a, b)
+    assert plain["p_randomization"] == randomization_test(values_a, values_b)
+    assert plain["ci95"] == list(bootstrap_ci(values_a, values_b))
 
 
 def test_compare_refuses_different_query_sets():
@@ -235,8 +248,9 @@ def test_inputs_are_checked():
         randomization_test([1, 2, 3], [1, 2])
     with pytest.raises(ValueError, match="b holds NaN or inf at index 1"):
         bootstrap_ci([1, 2, 3], [1, float("nan"), 3])
-    with pytest.raises(ValueError, match="level must lie strictly between 0 and 1, got 95"):
-        bootstrap_ci([1, 2, 3], [0, 0, 0], level=95)
+    for level in (95, 1, 0, -0.5):  # an interval of level 1 or 0 has no percentile bounds to report
+        with pytest.raises(ValueError, match=f"level must lie strictly between 0 and 1, got {level}"):
+            bootstrap_ci([1, 2, 3], [0, 0, 0], level=level)
     with pytest.raises(ValueError, match="x_a and x_b and gold must be 1-D"):
         spearman_difference([1, 2, 3], [1, 2, 3], [1, 2])
 
@@ -271,3 +285,37 @@ def test_spearman_difference_survives_two_pairs():
     assert result["difference"] == pytest.approx(2.0)
     assert result["ci95"] == pytest.approx([2.0, 2.0])
     assert 0.4 < result["p_randomization"] < 0.6
+
+
+def test_spearman_difference_draws_what_its_docstring_says_by_default():
+    # 10,000 rank swaps and 2,000 resamples (a Spearman is costlier than a mean), from seed 0: the numbers
+    # evaluate.py --significance reports for STS
+    rng = np.random.default_rng(7)
+    gold = rng.uniform(0, 5, size=12)
+    x_a, x_b = gold + rng.normal(0, 1, size=12), gold + rng.normal(0, 2, size=12)
+    assert spearman_difference(x_a, x_b, gold) == spearman_difference(x_a, x_b, gold, trials=10_000,
+                                                                      resamples=2_000, seed=0)
+
+
+def test_spearman_difference_interval_is_the_percentiles_of_the_resampled_differences():
+    # The docstring's procedure written out again: n pairs drawn with replacement from default_rng(seed), a
+    # draw with a constant column left out, both Spearmans (average ranks of ties, here by counting) on
+    # each draw, then the 2.5% and 97.5% points (numpy.quantile's linear interpolation).
+    def spearman_by_counting(x, y):
+        def ranks(v):
+            return (v[:, None] > v).sum(1) + ((v[:, None] == v).sum(1) + 1) / 2
+        return np.corrcoef(ranks(x), ranks(y))[0, 1]
+
+    rng = np.random.default_rng(8)
+    gold = rng.uniform(0, 5, size=30)
+    x_a, x_b = gold + rng.normal(0, 1, size=30), gold + rng.normal(0, 2, size=30)
+    draws = np.random.default_rng(3)
+    differences = []
+    for _ in range(300):
+        pairs = draws.integers(0, 30, size=30)
+        if min(np.ptp(x_a[pairs]), np.ptp(x_b[pairs]), np.ptp(gold[pairs])) > 0:
+            differences.append(spearman_by_counting(x_a[pairs], gold[pairs]) -
+                               spearman_by_counting(x_b[pairs], gold[pairs]))
+    result = spearman_difference(x_a, x_b, gold, trials=10, resamples=300, seed=3)
+    # float64 correlations of 30 ranks of order 30, summed in other orders: a few ulps of 1
+    assert result["ci95"] == pytest.approx(np.quantile(differences, [0.025, 0.975]).tolist(), abs=1e-12)

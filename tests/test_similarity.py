@@ -119,3 +119,67 @@ def test_one_cosine_at_float32s_limits():
     scores, rows = search(query, corpus, 4)
     assert torch.allclose(scores[0], expected[rows[0]], atol=1e-6)
     assert rows[0].tolist() == [0, 2, 3, 1]  # 0.5 twice: the lower row first
+
+
+def fixed_order_sum(terms: list[float]) -> float:
+    """fixed_sum's documented order written out on a Python list: the last half of the terms added onto
+    the first half (an odd middle term waits), again and again until one is left; no terms sum to 0."""
+    while len(terms) > 1:
+        half = len(terms) // 2
+        terms = [a + b for a, b in zip(terms[:half], terms[-half:])] + terms[half:-half]
+    return terms[0] if terms else 0.0
+
+
+def test_fixed_sum_adds_in_its_documented_order_whatever_the_batch():
+    # Terms of every magnitude from 1e-8 to 1e8, so that another order would round differently: the sums
+    # must equal the order written out in Python floats bit for bit, a row alone as in a batch of rows.
+    from minisbert.similarity import fixed_sum
+
+    generator = np.random.default_rng(0)
+    for width in [*range(0, 18), 383, 384]:
+        terms = generator.normal(size=(3, width)) * 10.0 ** generator.integers(-8, 9, size=(3, width))
+        sums = fixed_sum(torch.from_numpy(terms))
+        assert sums.shape == (3,) and sums.dtype == torch.float64
+        assert sums.tolist() == [fixed_order_sum(row.tolist()) for row in terms], width
+        assert fixed_sum(torch.from_numpy(terms[1:2])).tolist() == sums[1:2].tolist()
+
+
+def test_exact_scores_are_the_exact_sums_rounded_once_to_float32():
+    """exact_scores, the search's definition of a score (minisbert/retrieval.py): the float64 sum of the
+    exact products q_i c_i (for euclidean the root of the sum of (q_i - c_i)²), rounded once to float32."""
+    from fractions import Fraction
+
+    from minisbert.similarity import exact_scores
+
+    generator = np.random.default_rng(1)
+    for d in (1, 2, 7, 384):
+        # Small integers: every product and sum is exact in float64, so the one rounding to float32 (of the
+        # sum, or of its correctly rounded float64 root) fixes the answer bit for bit.
+        q, c = (generator.integers(-3, 4, size=(5, d)).astype(np.float32) for _ in range(2))
+        sums = [sum(int(x) * int(y) for x, y in zip(a, b)) for a, b in zip(q, c)]
+        squares = [sum((int(x) - int(y)) ** 2 for x, y in zip(a, b)) for a, b in zip(q, c)]
+        for score, expected in (("dot", sums), ("cosine", sums), ("euclidean", [math.sqrt(s) for s in squares])):
+            scores = exact_scores(torch.from_numpy(q), torch.from_numpy(c), score)
+            assert scores.dtype == torch.float32 and scores.tolist() == np.float32(expected).tolist(), (d, score)
+        # Random rows of scales 1e-3 to 1e3: against the exact value (Fraction), rounded to float64. The
+        # terms are exact in float64 (a product of two float32 numbers has 48 bits; q_i - c_i, of scales
+        # within 2^20 of each other, at most 44), a square rounds once; a sum in ceil(log2 d) levels of
+        # additions is off by at most that many units 2^-53 of the sum of the terms' magnitudes (Higham 4.2);
+        # a root halves a relative error and rounds once; the reference rounds once (and its root once
+        # more); the float32 rounding adds 2^-24 of the result.
+        q = (generator.normal(size=(5, d)) * 10.0 ** generator.integers(-3, 4, size=(5, 1))).astype(np.float32)
+        c = (generator.normal(size=(5, d)) * 10.0 ** generator.integers(-3, 4, size=(5, 1))).astype(np.float32)
+        levels = math.ceil(math.log2(d)) if d > 1 else 0
+        for score in ("dot", "euclidean"):
+            scores = exact_scores(torch.from_numpy(q), torch.from_numpy(c), score).tolist()
+            for row, (a, b) in enumerate(zip(q.astype(float), c.astype(float))):
+                if score == "dot":
+                    terms = [Fraction(x) * Fraction(y) for x, y in zip(a, b)]
+                    exact, bound = float(sum(terms)), (levels + 1) * 2.0**-53 * float(sum(abs(t) for t in terms))
+                else:
+                    exact = math.sqrt(float(sum((Fraction(x) - Fraction(y)) ** 2 for x, y in zip(a, b))))
+                    bound = ((levels + 1) / 2 + 1 + 1.5) * 2.0**-53 * exact  # squares and sum, root; the reference's
+                assert abs(scores[row] - exact) <= 2.0**-24 * abs(exact) + bound, (d, score, row)
+            alone = [exact_scores(torch.from_numpy(q[i : i + 1]), torch.from_numpy(c[i : i + 1]), score).item()
+                     for i in range(5)]
+            assert alone == scores  # a row's score depends on its row alone

@@ -49,6 +49,24 @@ def test_wordpiece_from_vocab_txt_lowercases_as_its_config_says():
     assert tokenizer.rust.id_to_token(tokenizer.token_ids(["A MAN"])[0][1]) == "a"
 
 
+def test_wordpiece_from_vocab_txt_alone_lowercases_as_bert_tokenizer_does(tmp_path):
+    # No tokenizer_config.json: transformers' BertTokenizer defaults to do_lower_case=True.
+    (tmp_path / "vocab.txt").write_bytes((FIXTURES / "tiny_bert" / "vocab.txt").read_bytes())
+    tokenizer = Tokenizer.from_dir(tmp_path, 16)
+    lowered = fixture_tokenizer("tiny_bert", 16).token_ids(["a man"])
+    assert tokenizer.token_ids(["A MAN"]) == tokenizer.token_ids(["a man"]) == lowered
+
+
+def test_wordpiece_cleans_control_characters_and_splits_chinese_characters_as_bert_does():
+    # BERT's basic tokenizer (transformers' BertTokenizer: clean_text and tokenize_chinese_chars, both on by
+    # default): a NUL, U+FFFD and other control characters are dropped, and each CJK ideograph is a word of
+    # its own (here each unknown: [UNK] once per character, not once for the run).
+    tokenizer = fixture_tokenizer("tiny_bert", 16)
+    assert tokenizer.token_ids(["a\x00 man\x07\ufffd"]) == tokenizer.token_ids(["a man"])
+    unknown = tokenizer.rust.token_to_id("[UNK]")
+    assert tokenizer.token_ids(["\u4f60\u597d"])[0][1:-1] == [unknown, unknown]  # 你好
+
+
 @pytest.mark.parametrize("name", KINDS)
 def test_truncation_follows_max_seq_length_and_keeps_the_special_tokens(name):
     tokenizer = fixture_tokenizer(name, 512)
@@ -98,6 +116,14 @@ def test_padding_uses_the_models_padding_id_and_marks_real_tokens(name):
         assert not batch["token_type_ids"].any()  # one sentence: all type 0
 
 
+def test_a_tokenizer_gives_token_types_unless_told():
+    # as BERT's do: token types are the default; DistilBERT and RoBERTa say they have none
+    rust = fixture_tokenizer("tiny_bert", 16).rust
+    assert "token_type_ids" in Tokenizer(rust, 16, "[PAD]")(["a man"])
+    assert "token_type_ids" not in Tokenizer(rust, 16, "[PAD]", uses_token_types=False)(["a man"])
+    assert "token_type_ids" in Tokenizer.from_dir(FIXTURES / "tiny_bert", 16)(["a man"])
+
+
 def test_a_generator_is_read_once_and_gives_every_text():
     tokenizer = fixture_tokenizer("tiny_bert", 16)
     texts = ["a man", "the girl is playing", ""]
@@ -116,6 +142,10 @@ def test_save_and_reload_give_the_same_ids(tmp_path):
 def test_a_folder_without_a_tokenizer_or_padding_token_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"no tokenizer in {tmp_path}: expected tokenizer.json"):
         Tokenizer.from_dir(tmp_path, 16)
+    (tmp_path / "vocab.json").write_bytes((FIXTURES / "tiny_roberta" / "vocab.json").read_bytes())
+    with pytest.raises(FileNotFoundError, match="vocab.json \\+ merges.txt"):  # half of a BPE tokenizer is none
+        Tokenizer.from_dir(tmp_path, 16)
+    (tmp_path / "vocab.json").unlink()
     (tmp_path / "vocab.txt").write_text("[CLS]\n[SEP]\n[UNK]\nword\n")
     with pytest.raises(ValueError, match=r"padding token '\[PAD\]' is not in the tokenizer's vocabulary"):
         Tokenizer.from_dir(tmp_path, 16)

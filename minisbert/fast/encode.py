@@ -1,5 +1,5 @@
 """The fast path that `minisbert.load(..., fast=True)` plugs into a SentenceModel: the fast encoder,
-the Dense layer on whole tiles of rows, and encode()'s batches cut to a token budget.
+the Dense layer tile by tile, and encode()'s batches cut to a token budget.
 
 SentenceModel (model.py) is the plain network and never imports this. It runs whatever fast path it
 was given (`FAST_PATH` here) in three places: the encoder's forward pass (fast/encoder.py), the Dense
@@ -15,12 +15,15 @@ reused from one batch to the next (fast/linear.py's `reusing_memory`).
 What is promised: on a CPU, a text's embedding has the same bits whatever batch it is encoded in:
 any batch_size, order, token budget or company of other texts, and one string or a list of them, in
 float32 and in bfloat16 where the CPU multiplies it natively. Texts in a batch never interact in the
-mathematics, and here not in the arithmetic either: every product runs on whole tiles of rows
-(fast/linear.py, TILE_ROWS), attention runs on each text at its own length (fast/encoder.py), and the
-Dense layer, too, sees whole tiles. tests/test_batch_invariance.py checks it on every CPU it runs on,
-and that two processes, one of them on a loaded machine, give the same bits (the products' kernel is
-a fact kept per machine, fast/machine.py). The fast path's embeddings agree with the plain path's to
-float32 rounding, not to the bit: tests/test_encoder_fast.py.
+mathematics, and here, by construction, not in the arithmetic either: a kernel may choose how to
+compute by the shape it is given, so none is ever given a shape that the batch decides. Every
+product runs one tile of TILE_ROWS rows a call (fast/linear.py), attention one text a call, at its
+own length (fast/encoder.py), and the Dense layer one tile a call (here); mean pooling sums a text's
+tokens and then its padding's zeros, which change no bit. tests/test_batch_invariance.py watches
+those calls and checks the bits with every kernel this CPU runs, and that two processes, one of them
+on a loaded machine, give the same bits (the products' kernel is a fact kept per machine,
+fast/machine.py). The fast path's embeddings agree with the plain path's to float32 rounding, not to
+the bit: tests/test_encoder_fast.py.
 """
 
 import torch
@@ -39,11 +42,13 @@ class FastPath:
         return fast_encoder.forward(encoder, input_ids, attention_mask, token_type_ids)  # (B, T, H)
 
     def dense(self, dense, embeddings):
-        """The Dense layer on pooled embeddings (B, H) -> (B, D): run on rows padded to whole tiles,
-        without autograd, so that neither its product nor its activation depends on B."""
-        if torch.is_grad_enabled():
+        """The Dense layer on pooled embeddings (B, H) -> (B, D): without autograd on a CPU, one tile
+        of TILE_ROWS rows at a time, so that its product and its activation see the same shape
+        whatever B is."""
+        if torch.is_grad_enabled() or embeddings.device.type != "cpu":
             return dense(embeddings)  # (B, D)
-        return dense(linear.whole_tiles(embeddings))[: embeddings.shape[0]]  # (B, D)
+        tiles = linear.whole_tiles(embeddings).split(linear.TILE_ROWS)  # (TILE_ROWS, H) each
+        return torch.cat([dense(tile) for tile in tiles])[: embeddings.shape[0]]  # (B, D)
 
     def batching(self, longest_first: list, id_lists: list, batch_size: int, device) -> tuple:
         """encode()'s batches: (the batches' row lists, a context reusing memory between them)."""

@@ -8,8 +8,8 @@ time goes, and what is done about it:
 - Padding is never computed. Short sentences padded to the batch's longest are typically a third to
   a half padding, so the real tokens of a batch are packed into one (N, H) matrix and every layer
   except attention works on that matrix token by token. Attention alone needs each sentence's tokens
-  side by side: it runs on the texts of each length in turn, (texts, heads, length, head size), each
-  text at its own length with no mask, and writes its output back into the pack.
+  side by side: it runs on one text at a time, (1, heads, length, head size), at the text's own
+  length with no mask, and writes its output back into the pack.
 - PyTorch's fused kernels replace the written-out formulas: `F.layer_norm`, `F.gelu` and
   `F.scaled_dot_product_attention` compute the same functions in fewer passes over memory.
 - Q, K and V come from one (N, H) x (H, 3H) product of the three weight matrices side by side,
@@ -18,11 +18,16 @@ time goes, and what is done about it:
   products are computed: without autograd on a CPU, on the quicker of torch's default kernel and
   oneDNN's (measured on this machine), with GELU applied in place or fused into the product, and
   the two widest products written into memory reused from one call to the next (`reusing_memory`).
-A text's tokens are computed the same way whatever else is in the batch: attention sees the text at
-its own length (a text padded to a longer one's length gets other bits from the attention kernel,
-whose sums are blocked by position), every other step works row by row, and without autograd the
-pack is padded with zero rows to a whole number of tiles, as the products need (fast/linear.py,
-TILE_ROWS). So encode() gives a text the same embedding in any batch: tests/test_batch_invariance.py.
+A text's tokens are computed the same way whatever else is in the batch, by construction: each call
+to a kernel that may choose its method by the shape it is given gets a shape that the text alone
+decides. Attention is
+called on the one text, at its own length: padded to a longer text's length it would get other bits
+(the kernel blocks its sums by position), and beside other texts of its length it would meet a
+kernel free to choose its method by how many there are (PyTorch's CPU flash attention decides
+whether to repack keys and values for AMX by the batch size, for one). Each product runs tile by
+tile (fast/linear.py, TILE_ROWS; without autograd the pack is padded here, once, with zero rows to
+whole tiles). Every other step (the embeddings' sums, layer norms, residual sums) computes each row
+alone. So encode() gives a text the same embedding in any batch: tests/test_batch_invariance.py.
 
 Checked equal to the plain encoder (embeddings to 1e-6, training gradients too) in
 tests/test_encoder_fast.py, and against Hugging Face transformers in tests/test_encoder.py.
@@ -70,39 +75,29 @@ def embed(embeddings, input_ids, token_type_ids, token_positions):
     return embeddings.dropout(layer_norm(x, embeddings.layer_norm))  # (N, H)
 
 
-def texts_by_length(attention_mask):
-    """For each length the batch's texts have: (the rows of those texts' tokens in the pack, how many
-    texts, the length). The pack holds the real tokens of each text in turn. The rows are a slice where
-    the texts are next to each other in the batch, as in encode()'s batches (sorted by length), so that
-    attention reads them in place; an index where they are not."""
+def text_rows(attention_mask) -> list:
+    """Where each text's tokens are in the pack, which holds the real tokens of each text in turn:
+    (its first row, its length) for each text that has tokens."""
     lengths = attention_mask.sum(dim=1).tolist()  # (B,)
-    starts = [0] + list(itertools.accumulate(lengths))[:-1]  # each text's first row in the pack
-    groups = []
-    for length in sorted(set(lengths) - {0}, reverse=True):
-        texts = [text for text, n in enumerate(lengths) if n == length]
-        if texts[-1] - texts[0] == len(texts) - 1:
-            rows = slice(starts[texts[0]], starts[texts[0]] + len(texts) * length)
-        else:
-            first_rows = torch.tensor([starts[text] for text in texts], device=attention_mask.device)  # (B_L,)
-            rows = (first_rows[:, None] + torch.arange(length, device=attention_mask.device)).flatten()  # (B_L * L,)
-        groups.append((rows, len(texts), length))
-    return groups
+    starts = [0] + list(itertools.accumulate(lengths))[:-1]
+    return [(start, length) for start, length in zip(starts, lengths) if length > 0]
 
 
-def attention(module, x, groups, attention_mask, token_positions):
+def attention(module, x, texts, attention_mask, token_positions):
     """The plain `SelfAttention` module's output for packed tokens: (N, H) -> (N, H).
-    groups: `texts_by_length`'s; the context of rows in none of them (tile padding) is zeros."""
+    texts: `text_rows`'s; the context of rows in none of them (tile padding) is zeros."""
     H, nh, hs = x.shape[-1], module.num_heads, module.head_size
     qkv = linear(x, [module.query, module.key, module.value], keep_as="qkv")  # (N, 3H)
     dropout = module.attention_dropout.p if module.attention_dropout.training else 0.0
     if dropout:  # training: the padded (B, T) grid, so that dropout draws its masks as the plain encoder does
         return padded_attention(module, qkv, attention_mask, token_positions, dropout)
     context = qkv.new_zeros(x.shape[0], H)  # (N, H)
-    for rows, texts, length in groups:
-        # Q, K and V of these texts side by side; each one's heads are then views into them.
-        q, k, v = qkv[rows].view(texts, length, 3, nh, hs).permute(2, 0, 3, 1, 4)  # 3 x (B_L, nh, L, hs)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)  # (B_L, nh, L, hs)
-        context[rows] = out.transpose(1, 2).reshape(texts * length, H)  # (B_L * L, H)
+    for start, length in texts:
+        # One text a call, at its own length: the kernel sees the same call for it in any batch.
+        rows = slice(start, start + length)
+        q, k, v = qkv[rows].view(1, length, 3, nh, hs).permute(2, 0, 3, 1, 4)  # 3 x (1, nh, L, hs): views
+        out = F.scaled_dot_product_attention(q, k, v)  # (1, nh, L, hs)
+        context[rows] = out.transpose(1, 2).reshape(length, H)  # (L, H)
     return linear(context, [module.output])  # (N, H)
 
 
@@ -134,9 +129,9 @@ def forward(encoder, input_ids, attention_mask, token_type_ids=None):
     tokens = x.shape[0]
     if not torch.is_grad_enabled():
         x = whole_tiles(x)  # (N', H): padded once here, so that no product pads (fast/linear.py)
-    groups = texts_by_length(attention_mask)
+    texts = text_rows(attention_mask)
     for block in encoder.layers:
-        h = attention(block.attention, x, groups, attention_mask, token_positions)  # (N', H)
+        h = attention(block.attention, x, texts, attention_mask, token_positions)  # (N', H)
         x = layer_norm(x + block.dropout(h), block.attention_norm)
         h = feed_forward(block.ffn, x, encoder.config.activation)  # (N', H)
         x = layer_norm(x + block.dropout(h), block.output_norm)

@@ -18,13 +18,20 @@ would let two processes, one of them under load, compute the same embedding on d
 The environment variable MINISBERT_GEMM=torch or =onednn skips the measurement and forces one; unset
 (or "auto") uses the kept fact.
 
-Rows are never allowed to change another row's bits. A product of a handful of rows can run
-another kernel, or split its sums another way, than the same rows inside a larger product
-(bench/README.md, "Batch invariance"), so without autograd every product runs on a whole number of
-tiles of TILE_ROWS rows: a caller's rows are padded with zero rows up to that (`whole_tiles`; the fast
-encoder pads its tokens once, so that its products never copy). A row's result then does not depend
-on how many rows came with it, which is what lets encode() promise the same vector for the same
-text whatever batch it is in; tests/test_batch_invariance.py checks that on every CPU it runs on.
+A row's bits never depend on the other rows, by construction. oneDNN and MKL choose how to block a
+product, and which micro-kernel runs it, by its shape: the same row can get other bits in a product
+of 5 rows than in one of 64 (bench/README.md, "Batch invariance"; on a Xeon with AMX, at multiples of
+16 rows too). So without autograd on a CPU `linear` never hands a kernel the caller's rows: it cuts
+them into tiles of TILE_ROWS rows, the last one padded with zero rows (`whole_tiles`; the fast encoder
+pads its tokens once, so that its products never copy), and calls the kernel once per tile, each tile
+contiguous and starting at an address aligned to 64 bytes, writing into that tile's rows of the
+result; GELU runs on each tile as it comes out. Every call a kernel sees then has the same shape
+whatever the batch, so it chooses the same way for every batch, on any CPU, without anyone measuring
+what it does with other shapes. What is left is a row's place in its tile, and a kernel computes
+every row of a call alike (each blocks rows only to reuse the weights it has loaded; a row moved
+through every place of a tile kept its bits on every kernel tried: bench/README.md). That is what
+lets encode() promise the same vector for the same text in any batch; tests/test_batch_invariance.py
+watches the calls and checks the bits.
 
 Where the choice applies: on a CPU without autograd (oneDNN's ops have no backward pass, so training
 uses torch's kernel), in float32, and in bfloat16 under `torch.autocast` (inputs cast to bfloat16,
@@ -58,12 +65,12 @@ BACKENDS = ("torch", "onednn")
 BACKEND_VARIABLE = "MINISBERT_GEMM"  # "torch" or "onednn" forces that kernel; unset or "auto" measures
 PROBE_ROWS = 1024  # tokens in the inputs the kernels are timed on (an encode batch holds up to 2,048)
 PROBE_ROUNDS = 3  # timed rounds per kernel, after one untimed round
-# Products without autograd run on a multiple of this many rows: every kernel measured gave each row
-# the same bits at every multiple of it, and differed only below 12 rows (bench/README.md, "Batch
-# invariance"). An element-wise pass over such a product (GELU) of a width that is a multiple of 32
-# then falls into whole vectors, also in each thread's share where the threads split it evenly: no
-# element takes the one-at-a-time loop that ends a vectorized pass, whose bits differ.
-TILE_ROWS = 16
+# Rows each kernel call gets without autograd (see above). A short text pays for the padding (a
+# query of 10 tokens computes a whole tile), a long batch for the calls (a product of 2,048 tokens
+# makes 2,048 / TILE_ROWS of them, each with a fixed cost). Of 16 to 256 rows, 32 encoded 1,000
+# sentences within a tenth of the quickest (64) and a short query in 0.7 of 64's time (bench/README.md,
+# "Batch invariance").
+TILE_ROWS = 32
 
 # The memory kept by `reusing_memory()`: a dict from (name, dtype) to a flat tensor, or None
 # outside it. A context variable, so each thread (and each asyncio task) has its own.
@@ -76,8 +83,8 @@ _prepared = weakref.WeakKeyDictionary()
 @contextlib.contextmanager
 def reusing_memory():
     """Within this block, products `linear` is asked to keep (Q, K and V side by side, and the
-    feed-forward's activations) are written, when torch's kernel computes them, into memory kept
-    from one call to the next, grown when needed and freed on leaving.
+    feed-forward's activations) are written into memory kept from one call to the next, grown when
+    needed and freed on leaving.
 
     A fresh (2,048 x 1,536) float32 tensor, 12 MB, comes from the operating system page by page:
     encoding 200 SciFact documents took 575,000 page faults and 1.1 s of system time (6% of the
@@ -98,24 +105,34 @@ def linear(x, layers, gelu: str = None, keep_as: str = None):
     gelu: None, or F.gelu's `approximate` ("none" or "tanh") to apply GELU to the product.
     keep_as: the name under which `reusing_memory()` keeps the product's memory (see there).
     """
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() or x.device.type != "cpu":
         weight, bias = _stacked(layers)
         y = F.linear(x, weight, bias)  # (N, out)
         return y if gelu is None else F.gelu(y, approximate=gelu)
-    rows, x = x.shape[0], whole_tiles(x)  # (N', in)
-    if x.device.type != "cpu":
-        weight, bias = _stacked(layers)
-        y = F.linear(x, weight, bias)  # (N', out)
-        return (y if gelu is None else F.gelu(y, approximate=gelu))[:rows]
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
     backend = _backend(layers, gelu, keep_as, dtype)
-    return PRODUCTS[backend](x.to(dtype), _prepare(layers, backend, dtype), gelu, keep_as)[:rows]  # (N, out)
+    return on_tiles(backend, x.to(dtype), _prepare(layers, backend, dtype), gelu, keep_as)  # (N, out)
+
+
+def on_tiles(backend, x, weights, gelu, keep_as):
+    """`backend`'s product of x (N, in) with `weights`, one tile of TILE_ROWS rows at a time: (N, out)."""
+    rows, x = x.shape[0], whole_tiles(x)  # (N', in)
+    out = _kept_memory(keep_as, x.shape[0], weights[1].shape[0], x.dtype)  # (N', out)
+    for tile in range(0, x.shape[0], TILE_ROWS):
+        PRODUCTS[backend](x[tile:tile + TILE_ROWS], weights, gelu, out[tile:tile + TILE_ROWS])
+    return out[:rows]  # (N, out)
 
 
 def whole_tiles(x):
-    """x (N, ...) with zero rows added up to a multiple of TILE_ROWS rows; x itself if it has that."""
+    """x (N, ...) as tiles are cut from it: contiguous, from an address aligned to 64 bytes (the widest
+    vector, and a cache line), with zero rows added up to a multiple of TILE_ROWS rows. x itself where
+    it is so already (the fast encoder pads its tokens once, so that its products never copy)."""
     missing = -x.shape[0] % TILE_ROWS
-    return x if missing == 0 else torch.cat([x, x.new_zeros(missing, *x.shape[1:])])  # (N', ...)
+    if missing == 0 and x.is_contiguous() and x.data_ptr() % 64 == 0:
+        return x
+    padded = x.new_zeros(x.shape[0] + missing, *x.shape[1:])  # (N', ...): a fresh tensor, aligned
+    padded[:x.shape[0]] = x
+    return padded
 
 
 def _stacked(layers):
@@ -125,29 +142,31 @@ def _stacked(layers):
     return torch.cat([layer.weight for layer in layers]), torch.cat([layer.bias for layer in layers])
 
 
-def _torch_product(x, weights, gelu, keep_as):
+def _torch_product(x, weights, gelu, out):
+    """One tile (TILE_ROWS, in) through torch's kernel into `out` (TILE_ROWS, out)."""
     weight, bias = weights
-    out = _kept_memory(keep_as, x.shape[0], weight.shape[0], x.dtype)
-    y = F.linear(x, weight, bias) if out is None else torch.addmm(bias, x, weight.T, out=out)  # (N, out)
-    # Nothing else reads the product: GELU overwrites it instead of allocating its result.
-    return y if gelu is None else torch.ops.aten.gelu_(y, approximate=gelu)
+    torch.addmm(bias, x, weight.T, out=out)
+    if gelu is not None:  # nothing else reads the product: GELU overwrites it
+        torch.ops.aten.gelu_(out, approximate=gelu)
 
 
-def _onednn_product(x, weights, gelu, keep_as):
+def _onednn_product(x, weights, gelu, out):
+    """One tile (TILE_ROWS, in) through oneDNN's kernel, GELU fused, copied into `out` (TILE_ROWS, out)."""
     packed, bias = weights
     if gelu is None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # (N, out)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "gelu", [], gelu)  # (N, out), GELU fused
+        out.copy_(torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""))
+    else:
+        out.copy_(torch.ops.mkldnn._linear_pointwise(x, packed, bias, "gelu", [], gelu))
 
 
 PRODUCTS = {"torch": _torch_product, "onednn": _onednn_product}
 
 
 def _kept_memory(keep_as, rows, width, dtype):
-    """A (rows, width) tensor in the memory `reusing_memory()` keeps under `keep_as`, or None."""
+    """A (rows, width) tensor: in the memory `reusing_memory()` keeps under `keep_as`, else new."""
     scratch = _scratch.get()
     if keep_as is None or scratch is None:
-        return None
+        return torch.empty(rows, width, dtype=dtype)
     memory = scratch.get((keep_as, dtype))
     if memory is None or memory.numel() < rows * width:
         memory = scratch[(keep_as, dtype)] = torch.empty(rows * width, dtype=dtype)
@@ -204,23 +223,20 @@ def _backend(layers, gelu, keep_as, dtype) -> str:
 
 def _quickest(candidates, layers, gelu, keep_as, dtype) -> str:
     """Time each kernel on this product, in turn, and return the quicker; forget the other's weights
-    (with timing off, fast/machine.py: the first candidate, torch's kernel, untimed).
-
-    Each round has a different number of rows, as encode's batches do: oneDNN prepares its kernel for
-    each shape it meets, and that cost is part of what it costs."""
+    (with timing off, fast/machine.py: the first candidate, torch's kernel, untimed). Each is timed
+    as `linear` runs it, tile by tile."""
     if not machine.timing():
         return candidates[0]
     best = dict.fromkeys(candidates, math.inf)
     # Inputs from a generator of its own: drawing from torch's global one would change the dropout
     # masks a training run draws next, depending on when (in which process) a shape is first met.
     generator = torch.Generator().manual_seed(0)
+    x = torch.randn(PROBE_ROWS, layers[0].in_features, dtype=dtype, generator=generator)  # (N, in)
     for round_number in range(PROBE_ROUNDS + 1):
-        rows = PROBE_ROWS - TILE_ROWS * round_number
-        x = torch.randn(rows, layers[0].in_features, dtype=dtype, generator=generator)  # (N, in)
         for backend in candidates:
             weights = _prepare(layers, backend, dtype)
             start = time.perf_counter()
-            PRODUCTS[backend](x, weights, gelu, keep_as)
+            on_tiles(backend, x, weights, gelu, keep_as)
             if round_number > 0:  # the first round only warms up
                 best[backend] = min(best[backend], time.perf_counter() - start)
     quickest = min(best, key=best.get)
