@@ -40,6 +40,7 @@ from minisbert.evaluation import (CACHE_DIR, LEXICAL, rank, results_file, retrie
 from minisbert.fast import machine
 from minisbert.fileio import check_writable_folder, file_label, write_json
 from minisbert.precision import AMP_SPELLINGS, dtype_from_flags
+from minisbert.search import recorded_ways
 from minisbert.significance import compare_with_first
 from minisbert.tables import print_significance, print_table
 
@@ -73,8 +74,9 @@ def parse_args(argv=None):
                    help="qrels for --run: TREC format (qid 0 docid grade) or a BEIR qrels/*.tsv")
     p.add_argument("--no-cache", action="store_true", help="encode the corpus even if cached")
     p.add_argument("--verbose", action="store_true",
-                   help="also print the machine and the facts kept about it that the fast path's kernels were "
-                        "chosen by (minisbert/fast/machine.py)")
+                   help="also print the way each search took and the facts it chose it by "
+                        "(minisbert/search.py), and the machine and the facts kept about it that the fast "
+                        "path's kernels were chosen by (minisbert/fast/machine.py)")
     p.add_argument("--significance", action="store_true",
                    help="test each model's difference from the first, query by query (two or more --model)")
     args = p.parse_args(argv)
@@ -121,12 +123,13 @@ def main(argv=None):
 
     # The data, the models and their evaluation. Nothing is printed or written until all of it has
     # succeeded, so a failure leaves neither metrics on the screen nor half of the output files.
-    if args.run is not None:  # score an existing run, no model involved
-        results[str(args.run)] = score_run_file(args)
-    elif args.task == "sts":
-        results = score_sts(args)
-    else:
-        results, runs = score_retrieval(args, run_files, main_process)
+    with recorded_ways() as ways:  # the way each search took, printed with --verbose
+        if args.run is not None:  # score an existing run, no model involved
+            results[str(args.run)] = score_run_file(args)
+        elif args.task == "sts":
+            results = score_sts(args)
+        else:
+            results, runs = score_retrieval(args, run_files, main_process)
     if args.significance and main_process:
         compare_with_first(results)
 
@@ -149,6 +152,8 @@ def main(argv=None):
         print(f"TREC run: {run_file}")
     print(f"results: {output}")
     if args.verbose:  # what the fast path's choices were made by (minisbert/fast/machine.py)
+        for choice in ways:
+            print(f"search: {choice}")
         print(machine.report())
 
 

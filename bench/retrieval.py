@@ -5,11 +5,12 @@ numbers of queries people search with: one (a demo, a service answering one requ
 For each corpus size and each number of queries per call it times, side by side in one run, on
 random L2-normalised float32 data (fixed seed):
     minisbert search, score="dot" and score="cosine" (cosine also checks and normalises every
-        row: the one-shot call), taking the way minisbert/search.py's WAYS chooses (printed),
+        row: the one-shot call), taking the way minisbert/search.py's WAYS chooses (printed, with
+        the facts it was chosen by, from one search before the timing),
         score="dot" unscreened (way "spans" or "blocks"), a corpus prepared once (prepare_corpus,
         cosine: checked and normalised once, with the copies its screens read where they pay),
         minisbert.util.semantic_search (sentence-transformers' call, over the search), and, if
-        asked for, score="dot" with fast=False (the plain loop)
+        asked for, score="dot" with way="plain" (the plain loop)
     the floor, if asked for: the float32 product of the queries and every row, and the exact scores
         of each query's k best rows (found beforehand), the two steps no way of minisbert's that
         multiplies in float32 can leave out (`floor`)
@@ -76,7 +77,7 @@ DEFAULT_METHODS = tuple(m for m in METHODS if m not in ("minisbert-plain", "floo
 LABELS = {
     "minisbert-dot": 'minisbert search(score="dot")',
     "minisbert-float32": 'minisbert (dot, no screen)',
-    "minisbert-plain": 'minisbert (dot, fast=False)',
+    "minisbert-plain": 'minisbert (dot, way="plain")',
     "minisbert-cosine": 'minisbert search(score="cosine")',
     "minisbert-prepared": "minisbert search(prepare_corpus(C))",
     "minisbert-util": "minisbert util.semantic_search",
@@ -359,20 +360,20 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
     k = args.k
     if method.startswith("minisbert"):
         from minisbert import util as minisbert_util
-        from minisbert.search import choose_way, prepare_corpus, search
-        from minisbert.search_inputs import check_inputs
+        from minisbert.search import prepare_corpus, recorded_ways, search
 
-        def way(searched, score=None):
-            return "way " + choose_way(check_inputs(queries, searched, k, score, 1024, None, None))
+        def way(searched, **kwargs):
+            """The way a search of these queries over `searched` takes and the facts it chose by, from
+            one search before the timing (minisbert/search.py's `WayChoice`)."""
+            with recorded_ways() as choices:
+                search(queries, searched, k, **kwargs)
+            return str(choices[-1])
 
         if method == "minisbert-prepared":
             before = _memory_baseline_mb(corpus.device)
             prepared_corpus = prepare_corpus(corpus)
             setup_mb = _peak_memory_mb(corpus.device) - before
-            from minisbert.fast.retrieval import kept
-            copy = kept(prepared_corpus) is not None
-            note = "memory includes the prepared copy" + (", with its int8 copy" if copy else "")
-            note = f"{way(prepared_corpus)}; {note}"
+            note = f"{way(prepared_corpus)}; memory includes the prepared copy"
             return (lambda q: search(q, prepared_corpus, k)[1]), note, setup_mb
         if method == "minisbert-util":
             # Its hits, as a porting user gets them; turned into indices after the timing.
@@ -380,11 +381,12 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
         if method == "minisbert-float32":
             from minisbert.fast.tuning import FEW_QUERIES
             unscreened = "spans" if queries.shape[0] <= FEW_QUERIES else "blocks"
-            return (lambda q: search(q, corpus, k, score="dot", way=unscreened)[1]), f"way {unscreened}", 0.0
+            note = way(corpus, score="dot", way=unscreened)
+            return (lambda q: search(q, corpus, k, score="dot", way=unscreened)[1]), note, 0.0
         if method == "minisbert-plain":
-            return (lambda q: search(q, corpus, k, score="dot", fast=False)[1]), "", 0.0
+            return (lambda q: search(q, corpus, k, score="dot", way="plain")[1]), "way 'plain' (forced)", 0.0
         score = method.split("-")[1]
-        return (lambda q: search(q, corpus, k, score=score)[1]), way(corpus, score), 0.0
+        return (lambda q: search(q, corpus, k, score=score)[1]), way(corpus, score=score), 0.0
     if method == "floor":
         return floor(queries, corpus, k), "each query's k rows chosen before the timing", 0.0
     if method in ("plain", "plain-cosine"):

@@ -27,25 +27,26 @@ The loop. For each (query chunk, corpus chunk) block it
        2 q·c - |c|², which orders rows as the distance does);
     2. keeps the candidates: each float32 score lies within a proven bound E of the exact one, so
        only entries within 2E of the query's k-th best can be in its top k (`Bounds`). A float32
-       sum of d products, in any order, fused or not, lies within γ Σ|q_i c_i| of the true sum,
+       sum of d products, in any order, lies within γ Σ|q_i c_i| <= γ |q| |c| of the true sum,
        γ = d·u / (1 - d·u), u = 2^-24 (Higham, "Accuracy and Stability of Numerical Algorithms",
-       3.1); Σ|q_i c_i| <= |q| |c| (Cauchy-Schwarz); the exact score rounds once more (u), and
-       products below float32's normal range may be flushed to zero (2^-126 each). So
-           E = 1.01 (γ + 2u) |q| R + d·2^-124,   R the chunk's largest row norm
-       (for euclidean's keys 1.01 (γ + 2u) (|q| + R)², and the distance rounds within 2u);
+       3.1), and the exact score rounds once more; so, R the chunk's largest row norm,
+           E = 1.01 (γ + 2u) |q| R + d·2^-124        (euclidean's keys: (|q| + R)² for |q| R).
+       search_bounds.py proves it, term by term, beside every other bound the search uses;
     3. scores the candidates exactly and merges them into the running top-k (`settle`).
 
 Memory is a few blocks whatever N is; sentence-transformers' `util.semantic_search` is step 1 and
-a top-k. The checks, `Bounds`, `settle` and `exact_products` (full float32 products, never TF32) are
-in search_inputs.py, shared with minisbert/fast/. Tested in tests/test_retrieval.py against brute
-force, and in tests/test_search_property.py against exact arithmetic, and every way against this loop.
+a top-k. The checks, `settle` and `exact_products` (full float32 products, never TF32) are in
+search_inputs.py, shared with minisbert/fast/; the bounds in search_bounds.py. Tested in
+tests/test_retrieval.py against brute force, in tests/test_search_property.py against exact
+arithmetic, and every way against this loop; the bounds in tests/test_search_bounds.py.
 """
 
 import math
 
 import torch
 
-from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, Bounds, SearchInputs, check_inputs, exact_products, settle
+from .search_bounds import Bounds
+from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, SearchInputs, check_inputs, exact_products, settle
 
 
 def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,

@@ -4,44 +4,50 @@ Every way returns the plain loop's answer (minisbert/retrieval.py says what a sc
 each ends in the same exact rescoring and differs only in how it finds the candidates. `WAYS`
 chooses, first match wins, from facts about the call and the machine (an exact and quicker int8
 product, measured once per machine: fast/machine.py). `way=NAME` or MINISBERT_SEARCH_WAY=NAME forces
-one; `fast=False` is way="plain". Rows a query leaves out (`query_ids`, `corpus_ids`: BEIR's
-self-matches) are dropped after any way (`_without`).
+one (way="plain": the plain loop); each search logs the way it took and why (`WayChoice`). Rows a
+query leaves out (`query_ids`, `corpus_ids`: BEIR's self-matches) are dropped after any way (`_without`).
 
 A corpus searched again and again is best prepared once (`prepare_corpus`: checked, unit rows for
-cosine, on a CPU an int8 copy to screen a few queries with). `load_corpus` checks a saved one's
+cosine, on a CPU an int8 copy to screen a few queries with, held as its `int8_copy`). `load_corpus` checks a saved one's
 rows again, so a file damaged or edited elsewhere is refused, naming it:
 
     corpus = prepare_corpus(model.encode(documents))      # score="cosine"
     corpus.save("corpus.safetensors")
     scores, rows = search(model.encode(["a question"]), load_corpus("corpus.safetensors"), k=10)
 
-On a GPU the "device" way runs (one product and one top-k per block, then the exact rescoring); a
-corpus can stay in CPU memory (`device="cuda"` moves it a chunk at a time). Tested way against way in
+On a GPU the "device" way runs (one product and one top-k per block, the exact rescoring and its
+proof on the device, one wait for the host: fast/device.py), over a prepared cosine corpus "device,
+half" (the same, screened by the corpus's float16 copy on tensor cores); a corpus can stay in CPU
+memory (`device="cuda"` moves it a chunk at a time). Tested way against way in
 tests/test_search_property.py, timed beside faiss in bench/retrieval.py.
 """
 
+import contextlib
+import logging
 import math
 import os
 from collections.abc import Hashable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from . import retrieval
-from .fast import retrieval as fast
+from .fast import device, retrieval as fast
 from .fast.int8_blocks import int8_blocks_exact, int8_blocks_pay
 from .fast.int8_rows import int8_product_runs
-from .fast.tuning import (DEVICE_BLOCK_ENTRIES, FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS,
-                          SPAN_ROWS)
-from .fileio import atomic_write
-from .search_inputs import (DEFAULT_CORPUS_CHUNK_SIZE, DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus, SearchInputs,
-                            as_embedding_matrix, check_arguments, check_inputs, exact_products, scored_rows)
+from .fast.tuning import DEVICE_BLOCK_ENTRIES, FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS
+from .search_inputs import (CORPUS_FORMAT, DEFAULT_CORPUS_CHUNK_SIZE, DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus,
+                            SearchInputs, as_embedding_matrix, check_arguments, check_inputs, exact_products,
+                            scored_rows)
 
 WAY_VARIABLE = "MINISBERT_SEARCH_WAY"
+# Each search logs one INFO line here: the way it took and the facts it chose by (`WayChoice`).
+log = logging.getLogger(__name__)
+# Arguments a search no longer takes, and what to pass instead.
+REMOVED_ARGUMENTS = {"fast": "way='plain' runs the plain loop (fast=False did); leave way out to choose"}
 
 
 # Facts about a search (s: its checked inputs) and the machine that the table below reads.
@@ -54,7 +60,7 @@ def _small(s: SearchInputs) -> bool:
 
 
 def _int8_copy(s: SearchInputs) -> bool:
-    return (_on_cpu(s) and fast.kept(s.prepared) is not None
+    return (_on_cpu(s) and s.prepared is not None and s.prepared.int8_copy is not None
             and int8_product_runs(s.queries.shape[1], s.device, s.queries.shape[0]))
 
 
@@ -78,8 +84,14 @@ def _int8_blocks_pay(s: SearchInputs) -> bool:
 
 def _settled(way):
     """A fast way, its top-K scored exactly (`fast.finish`); the plain loop where that proves nothing (ties)."""
+    return _completed(lambda inputs: fast.finish(inputs, *way(inputs)))
+
+
+def _completed(way):
+    """A way that returns exact values, indices and the queries it cannot prove them for; the plain
+    loop for those (one wait for the device: `unproved.any()`)."""
     def run(inputs: SearchInputs):
-        values, indices, unproved = fast.finish(inputs, *way(inputs))
+        values, indices, unproved = way(inputs)
         if unproved.any():  # the same search for those queries
             rest = replace(inputs, queries=inputs.queries[unproved], query_norms=inputs.query_norms[unproved])
             values[unproved], indices[unproved] = retrieval.chunked_search(rest)
@@ -91,7 +103,8 @@ def _settled(way):
 WAYS = (
     # name               can run          taken when          runs
     ("plain",            lambda s: True,  lambda s: False,    retrieval.chunked_search),
-    ("device",           lambda s: True,  lambda s: not _on_cpu(s), _settled(fast.search_device)),
+    ("device, half",     device.half_screen_runs, lambda s: not _on_cpu(s), _completed(device.search_device_half)),
+    ("device",           lambda s: True,  lambda s: not _on_cpu(s), _completed(device.search_device)),
     ("one span",         _on_cpu,         _small,             _settled(partial(fast.search_spans, one_span=True))),
     ("spans, int8",      _int8_copy,      _screened_few,      _settled(partial(fast.search_spans, screen=True))),
     ("spans",            _on_cpu,         _few,               _settled(fast.search_spans)),
@@ -101,23 +114,83 @@ WAYS = (
 WAY_NAMES = tuple(name for name, *_ in WAYS)
 
 
+@dataclass(frozen=True)
+class WayChoice:
+    """The way a search took, and what it was chosen by: forced, or the ways of WAYS before it,
+    each passed over because it cannot run here or is not taken for these inputs."""
+
+    name: str
+    forced: bool
+    passed_over: tuple  # ((way, "cannot run" or "not taken"), ...) in the order of WAYS
+    facts: str  # the inputs the table read: queries, rows, dimension, score, corpus form, device
+
+    def __str__(self):
+        how = "forced" if self.forced else "chosen; passed over: " + (
+            ", ".join(f"{name} ({why})" for name, why in self.passed_over) or "none")
+        return f"way {self.name!r} ({how}) for {self.facts}"
+
+
 def choose_way(inputs: SearchInputs, forced: str | None = None) -> str:
     """`forced` (or MINISBERT_SEARCH_WAY) if it can run, else the first of WAYS that can run and is taken."""
+    return explain_way(inputs, forced).name
+
+
+def explain_way(inputs: SearchInputs, forced: str | None = None) -> WayChoice:
+    """`choose_way`'s choice with the facts it was made by (`WayChoice`)."""
     forced = forced or os.environ.get(WAY_VARIABLE) or None
+    passed_over = []
     for name, can_run, taken, _ in WAYS:
-        if forced is None and can_run(inputs) and taken(inputs):
-            return name
         if name == forced:
             if not can_run(inputs):
                 raise ValueError(f"the search way {forced!r} cannot run here (a CPU, an exact int8 product, "
-                                 "prepare_corpus(..., screen=True) or its query count is missing); leave way out")
-            return name
+                                 "prepare_corpus(..., screen=True), its query count or a prepared cosine corpus on the "
+                                 "device is missing); leave way out")
+            return WayChoice(name, True, (), _facts(inputs))
+        if forced is None:
+            runs = can_run(inputs)
+            if runs and taken(inputs):
+                return WayChoice(name, False, tuple(passed_over), _facts(inputs))
+            passed_over.append((name, "not taken" if runs else "cannot run"))
     raise ValueError(f"unknown search way {forced!r}; choose one of {list(WAY_NAMES)}")
+
+
+def _facts(s: SearchInputs) -> str:
+    (num_queries, dim), num_docs = s.queries.shape, s.corpus.shape[0]
+    if s.prepared is None:
+        form = f"rows as given ({str(s.corpus.dtype).removeprefix('torch.')})"
+    else:
+        form = "a prepared corpus" + (" with its int8 copy" if s.prepared.int8_copy is not None else "")
+    return f"{num_queries:,} queries, {num_docs:,} rows of d = {dim}, {s.score}, {form}, on {s.device}"
+
+
+class _Collected(logging.Handler):
+    """Keeps each `WayChoice` logged while it is attached (`recorded_ways`)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.choices = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.choices.append(record.msg)
+
+
+@contextlib.contextmanager
+def recorded_ways():
+    """Collect the `WayChoice` of every search made inside the `with` block (what evaluate.py
+    --verbose and bench/retrieval.py print): a list, filled as the searches run."""
+    handler, level = _Collected(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield handler.choices
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
 
 
 def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
            corpus_chunk_size: int | None = None, query_ids=None, corpus_ids=None, device=None, way: str | None = None,
-           fast: bool = True):
+           **removed):
     """Exact top-k corpus rows for each query row.
 
     Args:
@@ -131,8 +204,9 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
         query_ids, corpus_ids: one id per query and per corpus row; a row whose id equals the query's
             is never returned for it (BEIR drops such self-matches), the next best takes its place.
         device: where to compute; defaults to the corpus tensor's device (CPU for numpy).
-        way: one of WAY_NAMES to force it (results never depend on it); None chooses (`WAYS`).
-        fast: False runs the plain loop (way="plain").
+        way: one of WAY_NAMES to force it ("plain": the plain loop; results never depend on it); None
+            chooses (`WAYS`), as MINISBERT_SEARCH_WAY=NAME forces where way is None. Each search logs
+            the way it took and the facts it chose by (`WayChoice`) to the "minisbert.search" logger.
 
     Returns:
         (scores, indices), each (Q, min(k, N)), best first: float32 scores (distances for euclidean,
@@ -142,18 +216,25 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
 
     Raises:
         ValueError: an unknown score or way, k < 1, bad chunk sizes, inputs not 2-D floating point, an
-            empty corpus, mismatched dimensions, a row not finite in float32, scores past float32, bad ids.
+            empty corpus, mismatched dimensions, a row not finite in float32, scores past float32, bad ids,
+            an argument search no longer takes (`REMOVED_ARGUMENTS`: fast=), naming what replaces it.
     """
+    for name in removed:
+        if name not in REMOVED_ARGUMENTS:
+            raise TypeError(f"search() got an unexpected keyword argument {name!r}")
+        raise ValueError(f"search() no longer takes {name}=: {REMOVED_ARGUMENTS[name]}")
     inputs = check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, device)
     excluded = _excluded_pairs(query_ids, corpus_ids, inputs.queries.shape[0], inputs.corpus.shape[0], inputs.device)
     k = inputs.k
     if excluded is not None:  # search past the rows to leave out, then drop them (`_without`)
         most = int(excluded[:, 0].bincount().max()) if excluded.numel() else 0
-        inputs.k = min(k + most, inputs.corpus.shape[0])
-    name = choose_way(inputs, "plain" if not fast else way)
-    if name == "device" and corpus_chunk_size is None:  # a device's blocks: up to DEVICE_BLOCK_ENTRIES scores
+        inputs = replace(inputs, k=min(k + most, inputs.corpus.shape[0]))
+    choice = explain_way(inputs, way)
+    log.info(choice)
+    name = choice.name
+    if name.startswith("device") and corpus_chunk_size is None:  # a device's blocks: up to DEVICE_BLOCK_ENTRIES scores
         rows = max(1, min(inputs.query_chunk_size, inputs.queries.shape[0]))
-        inputs.corpus_chunk_size = max(DEFAULT_CORPUS_CHUNK_SIZE, min(SPAN_ROWS, DEVICE_BLOCK_ENTRIES // rows))
+        inputs = replace(inputs, corpus_chunk_size=max(DEFAULT_CORPUS_CHUNK_SIZE, DEVICE_BLOCK_ENTRIES // rows))
     with exact_products():  # TF32 or bfloat16 products would void the bounds
         values, indices = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
     if excluded is not None:
@@ -190,7 +271,6 @@ def _without(excluded: torch.Tensor, values: torch.Tensor, indices: torch.Tensor
     return values.masked_fill(dropped, -math.inf), indices.masked_fill(dropped, -1)
 
 
-CORPUS_FORMAT = "minisbert prepared corpus 3"
 # Formats 1 and 2 kept other norm terms ("sizes", "norm_terms"); their rows are read, the norms made again.
 OLD_FORMATS = ("minisbert prepared corpus 1", "minisbert prepared corpus 2")
 # A unit row rounded to float32 has a norm within d·2^-24 of 1 (each entry moves by 2^-24 of itself);
@@ -210,17 +290,7 @@ def prepare_corpus(embeddings, score: str = "cosine", screen: bool | None = None
     for start in range(0, corpus.shape[0], DEFAULT_CORPUS_CHUNK_SIZE):
         piece = slice(start, start + DEFAULT_CORPUS_CHUNK_SIZE)
         rows[piece], norms[piece] = scored_rows(corpus[piece], score, "corpus", start)
-    return fast.with_copy(PreparedCorpus(rows, norms, score), screen)
-
-
-def _save(self: PreparedCorpus, path: str | Path) -> None:
-    """Write the rows, their norms and the score to one safetensors file, atomically (no screen's copy)."""
-    tensors = {"rows": self.rows.contiguous().cpu(), "norms": self.norms.contiguous().cpu()}
-    atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata={"format": CORPUS_FORMAT,
-                                                                               "score": self.score}))
-
-
-PreparedCorpus.save = _save
+    return PreparedCorpus(rows, norms, score, fast.int8_copy(rows, score, screen))
 
 
 def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
@@ -250,7 +320,7 @@ def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
         row = int(bad.nonzero()[0])
         raise ValueError(f"{path}: row {row} has norm {float(norms[row]):.9g}, not 1: a cosine corpus holds unit "
                          f"rows; {damaged}")
-    saved = tensors.get("norms", torch.empty(0))  # `_save` writes the rows' float64 norms
+    saved = tensors.get("norms", torch.empty(0))  # `PreparedCorpus.save` writes the rows' float64 norms
     if metadata["format"] == CORPUS_FORMAT and not (saved.dtype == torch.float64 and torch.equal(saved, norms)):
         raise ValueError(f"{path}: its 'norms' ({saved.dtype}) do not match its rows' float64 norms; {damaged}")
-    return fast.with_copy(PreparedCorpus(rows, norms, score), screen)
+    return PreparedCorpus(rows, norms, score, fast.int8_copy(rows, score, screen))

@@ -1,5 +1,5 @@
 """What the plain search (retrieval.py) and its fast ways (minisbert/fast/) share: the inputs'
-checks, the error bound of a float32 score (`Bounds`), and the step that decides every result (`settle`).
+checks and the step that decides every result (`settle`). The error bounds are in search_bounds.py.
 
 Checks (`check_inputs`, and each corpus chunk as it is read): 2-D floating-point inputs of one
 dimension; k and the chunk sizes positive integers; every row, rounded to float32 (`scored_rows`),
@@ -11,27 +11,42 @@ and the row.
 import contextlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
+from .fileio import atomic_write
 from .similarity import exact_scores, row_norms, unit_rows
 
 SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
 DEFAULT_QUERY_CHUNK_SIZE = 1024  # a (1024, 8192) float32 block is 32 MB
 DEFAULT_CORPUS_CHUNK_SIZE = 8192
 LARGEST_SCORE = torch.finfo(torch.float32).max / 2  # a factor 2 to spare for rounding
-F32_UNIT = 2.0**-24  # rounding to float32 moves a value by at most this fraction of itself
 SETTLE_PIECE = 1024  # candidates scored exactly at once: 3 MB of float64 for d = 384, kept in the cache
+CORPUS_FORMAT = "minisbert prepared corpus 3"  # what `PreparedCorpus.save` writes (search.py's `load_corpus` reads it)
 
 
 @dataclass(eq=False)
 class PreparedCorpus:
-    """A corpus checked once and kept as the search scores it (minisbert/search.py: `prepare_corpus`)."""
+    """A corpus checked once and kept as the search scores it (minisbert/search.py: `prepare_corpus`),
+    with the fast copies a search may screen it with."""
 
     rows: torch.Tensor  # (N, d) float32 rows as scored: unit rows (`unit_rows`) for cosine
     norms: torch.Tensor  # (N,) float64 norms of those rows (`row_norms`)
     score: str
+    int8_copy: object = None  # fast/int8_rows.py's Int8Rows of the rows, where it screens a few queries here
+    largest_norm: float | None = None  # the rows' largest norm, measured at the first device search
+    half_copy: object = None  # fast/device.py's HalfRows (float16 rows), made at the first "device, half" search
+
+    def save(self, path) -> None:
+        """Write the rows, their norms and the score to one safetensors file, atomically. The fast
+        copies are not written: they are made again from the rows (`load_corpus`, the first device
+        search), so no file can carry a copy that disagrees with them."""
+        tensors = {"rows": self.rows.contiguous().cpu(), "norms": self.norms.contiguous().cpu()}
+        atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata={"format": CORPUS_FORMAT,
+                                                                                   "score": self.score}))
 
 
 def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,9 +66,10 @@ def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int) -> tuple
     return chunk, norms
 
 
-@dataclass
+@dataclass(frozen=True)
 class SearchInputs:
-    """One search, checked: what `check_inputs` returns."""
+    """One search, checked: what `check_inputs` returns. Never changed after the checks: a search
+    that needs other values (more results, other blocks) makes a new one (`dataclasses.replace`)."""
 
     queries: torch.Tensor  # (Q, d) float32 on `device`, as scored (unit rows for cosine)
     query_norms: torch.Tensor  # (Q,) float64 norms of those rows
@@ -99,7 +115,7 @@ class SearchInputs:
 
 @contextlib.contextmanager
 def exact_products():
-    """Full float32 products while a search runs: TF32 or bfloat16 ones would void `Bounds`."""
+    """Full float32 products while a search runs: TF32 or bfloat16 ones would void search_bounds.py's bounds."""
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
@@ -127,40 +143,6 @@ def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size,
     if prepared is not None:
         inputs.check_scores_fit(prepared.norms, 0)
     return inputs
-
-
-def summation_error(dim: int) -> float:
-    """γ: a float32 sum of d terms, in any order, lies within γ Σ|terms| of the true sum (retrieval.py, step 2)."""
-    return dim * F32_UNIT / (1 - dim * F32_UNIT)
-
-
-class Bounds:
-    """E, how far a float32 score can lie from the exact one (retrieval.py, step 2), and its floors."""
-
-    def __init__(self, score: str, query_norms: torch.Tensor, largest_norm: float, dim: int, sums: int = 1,
-                 roundings: int = 2):
-        """query_norms (Qc,) float64; a float32 score made by `sums` sums of d terms and `roundings` roundings."""
-        self.score, self.query_norms = score, query_norms
-        reach = query_norms + largest_norm if score == "euclidean" else (query_norms * largest_norm).sqrt()
-        self.error = 1.01 * (sums * summation_error(dim) + roundings * F32_UNIT) * reach**2 + dim * 2.0**-124  # (Qc,)
-
-    def lower(self, approximate: torch.Tensor) -> torch.Tensor:
-        """(Qc,) float64 below which the k-th best cannot lie when k float32 scores are >= `approximate` (Qc,)."""
-        approximate = approximate.double()
-        if self.score != "euclidean":
-            return approximate - self.error
-        squared = (self.query_norms**2 * (1 + 1e-12) - approximate + self.error).clamp_min(0)
-        return -(squared.sqrt() * (1 + 2.01 * F32_UNIT) + 2.0**-149)
-
-    def floor(self, kth: torch.Tensor) -> torch.Tensor:
-        """(Qc,) float32, rounded down: at or below the float32 score of any entry that can reach `kth` (Qc,)."""
-        if self.score != "euclidean":
-            floor = kth - self.error
-        else:
-            distance = (-kth + 2.0**-149) / (1 - 2.01 * F32_UNIT)
-            floor = self.query_norms**2 * (1 - 1e-12) - distance**2 - self.error
-        rounded = floor.float()
-        return torch.where(rounded.double() > floor, torch.nextafter(rounded, rounded.new_tensor(-math.inf)), rounded)
 
 
 def settle(queries: torch.Tensor, doc_rows, candidates: tuple, doc_start: int, score: str,

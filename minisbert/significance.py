@@ -11,6 +11,12 @@ equivalence test    two one-sided t-tests (Schuirmann 1987) of H0: |mean(d)| >= 
                     says the difference lies within ±margin; a large p of the tests above says only
                     that the data cannot tell, never that nothing changed.
 Holm, Bonferroni    adjusted p-values when several comparisons are tested at once (Holm 1979).
+two-level bootstrap for models trained with several seeds: draw the seeds, then the queries, so that
+                    one interval carries both the training runs' and the queries' variance
+                    (two_level_draws, two_level_spearman_draws; derivation in their docstrings). Its
+                    p of no difference (bootstrap_p) and its equivalence p (bootstrap_equivalence_p)
+                    are read off the same draws, each with its Monte Carlo error (quantile_error,
+                    share_error); `two_level` gathers them. The studies decide by it alone.
 
 `compare` runs them all on one metric's {query id: value} maps; `spearman_difference` does the
 same for the Spearman correlation of an STS benchmark, which is not a mean of per-query values.
@@ -21,7 +27,8 @@ a family (holm), an interval that leaves out 0 can still belong to an adjusted p
 A randomization p drawn from random sign vectors comes with its Monte Carlo standard error.
 
 Checked against scipy.stats.permutation_test, ttest_rel and bootstrap (tests/test_significance.py;
-reference numbers written by tests/fixtures/make_significance.py).
+reference numbers written by tests/fixtures/make_significance.py); the two-level bootstrap against
+draws replayed, and moments enumerated, without minisbert (tests/fixtures/make_two_level.py).
 """
 
 import math
@@ -299,6 +306,160 @@ def _correlation(columns: np.ndarray, unit_centered: np.ndarray) -> np.ndarray:
     centered = columns - columns.mean(axis=1, keepdims=True)
     norms = np.linalg.norm(centered, axis=1)
     return np.divide(centered @ unit_centered, norms, out=np.zeros(len(columns)), where=norms > 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# One inference over seeds and queries: the two-level bootstrap
+
+
+def two_level_draws(differences, resamples: int = 10_000, seed: int = 0) -> np.ndarray:
+    """Two-level bootstrap draws of the mean of a (seeds S, queries Q) table of paired differences.
+
+    d[s, q] = a[s, q] - b[s, q]: model a's network of seed s against model b's network of the same
+    seed (or b's one network, for an untrained model) on query q. Its mean estimates how much better
+    a is than b, averaged over training runs and over queries like these; both are samples, so an
+    interval must carry both sources of variance. The per-query bootstrap holds the S networks fixed
+    (seeds carry no variance in it); a t over the S seed means holds the Q queries fixed.
+
+    One draw: S seed rows s_1..s_S drawn with replacement, then Q query columns q_1..q_Q drawn with
+    replacement, and T* = mean over j, k of d[s_j, q_k]. The queries are drawn once for the draw and
+    shared by every drawn seed and by both models (d is already a - b): the same Q queries are scored
+    in every seed (seeds and queries are crossed, not nested), so a query that is hard for a is hard
+    for a in every seed; drawing queries afresh for each seed would average that shared query effect
+    over S independent draws and shrink its variance S-fold. This is Owen's pigeonhole bootstrap
+    (A. B. Owen, "The pigeonhole bootstrap", Annals of Applied Statistics 1, 2007) for a crossed
+    seeds x queries table. With S = 1 it is the per-query bootstrap of the mean.
+
+    Its variance, exactly (cells (j, k) and (j', k') are independent unless they share a row or a
+    column): Var*(T*) = (V + (Q - 1) V_row + (S - 1) V_col) / (S Q), with V the variance of all S Q
+    cells, V_row that of the S row means and V_col that of the Q column means (each over its own
+    count, not count - 1), and E*(T*) = mean(d). Under a crossed model d[s, q] = δ + u_s + w_q + e_sq
+    (seed, query and interaction effects with variances σ_u², σ_w², σ_e²) the mean's variance is
+    σ_u²/S + σ_w²/Q + σ_e²/(S Q); Var* holds about (S - 1)/S of the seed part and up to three times
+    the interaction part (Owen 2007). With 5 seeds the seed part is taken at 4/5 of its
+    size; no bootstrap of a crossed table is exact (P. McCullagh, "Resampling and exchangeable
+    arrays", Bernoulli 6, 2000).
+
+    Drawn from numpy's default_rng(seed) in blocks of up to BLOCK draws: for each block,
+    rng.integers(0, S, size=(block, S)), then rng.integers(0, Q, size=(block, Q)). Returns the
+    `resamples` draws of T*, in order.
+    """
+    d = _table(differences, "differences")
+    _check_count("resamples", resamples)
+    rng = np.random.default_rng(seed)
+    seeds, queries = d.shape
+    draws = []
+    for start in range(0, resamples, BLOCK):
+        block = min(BLOCK, resamples - start)
+        rows = rng.integers(0, seeds, size=(block, seeds))  # (block, S)
+        columns = rng.integers(0, queries, size=(block, queries))  # (block, Q)
+        draws.append(d[rows[:, :, None], columns[:, None, :]].mean(axis=(1, 2)))  # (block, S, Q) -> (block,)
+    return np.concatenate(draws)
+
+
+def two_level_spearman_draws(x_a, x_b, gold, resamples: int = 2_000, seed: int = 0) -> np.ndarray:
+    """Two-level bootstrap draws of the mean over seeds of spearman(x_a[s], gold) - spearman(x_b[s], gold).
+
+    x_a and x_b are (S, n): each seed's similarity of the n sentence pairs (a model with one network
+    repeats its row); gold the n gold scores. A correlation is not a mean of per-pair values, so each
+    draw recomputes it: S seed rows drawn with replacement, then n pairs, shared by every drawn seed
+    and both models (as in two_level_draws), and T* = the mean over the drawn seeds of the two
+    Spearmans' difference on the drawn pairs (ties, which the drawing makes, get average ranks). A
+    draw in which the gold column or a drawn row is constant has no correlation and is left out.
+    Drawn from numpy's default_rng(seed): per draw, rng.integers(0, S, size=S), then
+    rng.integers(0, n, size=n).
+    """
+    x_a, x_b = _table(x_a, "x_a"), _table(x_b, "x_b")
+    gold = np.asarray(gold, dtype=np.float64)
+    if x_a.shape != x_b.shape or gold.shape != x_a.shape[1:]:
+        raise ValueError(f"x_a and x_b must be (seeds, pairs) of one shape and gold (pairs,), got {x_a.shape}, "
+                         f"{x_b.shape} and {gold.shape}")
+    _check_count("resamples", resamples)
+    rng = np.random.default_rng(seed)
+    seeds, n = x_a.shape
+    draws = []
+    for _ in range(resamples):
+        rows, pairs = rng.integers(0, seeds, size=seeds), rng.integers(0, n, size=n)
+        if np.ptp(gold[pairs]) == 0 or min(min(np.ptp(x[row][pairs]) for x in (x_a, x_b)) for row in rows) == 0:
+            continue
+        each = {row: spearman(x_a[row][pairs], gold[pairs]) - spearman(x_b[row][pairs], gold[pairs])
+                for row in set(rows.tolist())}
+        draws.append(float(np.mean([each[row] for row in rows.tolist()])))
+    return np.asarray(draws)
+
+
+def bootstrap_p(draws) -> float:
+    """Two-sided p of H0: the mean difference is 0, from bootstrap draws T*: twice the smaller share of
+    draws on either side of 0, min(1, 2 min(#{T* <= 0}, #{T* >= 0}) / B). It is below alpha exactly
+    when 0 lies outside the central (1 - alpha) interval of the draws' order statistics (the test
+    that inverts the percentile interval, up to how the interval's ends are interpolated between
+    order statistics; Efron and Tibshirani 1993, ch. 16)."""
+    draws = _draws(draws)
+    return float(min(1.0, 2 * min(np.sum(draws <= 0), np.sum(draws >= 0)) / len(draws)))
+
+
+def bootstrap_equivalence_p(draws, margin: float) -> float:
+    """p of H0: |mean difference| >= margin from bootstrap draws T*: the larger of the two one-sided
+    shares, max(#{T* <= -margin}, #{T* >= margin}) / B. Below alpha exactly when fewer than alpha B
+    draws lie beyond either end of ±margin, that is when the (1 - 2 alpha) percentile interval lies
+    inside (-margin, margin): two one-sided tests (Schuirmann 1987) read off the bootstrap."""
+    draws = _draws(draws)
+    if not margin > 0:
+        raise ValueError(f"the equivalence margin must be positive, got {margin}")
+    return float(max(np.sum(draws <= -margin), np.sum(draws >= margin)) / len(draws))
+
+
+def quantile_error(draws, q: float) -> float:
+    """The Monte Carlo standard error of the q-quantile of B bootstrap draws, by the binomial
+    order-statistic argument: the number of draws below the true quantile is Binomial(B, q), with
+    standard deviation r = sqrt(B q (1 - q)), so a redraw moves the estimate about as far as the
+    order statistics r ranks either side of rank B q; half the distance between those two is the error."""
+    ordered = np.sort(_draws(draws))
+    spread = math.sqrt(len(ordered) * q * (1 - q))
+    low, high = (int(np.clip(round(len(ordered) * q + side * spread), 0, len(ordered) - 1)) for side in (-1, 1))
+    return float(ordered[high] - ordered[low]) / 2
+
+
+def share_error(p: float, resamples: int, factor: int = 1) -> float:
+    """The Monte Carlo standard error of a p that is `factor` times a share of `resamples` draws:
+    factor sqrt(f (1 - f) / B), f = p / factor."""
+    share = p / factor
+    return factor * math.sqrt(max(share * (1 - share), 0.0) / resamples)
+
+
+def two_level(draws, difference: float, margin: float | None = None, level: float = 0.95) -> dict:
+    """What the draws say of an observed mean difference: "difference"; "ci95", the central `level`
+    percentile interval (numpy.quantile, linear interpolation) with "ci95_error", the larger Monte Carlo
+    error of its ends (quantile_error); "p" (bootstrap_p) with "p_error"; and given a margin, "margin",
+    "p_equivalence" (bootstrap_equivalence_p) with "p_equivalence_error". "resamples": B."""
+    draws = _draws(draws)
+    ends = [(1 - level) / 2, (1 + level) / 2]
+    p = bootstrap_p(draws)
+    result = {"difference": float(difference), "ci95": [float(x) for x in np.quantile(draws, ends)],
+              "ci95_error": max(quantile_error(draws, q) for q in ends), "p": p,
+              "p_error": share_error(p, len(draws), 2), "resamples": len(draws)}
+    if margin is not None:
+        p_equivalence = bootstrap_equivalence_p(draws, margin)
+        result |= {"margin": margin, "p_equivalence": p_equivalence,
+                   "p_equivalence_error": share_error(p_equivalence, len(draws))}
+    return result
+
+
+def _table(values, name: str) -> np.ndarray:
+    """values as a finite (rows >= 1, columns >= 2) float64 array."""
+    table = np.asarray(values, dtype=np.float64)
+    if table.ndim != 2 or table.shape[0] < 1 or table.shape[1] < 2:
+        raise ValueError(f"{name} must be a (seeds, queries) table with at least 2 queries, got shape {table.shape}")
+    if not np.isfinite(table).all():
+        raise ValueError(f"{name} holds NaN or inf at {tuple(np.argwhere(~np.isfinite(table))[0])}")
+    return table
+
+
+def _draws(draws) -> np.ndarray:
+    draws = np.asarray(draws, dtype=np.float64)
+    if draws.ndim != 1 or len(draws) == 0:
+        raise ValueError(f"bootstrap draws must be a non-empty flat array, got shape {draws.shape}")
+    return draws
 
 
 def _paired(*sequences, names: tuple[str, ...] = ("a", "b")) -> list[np.ndarray]:

@@ -89,9 +89,9 @@ ROOMS = {
     "significance": (("minisbert/significance.py",), ("tests/test_significance.py",)),  # scipy's numbers
     "tokenizer": (("minisbert/tokenizer.py",), ("tests/test_tokenizer.py",)),  # Hugging Face's ids
     # the plain loop against its definition and brute force; every fast way against the plain loop
-    "search": (("minisbert/retrieval.py", "minisbert/search_inputs.py"),
+    "search": (("minisbert/retrieval.py", "minisbert/search_inputs.py", "minisbert/search_bounds.py"),
                ("tests/test_one_answer.py", "tests/test_search_property.py", "tests/test_retrieval.py",
-                "tests/test_screens.py")),
+                "tests/test_screens.py", "tests/test_search_bounds.py")),
 }
 
 SWAPPED_OPERATORS = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*"}

@@ -121,6 +121,7 @@ COMMANDS = {
     "python bench/bfloat16.py --limit 320 --ndcg --train-steps 120 --emulate":
         Run(f"--limit 8 --train-steps 2 {SMALL_CORPUS}", slow=True, data=True),
     "python bench/gpu.py": Run(needs="gpu"),
+    "PYTHONUNBUFFERED=1 python3 bench/gpu.py": Run(needs="gpu"),
     "python bench/retrieval.py --devices cuda --sizes 1000000 --queries 1 16 1000 --methods minisbert-dot "
     "minisbert-cosine minisbert-prepared minisbert-plain plain plain-cosine":
         Run("--sizes 20000 --queries 1 16 --repeats 1", needs="gpu"),

@@ -236,6 +236,23 @@ def test_models_side_by_side_on_the_example_data(tmp_path):
         f"example-{evaluate.file_label(name)}.trec" for name in results)
 
 
+def test_verbose_prints_the_way_each_search_took_and_what_chose_it(tmp_path, capsys):
+    # One line per model that searches (BM25 does not): the way minisbert/search.py's table takes
+    # for the example's queries over its corpus (float32 numpy rows), and the facts it read.
+    from minisbert.search import explain_way
+    from minisbert.search_inputs import check_inputs
+
+    evaluate_to_json(tmp_path / "example.json", "--model", TINY, "bm25", "--k", "1", "--verbose")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("search: ")]
+    split = datasets.load_beir(EXAMPLE, "test")
+    width = minisbert.load(TINY).encode(["a"]).shape[1]
+    inputs = check_inputs(np.zeros((len(split.queries), width), np.float32),
+                          np.ones((len(split.corpus), width), np.float32), 1, "cosine", 1024, None, None)
+    assert lines == [f"search: {explain_way(inputs)}"]
+    assert lines[0].endswith(f"for {len(split.queries)} queries, {len(split.corpus)} rows of d = {width}, cosine, "
+                             "rows as given (float32), on cpu")
+
+
 def test_runs_of_other_models_on_the_same_data_keep_their_own_files(tmp_path, monkeypatch):
     # Without --output the results are named after the data, the split and the models, as the run files are:
     # a second model evaluated on data/example leaves the first one's results where they were.

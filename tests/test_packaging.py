@@ -59,8 +59,8 @@ def test_in_the_clone_weights_data_and_cache_are_the_clone_s_own():
                                                                               REPO / ".cache"]
 
 
-# The plain search's room: the loop and the checks it reads.
-PLAIN_SEARCH = ("minisbert/retrieval.py", "minisbert/search_inputs.py")
+# The plain search's room: the loop, and the checks and bounds it reads.
+PLAIN_SEARCH = ("minisbert/retrieval.py", "minisbert/search_inputs.py", "minisbert/search_bounds.py")
 
 
 def module_imports() -> dict:

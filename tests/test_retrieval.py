@@ -11,6 +11,7 @@ tests/test_search_property.py. Memory is the one thing that test cannot see, so 
 here is checked way by way.
 """
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from minisbert import retrieval
 from minisbert import search as search_module
-from minisbert.fast import int8_blocks, machine, screen, span_product
+from minisbert.fast import device, int8_blocks, machine, screen, span_product
 from minisbert.fast import retrieval as fast_retrieval
 from minisbert.search import WAY_NAMES, load_corpus, prepare_corpus
 from minisbert.search_inputs import SETTLE_PIECE, merge_top_k
@@ -301,7 +302,7 @@ def test_the_plain_loop_leaves_out_self_matches_across_chunks(score, chunk_sizes
     queries, corpus, ids = ids_problem(score, torch.Generator().manual_seed(12))
     query_chunk_size, corpus_chunk_size = chunk_sizes
     chunks = {"query_chunk_size": query_chunk_size, "corpus_chunk_size": corpus_chunk_size}
-    _, plain_indices = search(queries, corpus, 12, score=score, **chunks, **ids, fast=False)
+    _, plain_indices = search(queries, corpus, 12, score=score, **chunks, **ids, way="plain")
     assert torch.equal(plain_indices, brute_force_without_self(queries, corpus, 12, score, SELF_ROWS))
 
 
@@ -326,9 +327,10 @@ def test_off_a_cpu_the_device_way_is_chosen():
 def test_a_corpus_chunk_size_given_bounds_the_device_way_s_blocks_even_at_the_default(monkeypatch):
     # Left out, the device way scores blocks of up to DEVICE_BLOCK_ENTRIES scores (here one block of
     # all 20,000 rows); given, even equal to the default 8,192, it is the caller's bound on memory.
-    sizes, block_chunk = [], fast_retrieval._block_chunk
-    monkeypatch.setattr(fast_retrieval, "_block_chunk",
-                        lambda inputs, start, rows, *rest: sizes.append(rows) or block_chunk(inputs, start, rows, *rest))
+    sizes, block = [], device._RowsAsGiven.block
+    monkeypatch.setattr(device._RowsAsGiven, "block",
+                        lambda screen, queries, rows, start, size: sizes.append(size) or block(screen, queries, rows,
+                                                                                           start, size))
     queries, corpus = torch.randn(3, 8), torch.randn(20_000, 8)
     expected = search_module.search(queries, corpus, 5, way="plain")
     for given, blocks in ((None, [20_000]), (search_module.DEFAULT_CORPUS_CHUNK_SIZE, [8192, 8192, 3616])):
@@ -343,6 +345,36 @@ def test_an_unknown_way_is_named_and_a_way_that_cannot_run_is_refused():
         search_module.search(torch.randn(3, 4), torch.randn(10, 4), 2, way="fastest")
     with pytest.raises(ValueError, match="the search way 'spans, int8' cannot run here"):
         search_module.search(torch.randn(1, 4), torch.randn(10, 4), 2, way="spans, int8")  # no prepared copy
+
+
+def test_each_search_says_the_way_it_took_and_what_it_was_chosen_by():
+    # One record per search, on the "minisbert.search" logger: the way, forced or chosen, the ways
+    # of WAYS passed over before it and why, and the facts about the inputs the table read. The
+    # search's checked inputs are never changed after the checks: ids that ask for more results
+    # make a new SearchInputs.
+    queries, corpus = torch.randn(3, 8), torch.randn(500, 8, dtype=torch.float64)
+    ids = {"query_ids": ["d1", "q", "q"], "corpus_ids": [f"d{row}" for row in range(500)]}
+    with search_module.recorded_ways() as choices:
+        search_module.search(queries, corpus, 5, score="dot", **ids)
+        search_module.search(queries, prepare_corpus(corpus, screen=False), 5, way="plain")
+    chosen, forced = choices
+    checked = search_module.check_inputs(queries, corpus, 5, "dot", 1024, None, None)
+    assert chosen.name == search_module.choose_way(checked) and not chosen.forced
+    assert [name for name, _ in chosen.passed_over] == list(WAY_NAMES[: WAY_NAMES.index(chosen.name)])
+    assert {why for _, why in chosen.passed_over} <= {"not taken", "cannot run"}
+    assert chosen.facts == "3 queries, 500 rows of d = 8, dot, rows as given (float64), on cpu"
+    assert str(chosen).startswith(f"way {chosen.name!r} (chosen; passed over: plain (not taken), ")
+    assert str(chosen).endswith(f") for {chosen.facts}")
+    assert str(forced) == "way 'plain' (forced) for 3 queries, 500 rows of d = 8, cosine, a prepared corpus, on cpu"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        checked.k = 10
+
+
+def test_a_removed_argument_is_named_with_what_replaces_it():
+    with pytest.raises(ValueError, match=r"search\(\) no longer takes fast=: way='plain' runs the plain loop"):
+        search_module.search(torch.randn(3, 4), torch.randn(10, 4), 2, fast=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk_size'"):
+        search_module.search(torch.randn(3, 4), torch.randn(10, 4), 2, chunk_size=5)
 
 
 @pytest.mark.parametrize("precision", ["high", "medium"])
@@ -421,7 +453,7 @@ def test_the_plain_search_matches_brute_force_and_the_library_search(score, k, q
     assert torch.equal(indices, expected_indices)
     assert_within_rounding(scores, expected_scores, queries, corpus, indices, score)
     # On embeddings of ordinary size it is the library's plain path, bit for bit: the same loop.
-    library_scores, library_indices = search(queries, corpus, k, score=score, fast=False, **chunks)
+    library_scores, library_indices = search(queries, corpus, k, score=score, way="plain", **chunks)
     assert torch.equal(scores, library_scores) and torch.equal(indices, library_indices)
 
 
@@ -460,7 +492,8 @@ def test_the_plain_search_reads_alone():
     """retrieval.py and the checks it reads (search_inputs.py) import nothing from fast/, and fast/
     never imports the plain loop it speeds up."""
     show = "import importlib, sys; importlib.import_module(sys.argv[1]); print(*sorted(sys.modules))"
-    for module in ("minisbert.retrieval", "minisbert.search_inputs", "minisbert.fast.retrieval"):
+    for module in ("minisbert.retrieval", "minisbert.search_inputs", "minisbert.fast.retrieval",
+                   "minisbert.fast.device"):
         loaded = subprocess.run([sys.executable, "-c", show, module], cwd=REPO, capture_output=True, text=True,
                                 check=True).stdout.split()
         if module.startswith("minisbert.fast"):
@@ -688,7 +721,7 @@ def test_dot_over_embeddings_as_given_refuses_and_accepts_what_the_plain_search_
     corpus = torch.randint(-2, 3, (600, 4), generator=generator).float()
     corpus[451] = 2.0**126
     scores, indices = search(queries, corpus, 5, score="dot")
-    plain_scores, plain_indices = search(queries, corpus, 5, score="dot", fast=False)
+    plain_scores, plain_indices = search(queries, corpus, 5, score="dot", way="plain")
     assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
 
 
@@ -836,8 +869,8 @@ def _tensors(value):
 
 
 # Every way but "one span", the way of small corpora (its block is the whole (Q, N) score matrix), and
-# "spans, int8", which screens a prepared corpus's int8 copy.
-@pytest.mark.parametrize("way", [name for name in WAY_NAMES if name not in ("one span", "spans, int8")])
+# "spans, int8" and "device, half", which screen a prepared corpus's int8 or float16 copy.
+@pytest.mark.parametrize("way", [name for name in WAY_NAMES if name not in ("one span", "spans, int8", "device, half")])
 @pytest.mark.parametrize("score", SCORES)
 def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, way):
     generator = torch.Generator().manual_seed(6)
@@ -923,7 +956,7 @@ def test_every_number_of_queries_matches_brute_force(score, num_queries, corpus_
     expected_scores, expected = brute_force(queries, corpus, corpus.shape[0], score)
     for k in (12, 250):
         scores, indices = search(queries, search_corpus, k, score=score, **ids)
-        plain_scores, plain_indices = search(queries, corpus, k, score=score, **ids, fast=False)
+        plain_scores, plain_indices = search(queries, corpus, k, score=score, **ids, way="plain")
         assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
         for query, own in enumerate(self_rows):
             kept = [column for column, row in enumerate(expected[query].tolist()) if row != own][:k]
@@ -960,21 +993,18 @@ def test_every_way_of_multiplying_spans_finds_what_brute_force_finds(way, score,
     # corpus: exact scores (ids_problem) must come out exactly, random ones to float32 rounding.
     if not span_product.runs(way, torch.device("cpu")):
         pytest.skip(f"{way} does not run on this CPU")
-    monkeypatch.setenv(span_product.WAY_VARIABLE, way)
+    monkeypatch.setattr(span_product, "way", lambda *shape: way)  # as if the machine's fact said so
     queries, corpus, ids = ids_problem(score, torch.Generator().manual_seed(14))
     queries, ids["query_ids"] = queries[:num_queries], ids["query_ids"][:num_queries]
     for search_corpus in (corpus, prepared(corpus, score)):
         scores, indices = search(queries, search_corpus, 12, score=score, **ids)
-        plain_scores, plain_indices = search(queries, corpus, 12, score=score, **ids, fast=False)
+        plain_scores, plain_indices = search(queries, corpus, 12, score=score, **ids, way="plain")
         assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
     assert_random_embeddings_match_brute_force(num_queries, score)
 
 
-def test_the_way_of_multiplying_spans_is_measured_once_per_machine(monkeypatch, tmp_path):
-    monkeypatch.delenv(span_product.WAY_VARIABLE, raising=False)
-    monkeypatch.setenv(machine.MACHINE_FILE_VARIABLE, str(tmp_path / "machine.json"))
+def test_the_way_of_multiplying_spans_is_measured_once_per_machine(monkeypatch, timed_probes):
     monkeypatch.setattr(span_product, "PROBE_BYTES", 2**20)  # a small probe: only the count matters here
-    machine.forget()
     measured = []
     quickest = span_product._quickest
     monkeypatch.setattr(span_product, "_quickest", lambda *shape: measured.append(shape) or quickest(*shape))
@@ -989,9 +1019,9 @@ def test_the_way_of_multiplying_spans_is_measured_once_per_machine(monkeypatch, 
     machine.forget()
 
 
-def test_an_unknown_way_of_multiplying_spans_is_named(monkeypatch):
-    monkeypatch.setenv(span_product.WAY_VARIABLE, "fastest")
-    with pytest.raises(ValueError, match="MINISBERT_SPAN_PRODUCT='fastest': choose one of"):
+def test_the_removed_variable_that_forced_the_span_product_is_named(monkeypatch):
+    monkeypatch.setenv(span_product.REMOVED_VARIABLE, "onednn")
+    with pytest.raises(ValueError, match="MINISBERT_SPAN_PRODUCT no longer forces the span product: .* way=NAME"):
         search(torch.randn(2, 8), torch.randn(50, 8), 3, way="spans")
 
 

@@ -5,6 +5,7 @@ many (blocks), and for the first rows alone (the warm-up); and the script times 
 search, without the peer environment."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 
@@ -42,3 +43,7 @@ def test_the_script_times_the_floor_beside_the_search_without_a_peer():
     lines = [line for line in result.stdout.splitlines() if line.startswith("floor: product, exact scores")]
     assert len(lines) == 2 and all("100.0%" in line for line in lines), result.stdout
     assert "floor / plain:" in result.stdout
+    # Each minisbert row names the way its search took and the facts it was chosen by (one search
+    # before the timing): one query over 300 rows is one span, 200 queries (past FEW_QUERIES) blocks.
+    ways = re.findall(r"way '([^']+)' \(chosen; passed over: .*?\) for (\d+) queries, 300 rows of d = ", result.stdout)
+    assert [(way.split(",")[0], int(count)) for way, count in ways] == [("one span", 1), ("blocks", 200)], result.stdout

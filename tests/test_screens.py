@@ -1,8 +1,7 @@
 """Tests for the int8 screens: of a few queries over a prepared corpus (minisbert/fast/int8_rows.py)
-and the int8 blocks of a search of many queries (minisbert/fast/int8_blocks.py). Their bounds hold for
-every row or entry, the few-query screen rules out almost every row of ordinary embeddings, a search
-through either finds what the plain search and brute force find, ties and left-out rows included,
-and which searches take them (minisbert/search.py's WAYS).
+and the int8 blocks of a search of many queries (minisbert/fast/int8_blocks.py). A search through
+either finds what the plain search and brute force find, ties and left-out rows included, and which
+searches take them (minisbert/search.py's WAYS). Their bounds are tested in tests/test_search_bounds.py.
 
 tests/test_search_property.py runs every way, these among them, against the plain loop on corpora built to tie.
 """
@@ -11,8 +10,6 @@ import pytest
 import torch
 
 from minisbert.fast import int8_blocks, int8_rows
-from minisbert.fast.retrieval import kept
-from minisbert.fast.screen import Chunk
 from minisbert.search import choose_way, load_corpus, prepare_corpus, search
 from minisbert.search_inputs import check_inputs
 
@@ -49,14 +46,14 @@ def test_one_query_through_the_int8_screen_finds_what_the_plain_search_finds(sco
     corpus = exact_problem(score, 20000, generator)
     merged = screened_spans(monkeypatch)
     prepared = prepare_corpus(corpus, score=score, screen=True)
-    assert kept(prepared) is not None
+    assert prepared.int8_copy is not None
     for row in (0, 5000, 19999):
         query = corpus[row : row + 1]
         ids = {"query_ids": [f"d{row}"], "corpus_ids": [f"d{i}" for i in range(corpus.shape[0])]}
         for k in (1, 10, 100):
             for kwargs in ({}, ids):
                 scores, indices = search(query, prepared, k, **kwargs)
-                plain_scores, plain_indices = search(query, corpus, k, score=score, fast=False, **kwargs)
+                plain_scores, plain_indices = search(query, corpus, k, score=score, way="plain", **kwargs)
                 assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
     assert any(result is not None for result in merged), "no span went through the screen"
 
@@ -77,7 +74,7 @@ def test_a_few_queries_through_the_int8_screen_find_what_the_plain_search_finds(
         queries = corpus[torch.randint(0, 20000, (num_queries,), generator=generator)]
         assert choose_way(check_inputs(queries, prepared, 10, None, 1024, None, None)) == "spans, int8"
         scores, indices = search(queries, prepared, 10)
-        plain_scores, plain_indices = search(queries, corpus, 10, score=score, fast=False)
+        plain_scores, plain_indices = search(queries, corpus, 10, score=score, way="plain")
         assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
         for row in (0, num_queries - 1):
             alone_scores, alone_indices = search(queries[row : row + 1], prepared, 10)
@@ -94,7 +91,7 @@ def test_random_embeddings_through_the_int8_screen_match_brute_force(score, monk
     path = tmp_path / "corpus.safetensors"
     prepare_corpus(corpus, score=score).save(path)
     for prepared in (prepare_corpus(corpus, score=score, screen=True), load_corpus(path, screen=True)):
-        assert kept(prepared) is not None
+        assert prepared.int8_copy is not None
         for num_queries in (1, 1, 1, 16, 16):
             queries = torch.randn(num_queries, 64, generator=generator)
             _, indices = search(queries, prepared, 10)
@@ -102,55 +99,6 @@ def test_random_embeddings_through_the_int8_screen_match_brute_force(score, monk
     # Each search's first span finds its first k-th best in float32 (the screen is not tried there);
     # every later span must pass the screen.
     assert len(merged) >= 10 and all(result is not None for result in merged), merged
-
-
-@pytest.mark.parametrize("dim", [24, 384])
-def test_int8_bound_holds(dim):
-    # Every row's bound must lie above its float32 score as a search computes it (torch.mv, the
-    # rescoring) and above its exact score; rows the screen cannot bound get +inf. The rows mix
-    # ordinary ones with one large entry among small ones, rows of entries near 2^-30 and 2^50
-    # (just inside and outside the range screened), a zero row, and rows int8 holds exactly.
-    generator = torch.Generator().manual_seed(dim)
-    rows = torch.randn(4000, dim, generator=generator)
-    rows[:500] /= rows[:500].norm(dim=1, keepdim=True)
-    rows[500:600, 0] = 1000.0
-    rows[600:700] *= 2.0**-31
-    rows[700:800] *= 2.0**-28
-    rows[800:900] *= 2.0**48
-    rows[900:1000] *= 2.0**52
-    rows[1000] = 0
-    rows[1001:1100] = torch.randint(-63, 64, (99, dim), generator=generator) / 8
-    copy = int8_rows.int8_rows(rows)
-    largest = rows.abs().amax(dim=1)
-    outside = (largest < int8_rows.SMALLEST_ENTRY) | (largest > int8_rows.LARGEST_ENTRY)
-    error_norms = copy.terms[:, 0]
-    assert torch.isposinf(error_norms[outside]).all() and torch.isfinite(error_norms[~outside]).all()
-    queries = torch.cat([torch.randn(1, dim, generator=generator), rows[1001:1002], rows[:1] * 2.0**-20])
-    for screened in (queries[:1], queries[1:2], queries[2:], queries):  # alone, and three in one product
-        screen = int8_rows.Int8RowsScreen(screened, rows.shape[0])
-        assert screen.usable()
-        for column, query in enumerate(screened):
-            bounds = screen.upper_bounds(copy)[:, column].double()
-            float32_scores = torch.mv(rows, query).double()
-            exact = rows.double() @ query.double()
-            finite = torch.isfinite(float32_scores)
-            assert (~(bounds[finite] < float32_scores[finite])).all()  # NaN bounds keep a row in
-            assert (~(bounds < exact)).all()
-
-
-def test_the_int8_bound_is_close_enough_to_screen():
-    # The bound is what makes the screen pay: for random unit rows and d = 384 it is about 3% of
-    # |q| |c| (module docstring). If it were 10% or more, a one-query search of random data would
-    # score a large part of the corpus on its own.
-    generator = torch.Generator().manual_seed(1)
-    rows = torch.randn(5000, 384, generator=generator)
-    rows /= rows.norm(dim=1, keepdim=True)
-    query = torch.randn(1, 384, generator=generator)
-    query /= query.norm()
-    copy = int8_rows.int8_rows(rows)
-    screen = int8_rows.Int8RowsScreen(query, rows.shape[0])
-    margin = screen.upper_bounds(copy)[:, 0].double() - rows.double() @ query[0].double()
-    assert float(margin.max()) < 0.1
 
 
 def test_queries_outside_the_screened_range_are_not_screened():
@@ -175,13 +123,13 @@ def test_an_int8_product_that_saturates_is_not_used(monkeypatch):
 
 def test_which_corpora_keep_an_int8_copy():
     corpus = torch.randn(100, 24)
-    assert kept(prepare_corpus(corpus, screen=False)) is None
-    assert kept(prepare_corpus(corpus, score="euclidean", screen=True)) is None
-    assert kept(prepare_corpus(torch.randn(10, 5000), screen=True)) is None  # 5000 · 63² >= 2^24
+    assert prepare_corpus(corpus, screen=False).int8_copy is None
+    assert prepare_corpus(corpus, score="euclidean", screen=True).int8_copy is None
+    assert prepare_corpus(torch.randn(10, 5000), screen=True).int8_copy is None  # 5000 · 63² >= 2^24
     if int8_rows.int8_product_runs(24, torch.device("cpu")):
-        assert kept(prepare_corpus(corpus, score="dot", screen=True)) is not None
+        assert prepare_corpus(corpus, score="dot", screen=True).int8_copy is not None
     # By default, where the int8 product is measured quicker than the float32 one.
-    assert (kept(prepare_corpus(corpus)) is not None) == int8_rows.int8_screen_pays(24)
+    assert (prepare_corpus(corpus).int8_copy is not None) == int8_rows.int8_screen_pays(24)
 
 
 @needs_int8
@@ -204,58 +152,6 @@ needs_int8_blocks = pytest.mark.skipif(not int8_blocks.int8_blocks_exact(24),
 def screened_blocks(monkeypatch) -> list:
     """Record what each Int8Blocks.candidates call returns: None where the block failed the screen."""
     return count_calls(monkeypatch, int8_blocks.Int8Blocks, "candidates")
-
-
-def loaded_blocks(queries, rows, divided: bool):
-    """Int8Blocks for `queries` with `rows` loaded as one chunk: as given (dot; or unit rows),
-    or undivided with the divisors that make unit rows (`divided`); and the rows as scored."""
-    blocks = int8_blocks.Int8Blocks(queries, queries.shape[0], -(-rows.shape[0] // 64) * 64)
-    norms = torch.linalg.vector_norm(rows, dim=1)
-    if divided:
-        divisors = norms.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
-        blocks.load_chunk(Chunk(rows, divisors, None, 1 + 2.0**-10, None))
-        return blocks, rows / divisors
-    blocks.load_chunk(Chunk(rows, None, None, float(norms.amax()), None))
-    return blocks, rows
-
-
-@needs_int8_blocks
-@pytest.mark.parametrize("divided", [False, True])
-def test_the_int8_block_bound_holds_and_is_nearly_reached(divided):
-    # For every entry, the float32 score the search rescores with (vecdot of the query and the row
-    # as scored) must lie within B of s_q s (q'·c'). The pieces (1,024 rows each) mix ordinary rows,
-    # a piece of zero rows, rows of entries near 2^-34 (a piece not screened, unless made unit rows)
-    # and 2^45, and rows built to round badly: every entry just under half a step above a multiple
-    # of the piece's step (made unit rows, they keep that shape), in the direction of positive
-    # queries, so that the corpus's rounding errors add up and the error reaches more than half the
-    # bound (measured: 0.80 of it as given, 0.82 made unit rows; a bound half as wide fails there).
-    generator = torch.Generator().manual_seed(5)
-    dim = 24
-    rows = torch.randn(5 * 1024, dim, generator=generator)
-    rows[1024:2048] = 0
-    rows[2048:3072] *= 2.0**-34
-    rows[3072:3584] *= 2.0**45
-    step = 1 / 127
-    rows[4096:] = (torch.randint(0, 120, (1024, dim), generator=generator) + 0.49) * step
-    rows[4096:, 0] = 127 * step  # the piece's largest entry: its step is `step`
-    if divided:  # undivided rows, made unit rows by the search: the last piece with its own step
-        rows[4096:] *= 3.0
-    queries = torch.rand(40, dim, generator=generator) + 0.5  # positive entries
-    queries[20:] = torch.randn(20, dim, generator=generator)
-    for chunk in (rows, rows[4096:]):  # the whole, and the rows built to round badly on their own
-        blocks, scored = loaded_blocks(queries, chunk, divided)
-        scales, bounds = blocks.bounds(slice(0, 40))  # (40, pieces)
-        products = blocks.query_values.double() @ blocks.chunk_buffer[: chunk.shape[0]].double().T  # exact
-        pieces = torch.arange(chunk.shape[0]) // 1024
-        scales, bounds = scales[:, pieces], bounds[:, pieces]  # (40, N)
-        scores = torch.linalg.vecdot(queries[:, None, :], scored[None, :, :]).double()  # (40, N), float32 sums
-        error = (scores - scales * products).abs()
-        screened = scales > 0
-        assert (error[screened] <= bounds[screened]).all()
-    assert float((error / bounds)[:20].max()) > 0.5  # (the largest row norm of the whole is 2^45 times more)
-    screened = (blocks.query_scales[:, None] * loaded_blocks(queries, rows, divided)[0].scales > 0)
-    assert screened[:, [0, 3, 4]].all() and not screened[:, 1].any()
-    assert screened[:, 2].all() if divided else not screened[:, 2].any()
 
 
 @needs_int8_blocks
@@ -286,7 +182,7 @@ def test_many_queries_through_the_int8_screen_find_what_the_plain_search_finds(s
     screened = screened_blocks(monkeypatch)
     for k in (1, 10, 100):
         for kwargs in ({}, ids):
-            plain_scores, plain_indices = search(queries, corpus, k, score=score, fast=False, **kwargs)
+            plain_scores, plain_indices = search(queries, corpus, k, score=score, way="plain", **kwargs)
             for searched in (corpus, prepare_corpus(corpus, score=score)):
                 scores, indices = search(queries, searched, k, score=score, way="blocks, int8", **kwargs)
                 assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
@@ -311,7 +207,7 @@ def test_queries_and_rows_the_int8_blocks_cannot_scale_are_still_found(score):
         corpus[2000:3000] = 0
     corpus[5000:6000] *= 2.0**-34
     _, indices = search(queries, corpus, 10, score=score, corpus_chunk_size=1000, way="blocks, int8")
-    _, plain_indices = search(queries, corpus, 10, score=score, fast=False)
+    _, plain_indices = search(queries, corpus, 10, score=score, way="plain")
     assert torch.equal(indices[:3], plain_indices[:3])
     assert_matches_brute_force(queries[1:], corpus, 10, score, corpus_chunk_size=1000, way="blocks, int8")
 
@@ -353,7 +249,7 @@ def test_which_way_each_search_takes():
     few = tuning.FEW_QUERIES_INT8 if pays else tuning.FEW_QUERIES
     assert ways(1, small) == ways(few, small) == "one span"
     assert ways(few, corpus) == "spans" and ways(few + 1, corpus).startswith("blocks")
-    screened = kept(prepared) is not None
+    screened = prepared.int8_copy is not None
     for num_queries in (1, tuning.SCREENED_FEW_QUERIES, tuning.FEW_QUERIES_INT8):
         runs = int8_rows.int8_product_runs(24, torch.device("cpu"), num_queries)
         assert ways(num_queries, prepared) == ("spans, int8" if screened and runs else "spans")

@@ -20,7 +20,6 @@ A failure names its case; `check_case(draw_case(seed), folder)` runs that case a
 
 import contextlib
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from unittest import mock
@@ -218,11 +217,11 @@ def searched_form(case: Case, folder):
 def check_case(case: Case, folder, ways_run: Counter | None = None) -> None:
     """The property on one case (the module docstring); `ways_run` counts the ways that ran."""
     with contextlib.ExitStack() as patches:
-        patches.enter_context(mock.patch.dict(os.environ, {span_product.WAY_VARIABLE: case.span_product}))
+        patches.enter_context(mock.patch.object(span_product, "way", lambda *shape: case.span_product))
         if case.screens == "kept":  # these shares decide speed only; then a screen's bound alone decides
             for module, name in ((int8_rows, "MOST_CANDIDATES"), (screen, "MOST_OPENED"), (screen, "MOST_SCREENED")):
                 patches.enter_context(mock.patch.object(module, name, 1.0))
-        expected = outcome(lambda: search(case.queries, case.corpus, fast=False, **case.arguments()))
+        expected = outcome(lambda: search(case.queries, case.corpus, way="plain", **case.arguments()))
         check_exact_answer(case, expected)
         corpus = searched_form(case, folder)
         if isinstance(corpus, str):  # preparing refused the corpus: with the message the reference expects

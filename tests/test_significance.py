@@ -4,7 +4,11 @@ What "correct" means here: the exact sign-flip p equals scipy's exact permutatio
 random versions land within Monte Carlo error of scipy's (100,000 resamples); the paired t-test p
 equals scipy's ttest_rel to 1e-9 relative, down to p ~ 1e-46; bootstrap intervals agree with
 scipy's percentile bootstrap; the equivalence test's p equals the larger of scipy's two one-sided
-ttest_rel p's; a sampled p's stated Monte Carlo error is the spread its seeds show. Reference numbers: tests/fixtures/make_significance.py. Holm,
+ttest_rel p's; a sampled p's stated Monte Carlo error is the spread its seeds show; the two-level
+bootstrap draws what its docstring says (replayed without minisbert), with the enumerated mean and
+variance of a table small enough to enumerate and the closed-form variance of a larger one, and its
+interval ends' stated Monte Carlo error is the spread redrawing shows. Reference numbers:
+tests/fixtures/make_significance.py and make_two_level.py. Holm,
 Bonferroni, the t-test with 1 and 2 degrees of freedom and the edge cases are worked by hand.
 """
 
@@ -18,13 +22,19 @@ import pytest
 from minisbert.significance import (
     bonferroni,
     bootstrap_ci,
+    bootstrap_equivalence_p,
+    bootstrap_p,
     compare,
     equivalence_test,
     holm,
     paired_t_test,
+    quantile_error,
     randomization_error,
     randomization_test,
     spearman_difference,
+    two_level,
+    two_level_draws,
+    two_level_spearman_draws,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "significance_reference.json"
@@ -319,3 +329,88 @@ def test_spearman_difference_interval_is_the_percentiles_of_the_resampled_differ
     result = spearman_difference(x_a, x_b, gold, trials=10, resamples=300, seed=3)
     # float64 correlations of 30 ranks of order 30, summed in other orders: a few ulps of 1
     assert result["ci95"] == pytest.approx(np.quantile(differences, [0.025, 0.975]).tolist(), abs=1e-12)
+
+
+# ---- the two-level bootstrap (seeds, then queries) -------------------------------------------
+# Reference numbers: tests/fixtures/make_two_level.py (numpy, fractions and scipy; no minisbert).
+
+TWO_LEVEL = json.loads((Path(__file__).parent / "fixtures" / "two_level_reference.json").read_text())
+
+
+def test_two_level_draws_are_the_ones_its_docstring_describes():
+    # Replayed by the fixture script from the docstring's words (seeded generator, block order), so the
+    # quantiles and p's agree to rounding: a draw is a mean of 1,500 values of size ~0.2, whose
+    # float64 sums in another order differ by ~1e-16 each; 1e-12 is far above that and far below any
+    # draw-to-draw gap that a changed draw order would leave.
+    for name in ("crossed", "one_seed"):
+        case = TWO_LEVEL[name]
+        draws = two_level_draws(case["table"], case["resamples"], seed=case["seed"])
+        assert np.quantile(draws, [0.025, 0.975]) == pytest.approx(case["quantiles"], abs=1e-12)
+        assert bootstrap_p(draws) == case["p"]
+        if "p_equivalence" in case:
+            assert bootstrap_equivalence_p(draws, case["margin"]) == case["p_equivalence"]
+
+
+def test_two_level_draws_have_the_enumerated_mean_and_variance():
+    # The exact bootstrap distribution of a 2 x 3 table (all 108 draws, summed in fractions). With B
+    # draws the sample mean has standard error sqrt(Var / B) and the sample variance a relative one of
+    # sqrt((kurtosis - 1) / B) <= sqrt(2 / B) here (a mean of six cells is close to normal, kurtosis
+    # below 3): 5 standard errors each, so a correct sampler fails about once in 10^6 runs.
+    case, resamples = TWO_LEVEL["exact"], 200_000
+    draws = two_level_draws(case["table"], resamples, seed=11)
+    assert abs(draws.mean() - case["mean"]) < 5 * math.sqrt(case["variance"] / resamples)
+    assert abs(draws.var() / case["variance"] - 1) < 5 * math.sqrt(2 / resamples)
+
+
+def test_two_level_variance_is_the_closed_form_that_carries_both_sources():
+    # Var* = (V + (Q - 1) V_row + (S - 1) V_col) / (S Q), computed by the fixture script; the draws'
+    # variance lies within 5 relative standard errors sqrt((kurtosis - 1) / B) of it (kurtosis from
+    # the script's own draws).
+    case = TWO_LEVEL["crossed"]
+    draws = two_level_draws(case["table"], case["resamples"], seed=case["seed"])
+    assert abs(draws.var() / case["variance"] - 1) < 5 * math.sqrt((case["kurtosis"] - 1) / case["resamples"])
+    # Drawing the queries once per draw (not once per seed) keeps the query part whole: the per-query
+    # bootstrap of the seeds' average, which holds the seeds fixed, is narrower, and so is the spread
+    # of the seed means alone, which holds the queries fixed.
+    table = np.asarray(case["table"])
+    per_query = bootstrap_ci(table.mean(axis=0), np.zeros(table.shape[1]), 0.95, 10_000, seed=0)
+    assert per_query[1] - per_query[0] < np.subtract(*np.quantile(draws, [0.975, 0.025]))
+
+
+def test_two_level_spearman_draws_replay_scipy():
+    # The fixture's draws recompute scipy.stats.spearmanr (average ranks for ties) on the documented draws;
+    # a Spearman of 40 ranks is exact to ~1e-15, so 1e-12 leaves room for summation order only.
+    case = TWO_LEVEL["spearman"]
+    draws = two_level_spearman_draws(case["x_a"], case["x_b"], case["gold"], case["resamples"], seed=case["seed"])
+    assert draws == pytest.approx(case["draws"], abs=1e-12)
+
+
+def test_bootstrap_p_and_equivalence_p_by_hand():
+    draws = np.array([-0.03, -0.01, 0.0, 0.01, 0.02, 0.025, 0.04, 0.05])
+    assert bootstrap_p(draws) == 2 * 3 / 8  # three draws at or below 0, six at or above
+    assert bootstrap_equivalence_p(draws, 0.02) == 4 / 8  # 0.02, 0.025, 0.04, 0.05 at or beyond +0.02
+    assert bootstrap_equivalence_p(draws, 0.05) == 1 / 8
+    assert bootstrap_p(np.full(4, 0.1)) == 0.0 and bootstrap_p(np.zeros(4)) == 1.0
+    with pytest.raises(ValueError, match="margin must be positive"):
+        bootstrap_equivalence_p(draws, 0)
+
+
+def test_quantile_error_is_the_spread_that_redrawing_shows():
+    # 40 independent runs of B = 2,000 draws: the standard deviation of their 2.5 % quantile against
+    # the mean stated error. The spread of 40 runs is itself uncertain by about 1 / sqrt(2 * 39) = 11 %
+    # and each stated error by the order statistics it reads; a ratio outside [0.6, 1.6] would be a
+    # wrong argument (a factor of 2 or sqrt(B)), not noise.
+    table = np.random.default_rng(4).normal(0.01, 0.1, size=(5, 60))
+    runs = [two_level_draws(table, 2_000, seed=seed) for seed in range(40)]
+    spread = np.std([np.quantile(draws, 0.025) for draws in runs], ddof=1)
+    stated = np.mean([quantile_error(draws, 0.025) for draws in runs])
+    assert 0.6 < stated / spread < 1.6
+
+
+def test_two_level_refuses_bad_tables():
+    with pytest.raises(ValueError, match=r"\(seeds, queries\) table"):
+        two_level_draws([1.0, 2.0])
+    with pytest.raises(ValueError, match="NaN or inf"):
+        two_level_draws([[0.1, float("nan")]])
+    result = two_level(np.array([0.01, 0.02, 0.03, -0.01]), 0.0125, margin=0.02)
+    assert set(result) >= {"difference", "ci95", "ci95_error", "p", "p_error", "p_equivalence", "margin"}

@@ -1,5 +1,5 @@
 """Two finished runs of a study set side by side: each model of one tested against a model of the other,
-query by query, from their results.json alone (nothing is loaded, encoded or trained).
+over seeds and queries, from their results.json alone (nothing is loaded, encoded or trained).
 
     python -m minisbert.experiments compare-runs bench/studies/siamese-vs-triplet/epochs-3 \\
         bench/studies/siamese-vs-triplet --output runs/epochs-3-against-2
@@ -10,10 +10,10 @@ A claim that sets two runs against each other ("3 epochs improve on 2", "margin 
 needs its own test: the two runs' tables side by side say nothing about the difference between them.
 Every trained model the two results.json files both hold (the untrained controls are the same in
 both runs), or each FIRST:SECOND of --pairs, is tested as
-first - second on --metric: the mean difference, its bootstrap 95% interval (unadjusted), the
-randomization test's p Holm-adjusted over the pairs, the equivalence test at verdicts.NDCG_MARGIN
-when the metric is NDCG@10, and, where both were trained with several seeds, each seed's own
-difference (seed i of one against seed i of the other). Both runs must have scored the same queries.
+first - second on --metric: the mean difference, its 95% interval and p from the two-level bootstrap
+(seeds, then queries; verdicts.py), Holm-adjusted over the pairs, with the equivalence test at
+verdicts.NDCG_MARGIN when the metric is NDCG@10; seed i of one is paired with seed i of the other.
+Both runs must have scored the same queries.
 
 Writes OUTPUT/results.json (both runs' settings, each pair's scores and test) and OUTPUT/results.md
 (a table and a verdict per pair).
@@ -96,19 +96,47 @@ def report(args, first: dict, second: dict, pairs: list, tests: list) -> str:
         "",
         *settings,
         "",
-        f"Each model of {one} against its pair in {other}, {label} query by query: the mean difference "
-        f"({one} - {other}), its bootstrap 95% interval (unadjusted) and the randomization test's p, Holm-adjusted "
-        f"over the distinct pairs (two pairs with identical differences counted once), per query, given the seeds; "
-        f"\"over seeds\" a t over the seeds' own differences, Holm-adjusted the same way; \"seeds\" is the range of "
-        "the seeds' own differences. "
-        + verdicts.largest_error(tests),
+        f"Each model of {one} against its pair in {other}, {label}: the mean difference ({one} - {other}), its 95% "
+        f"interval and p, Holm-adjusted over the distinct pairs (two pairs with identical differences counted once). "
+        + verdicts.method_text(tests),
+        "",
+        machine_pairs(args, pairs),
         "",
         runner.markdown_table(["model", f"{label}, {one}", f"{label}, {other}", "difference"], rows),
         *[f"- {a if a == b else f'{a} against {b}'}: {verdicts.verdict(test, label, one, other, 'p_holm')}."
           for (a, b), test in zip(pairs, tests)],
         "",
         *([f"**Equivalence margin**: {verdicts.MARGIN_REASON}; \"bound\" is the smallest margin at which the "
-           "equivalence test would hold.", "",
+           "same adjusted equivalence test would hold.", "",
            *[f"- {name}: {records.margin_record(read_json(folder / 'run.json') if (folder / 'run.json').is_file() else {})}"
              for name, folder in zip(args.names, (args.first, args.second))], ""] if args.metric == "ndcg@10" else []),
     ])
+
+
+def machine_pairs(args, pairs: list) -> str:
+    """Which machines the paired networks came from (each run's run.json, records.made_on): seed i of one
+    run's model against seed i of the other's, counted by (machine, machine); where they differ, the
+    difference between the runs is also one between machines, and this says so."""
+    made = []
+    for folder in (args.first, args.second):
+        models = Path(folder) / "models"
+        entries = sorted(path.name for path in models.iterdir() if path.is_dir()) if models.is_dir() else []
+        made.append(records.made_on(read_json(Path(folder) / "run.json") if (Path(folder) / "run.json").is_file()
+                                    else {}, entries))
+    counts = {}
+    for a, b in pairs:
+        ours, theirs = (sorted((e for e in found if e.startswith(f"{name}-seed")),
+                               key=lambda e: int(e.rsplit("-seed", 1)[1])) for found, name in zip(made, (a, b)))
+        for x, y in zip(ours, theirs):
+            key = (made[0][x], made[1][y])
+            counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return "Machines: the runs record no seeds to pair."
+    one, other = args.names
+    text = "Machines (each run's run.json), seed i against seed i: " + "; ".join(
+        f"{count} pair{'s' if count > 1 else ''} of a network made on {x} ({one}) against one made on {y} ({other})"
+        for (x, y), count in counts.items()) + "."
+    if any(x != y for x, y in counts):
+        text += (" Where the two machines differ, a difference between the runs is also one between machines; the "
+                 "runs cannot tell the two apart.")
+    return text

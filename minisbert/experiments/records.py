@@ -8,6 +8,7 @@ a folder made partly on one machine and partly on another says so, model by mode
 """
 
 import argparse
+import math
 import re
 import subprocess
 import time
@@ -62,9 +63,19 @@ def about_line(run: dict) -> str:
     if not records:
         return "The machine that ran it is not recorded (no run.json)."
     if len(records) == 1:
-        return records[0]["about"]
+        return records[0]["about"] + noted(records[0])
     return f"Made in {len(records)} runs, continued with the same settings: " + " ".join(
-        f"{record['about']} ({made_by(record)}.)" for record in records)
+        f"{record['about']} ({made_by(record)}.){noted(record)}" for record in records)
+
+
+def noted(record: dict) -> str:
+    """" Its record notes: ...": what a record's note says (resumed models, pauses, how it was written)."""
+    return f" Its record notes: {record['note'].rstrip('.')}." if record.get("note") else ""
+
+
+def paused(run: dict) -> bool:
+    """Whether run.json's notes name a training time that includes a pause (a stopped process, a resumption)."""
+    return any(re.search(r"SIGSTOP|stopped|pause|resumed", record.get("note", "")) for record in history(run))
 
 
 def margin_record(run: dict) -> str:
@@ -113,18 +124,71 @@ def machines(run: dict) -> str:
     return " and ".join(found) or "not recorded"
 
 
-def minutes(run: dict, seconds: dict) -> str:
-    """Each machine of run.json's records with the range of its networks' training times: `seconds`
-    maps a model folder to its training seconds; a record that lists no models made those that no
-    other record lists."""
-    records, found = history(run), {}
+def made_on(run: dict, entries) -> dict:
+    """{entry: the machine that made it} for each of a study's entries (model folders): the device of
+    the record that lists it; a record that lists no models made those that no other record lists."""
+    records = history(run) or [{}]
     listed = {model for record in records for model in record.get("models", [])}
-    for record in records or [{}]:
+    found = {}
+    for record in records:
         about = record.get("about", "")
         match = re.search(r"device ([^,]+)", about) or re.search(r"(\d+ CPU cores)", about)
-        made = record.get("models") or [model for model in seconds if model not in listed]
-        found.setdefault(match.group(1) if match else "not recorded", []).extend(
-            seconds[model] for model in made if model in seconds)
+        for model in record.get("models") or [entry for entry in entries if entry not in listed]:
+            found[model] = match.group(1) if match else "not recorded"
+    return {entry: found.get(entry, "not recorded") for entry in entries}
+
+
+def machines_sentence(run: dict, entries: list) -> str:
+    """Which machine made which networks (made_on), seed by seed, and whether the machine can be tested as
+    the cause of a difference: with k seeds on one machine and n - k on another, an exact permutation test
+    of that split has C(n, k) arrangements, and its p can fall no lower than 1 / C(n, k)."""
+    made = made_on(run, entries)
+    seeds = {}  # seed -> the machines of its networks
+    for entry, machine in made.items():
+        found = re.search(r"-seed(\d+)$", entry)
+        if found:
+            seeds.setdefault(int(found.group(1)), set()).add(machine)
+    kinds = sorted(set(made.values()))
+    if len(kinds) < 2:
+        return f"Every network here was made on {kinds[0] if kinds else 'a machine not recorded'}."
+    said = []
+    for machine in kinds:
+        whole = sorted(seed for seed, on in seeds.items() if on == {machine})
+        others = sorted(entry for entry, on in made.items() if on == machine and not re.search(r"-seed\d+$", entry))
+        mixed = sorted(entry for entry, on in made.items() if on == machine and re.search(r"-seed(\d+)$", entry)
+                       and len(seeds[int(re.search(r"-seed(\d+)$", entry).group(1))]) > 1)
+        parts = ([f"every network of seed{'s' if len(whole) > 1 else ''} {', '.join(map(str, whole))}"] if whole else []) \
+            + ([f"of seeds made on several machines, {', '.join(mixed)}"] if mixed else []) \
+            + ([f"the entries without seeds ({', '.join(others)})"] if others else [])
+        said.append(f"{machine} made {'; '.join(parts)}")
+    text = "Machines (run.json), network by network: " + "; ".join(said) + "."
+    split = [sum(1 for on in seeds.values() if on == {machine}) for machine in kinds]
+    split = [count for count in split if count]
+    if len(split) == 2 and all(len(on) == 1 for on in seeds.values()):
+        arrangements = math.comb(sum(split), split[0])
+        text += (" Two trained models are paired seed by seed, so each pair shares its machine; a model without seeds "
+                 "(untrained, or a baseline), evaluated once, is set against every seed, across machines for the seeds "
+                 "made on another. The machines differ between seeds, and the networks of one seed and settings differ "
+                 "between machines. "
+                 + (f"Whether the machine explains a difference cannot be tested here: {split[0]} seeds on one and "
+                    f"{split[1]} on the other give an exact permutation test {arrangements} arrangements, so its p "
+                    f"can fall no lower than 1/{arrangements} = {1 / arrangements:.2f}; the machines' difference is "
+                    "carried, untested, in the seeds' variance, which the two-level interval includes."
+                    if 1 / arrangements >= verdicts.ALPHA else
+                    "Whether the machine explains a difference is not tested here; the machines' difference is "
+                    "carried in the seeds' variance, which the two-level interval includes."))
+    elif seeds and any(len(on) > 1 for on in seeds.values()):
+        text += (" A seed's networks come from more than one machine, so a test that pairs seed i with seed i pairs "
+                 "networks across machines there.")
+    return text
+
+
+def minutes(run: dict, seconds: dict) -> str:
+    """Each machine of run.json's records with the range of its networks' training times: `seconds`
+    maps a model folder to its training seconds (made_on says which machine made it)."""
+    found = {}
+    for model, machine in made_on(run, list(seconds)).items():
+        found.setdefault(machine, []).append(seconds[model])
     ranges = {machine: (f"{min(times) / 60:.1f}", f"{max(times) / 60:.1f}")
               for machine, times in found.items() if times}
     return "; ".join(f"{machine}: {low if low == high else f'{low} to {high}'} min a network"

@@ -16,7 +16,7 @@ from that model's last checkpoint (fit.py).
 
 A model trained with several seeds (--seeds N: seed, seed + 1, ...) is one entry per seed
 (<name>-seed<seed>); its row in the tables is the mean over seeds with their spread, and its tests
-use each query's score averaged over the seeds, beside a t over the seeds' own differences. Every
+draw the seeds as well as the queries (verdicts.py). Every
 difference a study reports is tested (minisbert/significance.py), and a verdict sentence says what
 the tests say (verdicts.py): a p above ALPHA says the data cannot tell, and the sentence gives the
 interval; only an equivalence test at NDCG_MARGIN may call a difference negligible. When that margin
@@ -181,8 +181,11 @@ class Study:
         return result
 
     def about(self) -> str:
-        """The report's line on the machines: what run.json records, or that it records nothing."""
-        return records.about_line(self.run())
+        """The report's line on the machines: what run.json records, or that it records nothing, and which
+        machine made which network (records.machines_sentence)."""
+        models = self.output / "models"
+        entries = sorted(path.name for path in models.iterdir() if path.is_dir()) if models.is_dir() else []
+        return records.about_line(self.run()) + " " + records.machines_sentence(self.run(), entries)
 
     def run(self) -> dict:
         """run.json: the record of the machine and code that made the models ({} where there is none)."""
@@ -398,3 +401,18 @@ def deviation_table(rows: list, paper: str = "paper") -> str:
     """The table of what a run does differently from its paper, and why: rows (setting, paper, this
     run, why), less those where this run does what the paper does."""
     return markdown_table(["setting", paper, "this run", "why"], [row for row in rows if row[1] != row[2]])
+
+
+CLAIM_HEADER = ["the paper's claim", "section", "the paper's figure", "here", "here, it"]
+AGREES, DISAGREES, NOT_COMPARABLE = "agrees", "disagrees", "not comparable"
+
+
+def claims_table(rows: list) -> str:
+    """The paper's claims beside this run: rows (claim, section, the paper's figure, this run's figure,
+    AGREES / DISAGREES / NOT_COMPARABLE), each made by the study's own `paper_claims` from results.json."""
+    return markdown_table(CLAIM_HEADER, rows)
+
+
+def disagreements(rows: list) -> list:
+    """The claims of a claims table that this run disagrees with."""
+    return [row[0] for row in rows if row[4] == DISAGREES]

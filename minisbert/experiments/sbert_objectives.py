@@ -24,10 +24,10 @@ task it was not trained for. Each objective comes with its own data, as in the p
 and training data are confounded: a row says what this objective on this data does, not what the
 objective alone does (only triplet and MNRL share their data).
 
-Every difference from the start model is tested: Spearman over resampled and swapped STS-B pairs
-(significance.spearman_difference, on the seeds' ensemble), NDCG@10 query by query
-(significance.compare), and both by a t over the seeds' own differences, Holm-adjusted over the
-objectives; --seeds N trains each objective N times.
+Every difference from the start model is tested once, by a two-level bootstrap that draws the seeds
+and then the STS-B pairs or the queries (significance.two_level_spearman_draws for the mean over seeds
+of each seed's Spearman difference, significance.two_level_draws for NDCG@10; verdicts.py),
+Holm-adjusted over the objectives; --seeds N trains each objective N times.
 
 Writes to OUTPUT (runner.py describes the folder): results.md (the table), results.json.
 Checked in tests/test_experiments.py.
@@ -156,30 +156,29 @@ def claims(results: dict, gold: np.ndarray) -> dict:
 
 
 def spearman_claim(a: dict, b: dict, gold: np.ndarray) -> dict:
-    """significance.spearman_difference of a's and b's STS-B cosines averaged over their seeds (an
-    ensemble of the seeds, not any one seed), with the seeds' own differences and the t over them
-    ("seed_level": its mean is the mean of the seeds' differences, what the Spearman column shows)."""
+    """The Spearman difference a - b on STS-B. The inference ("two_level"): the mean over the seeds of
+    each seed's own Spearman difference (seed i against seed i, or against b's one network), with
+    significance.two_level_spearman_draws (SPEARMAN_RESAMPLES draws of seeds, then pairs). Beside it,
+    conditional: significance.spearman_difference of the cosines averaged over the seeds (an ensemble of
+    the seeds: the networks held fixed), and the seeds' own differences with the t over them."""
     test = significance.spearman_difference(a["sts_cosine"], b["sts_cosine"], gold,
                                             trials=verdicts.TRIALS, resamples=verdicts.SPEARMAN_RESAMPLES)
     test["p_randomization_error"] = significance.randomization_error(test["p_randomization"], len(gold), verdicts.TRIALS)
     test["ci95_error"] = verdicts.interval_error(test["ci95"], verdicts.SPEARMAN_RESAMPLES)
+    ours, theirs = (np.array([r["sts_cosine"] for r in m.get("runs", []) if "sts_cosine" in r] or [m["sts_cosine"]])
+                    for m in (a, b))  # (seeds, pairs) each
+    if len(ours) != len(theirs) and 1 not in (len(ours), len(theirs)):
+        raise ValueError(f"cannot pair {len(ours)} seeds with {len(theirs)}: give both models the same seeds")
+    rows = max(len(ours), len(theirs))
+    ours, theirs = (np.repeat(x, rows, axis=0) if len(x) == 1 else x for x in (ours, theirs))
+    draws = significance.two_level_spearman_draws(ours, theirs, gold, verdicts.SPEARMAN_RESAMPLES, seed=0)
+    observed = float(np.mean([spearman(x, gold) - spearman(y, gold) for x, y in zip(ours, theirs)]))
+    test["two_level"] = {**significance.two_level(draws, observed), "seeds": rows, "queries": len(gold), "draws": draws}
     if len(a.get("seeds", [])) > 1:
         ours, theirs = verdicts.paired_seeds(a, b, "spearman")
         test["seed_differences"] = [x - y for x, y in zip(ours, theirs)]
         test["seed_level"] = verdicts.seed_level(ours, theirs)
     return test
-
-
-def spearman_cell(test: dict) -> str:
-    """The Spearman difference as the column beside it means it: the mean of the seeds' differences
-    with the t over them; then the ensemble's (averaged cosines) pair-resampling test, named as such."""
-    if "seed_level" not in test:
-        return verdicts.difference_cell(test)
-    seeds = test["seed_level"]
-    low, high = seeds["ci95"]
-    return (f"{seeds['difference']:+.4f} [{low:+.4f}, {high:+.4f}], {verdicts.p_text(seeds['p_holm'])} (mean of the "
-            f"seeds' differences, t over seeds); ensemble of the seeds {test['difference']:+.4f} "
-            f"{verdicts.interval_text(test)}, {verdicts.p_text(test['p_holm'], test['p_holm_error'])} (per pair)")
 
 
 def deviations(s, results: dict, run: dict) -> str:
@@ -199,6 +198,9 @@ def deviations(s, results: dict, run: dict) -> str:
         ["regression loss", "MSE on the cosine", "MSE on the cosine clamped at 0 (losses.py, as Rygaard et al.'s "
          "eq. 1)", "one Siamese cosine loss serves both studies; with STS-B scores in [0, 1] the clamp acts only "
          "where a cosine is negative"],
+        ["triplet network's measure", "trained on euclidean distance (section 3); STS scored by cosine",
+         "trained on euclidean distance, and scored by cosine on STS-B and on the retrieval split like every row",
+         "one measure for every row; the triplet network's euclidean ranking is not measured here"],
         ["MNRL", "not in the paper", "on the triplets, the mined negative beside the in-batch ones",
          "what retrieval training uses today"],
         ["epochs", "1", str(s.epochs), "--epochs"],
@@ -207,8 +209,8 @@ def deviations(s, results: dict, run: dict) -> str:
         ["metric", "STS: Spearman of cosine with the gold scores", "the same, and NDCG@10 on a retrieval test split",
          "what each objective costs on the task it was not trained for"],
         ["device and time", "not stated", records.minutes(run, seconds), records.time_why(run)],
-        ["seeds", "not stated", ", ".join(map(str, runner.seed_list(s))), "training variance: the t over the seeds "
-         "stands beside each per-query test"],
+        ["seeds", "not stated", ", ".join(map(str, runner.seed_list(s))), "training variance: every test draws the seeds "
+         "as well as the pairs or queries"],
     ]
     return runner.deviation_table(rows)
 
@@ -222,11 +224,11 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
              f"{results['untrained']['scores']['ndcg@10']:.4f}", "-", "-", "-", "-"]]
     for name, (label, _, data) in OBJECTIVES.items():
         result, training = results[name], results[name]["runs"][0]["training"]
-        rows.append([label, data, runner.mean_cell(result, "spearman"), spearman_cell(tests[name]["spearman"]),
+        rows.append([label, data, runner.mean_cell(result, "spearman"), verdicts.difference_cell(tests[name]["spearman"]),
                      runner.mean_cell(result, "ndcg@10"), verdicts.difference_cell(tests[name]["ndcg@10"]),
                      runner.minutes([r["training"]["seconds"] for r in result["runs"]]),
                      f"{training['examples']:,}", f"{training['steps']:,}"])
-    ensemble = "Spearman of the seeds' ensemble" if len(seeds) > 1 else "Spearman"
+    ensemble = "Spearman (mean of the seeds' differences)" if len(seeds) > 1 else "Spearman"
     findings = [f"- {label}: on STS-B, {verdicts.verdict(tests[name]['spearman'], ensemble, 'trained', 'start', 'p_holm')}; "
                 f"on {s.data}, {verdicts.verdict(tests[name]['ndcg@10'], 'NDCG@10', 'trained', 'start', 'p_holm')}."
                 for name, (label, _, _) in OBJECTIVES.items()]
@@ -245,15 +247,11 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
         f"{', '.join(map(str, seeds))}; STS-B test: {sts_pairs:,} pairs; {s.data} test: "
         f"{len(retrieval_test.queries):,} queries over {len(retrieval_test.corpus):,} documents. " + about,
         "",
-        "Differences from the start model, two ways. Per pair or query, given these seeds: Spearman of the seeds' "
-        "ensemble (each pair's cosine averaged over the seeds) over resampled and swapped STS-B pairs, NDCG@10 of "
-        "each query averaged over the seeds, query by query; bootstrap 95% interval (unadjusted) and "
-        "randomization-test p, Holm-adjusted over the objectives. Over seeds: a t over the seeds' own differences "
-        "(its mean is the mean of the seeds' differences, what the Spearman column beside it averages), Holm-adjusted "
-        "the same way"
-        + (f"; with {len(seeds)} seeds it has {len(seeds) - 1} degrees of freedom and detects only large, consistent "
-           "differences; ± is the standard deviation over the seeds, and \"seeds\" the range of the seeds' own "
-           "differences" if len(seeds) > 1 else "") + f". {verdicts.largest_error(every_test)}",
+        "Differences from the start model, Holm-adjusted over the objectives: on STS-B the mean over the seeds of "
+        "each seed's own Spearman difference (a Spearman is recomputed on every draw of pairs), on "
+        f"{s.data} NDCG@10" + ("; ± is the standard deviation over the seeds" if len(seeds) > 1 else "")
+        + f". {verdicts.method_text(every_test)} On STS-B the conditional per-pair figure is the randomization test "
+        "of the seeds' ensemble (each pair's cosine averaged over the seeds).",
         "",
         runner.markdown_table(header, rows),
         "Tested against the start model (p Holm-adjusted):",
@@ -267,6 +265,9 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
         "**Equivalence margin** (NDCG@10 only; Spearman has no per-query equivalence test here): "
         + verdicts.MARGIN_REASON + ". " + margin_record,
         "",
+        "**The paper's claims**, each beside what this run finds:",
+        "",
+        runner.claims_table(paper_claims()),
         "## Where this run departs from the paper",
         "",
         deviations(s, results, run),
@@ -274,6 +275,15 @@ def report(s, about: str, results: dict, tests: dict, sts_pairs: int, retrieval_
         "to agree or disagree with them.",
         "",
     ])
+
+
+def paper_claims() -> list:
+    """Reimers and Gurevych's claims beside this run (runner.claims_table's rows): none can be set beside a
+    run that starts from a sentence encoder already and trains each objective on other data."""
+    return [["each objective trained from BERT on its own data (NLI, STS-B, Wikipedia sections) gives the STS "
+             "and evaluation figures of the paper's tables", "4", "Tables 1 to 4", "another start model "
+             "(a sentence encoder already) and other data for three of the four objectives",
+             runner.NOT_COMPARABLE]]
 
 
 def named_or_folder(value: str, name: str):

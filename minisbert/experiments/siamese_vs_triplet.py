@@ -35,9 +35,9 @@ pairs labelled 1 and 0. The controls share the table: the start model untrained,
 and with euclidean distance (each trained model is tested against the start scored with its own
 measure), and BM25.
 
-Every claim is tested query by query (significance.py, through runner.py): each trained model
-against the start model, and the cosine against the euclidean network of each architecture, with
---seeds N training every model N times (the tests then use each query's NDCG@10 averaged over seeds).
+Every claim is tested once, by a bootstrap that draws the seeds and then the queries (verdicts.py):
+each trained model against the start model, and the cosine against the euclidean network of each
+architecture, with --seeds N training every model N times.
 
 Writes to OUTPUT (runner.py describes the folder):
     results.md       the paper's table (Precision, Accuracy, MRR, NDCG at 1, 5, 10) per model, each
@@ -200,7 +200,7 @@ def embedding_pca(model, test, test_triplets: list, drawn: list) -> dict:
 
 
 def claims(s, results: dict) -> dict:
-    """Every difference the report states, tested on NDCG@10 query by query and over seeds (with the
+    """Every difference the report states, tested on NDCG@10 over seeds and queries (with the
     equivalence test at verdicts.NDCG_MARGIN), each family Holm-adjusted: "against_start" (each network
     against the start model scored with its measure), "measures" (per architecture and margin: the
     cosine network against the euclidean one) and, at the paper's margin, "on_par" (Siamese cosine

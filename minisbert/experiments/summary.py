@@ -9,27 +9,10 @@ import argparse
 from pathlib import Path
 
 from ..fileio import read_json
-from . import records, verdicts
+from . import (embedding_size_report, model_selection, records, runner, sbert_objectives, siamese_vs_triplet, siamese_vs_triplet_report,
+               verdicts)
 
 STUDIES = Path(__file__).resolve().parents[2] / "bench" / "studies"
-
-
-def short(test: dict, first: str, second: str) -> str:
-    """"prefers X (+0.0123 [+0.0040, +0.0210], p < 0.001; over seeds [+0.0010, +0.0240], p = 0.020)":
-    the per-query verdict (Holm), its difference, 95% interval and p, and the seed level's interval, p
-    and verdict where it disagrees."""
-    if test.get("identical"):
-        return "identical (not tested)"
-    said = verdicts.said(verdicts.outcome(test, "p_holm"), first, second, test.get("margin"))
-    text = (f"{said} ({test['difference']:+.4f} {verdicts.interval_text(test)}, "
-            f"{verdicts.p_text(test['p_holm'], test.get('p_holm_error', 0.0))}")
-    if "seed_level" in test:
-        over_seeds = verdicts.outcome(test, "p_holm", "over seeds")
-        low, high = test["seed_level"]["ci95"]
-        text += f"; over seeds [{low:+.4f}, {high:+.4f}], {verdicts.p_text(test['seed_level']['p_holm'])}"
-        if over_seeds != verdicts.outcome(test, "p_holm"):
-            text += f", {verdicts.said(over_seeds, first, second, test.get('margin'))}"
-    return text + ")"
 
 
 def margin_sentence(studies: Path) -> str:
@@ -66,6 +49,16 @@ def selection_seeds(selection: dict) -> str:
     return f"{' and '.join(trained)} with {len(selection['models'][trained[0]]['runs'])} seeds each"
 
 
+def against_the_paper(rows: list) -> str:
+    """" Against the paper: it disagrees that ...; it agrees that ...": the claims table's verdicts, named."""
+    said = [f"disagrees that {'; that '.join(runner.disagreements(rows))}" if runner.disagreements(rows) else "",
+            "agrees that " + "; that ".join(row[0] for row in rows if row[4] == runner.AGREES)
+            if any(row[4] == runner.AGREES for row in rows) else ""]
+    if not any(said):
+        return " No claim of the paper can be set beside this run (its results.md's table says why)."
+    return " Against the paper's claims (its results.md's table), this run " + ", and ".join(x for x in said if x) + "."
+
+
 def paragraphs(studies: Path = STUDIES) -> str:
     svt = read_json(studies / "siamese-vs-triplet" / "results.json")
     epochs = read_json(studies / "siamese-vs-triplet" / "epochs-3-against-2" / "results.json")
@@ -75,11 +68,13 @@ def paragraphs(studies: Path = STUDIES) -> str:
     models = svt["models"]
     lines = [
         "Every study takes `--quick`, `--data`, `--model`, `--output DIR`, `--device` and `--seeds N`, resumes with "
-        "the same `--output`, and writes `results.md`, `results.json` and figures. Every difference is tested two "
-        "ways: per query, given the seeds (randomization test, Holm-adjusted; bootstrap 95% interval), and by a t over "
-        "the seeds' own differences, which with " + seed_counts(studies) + " detects only large, consistent differences. A p above "
-        f"{verdicts.ALPHA:g} is \"not detectable\"; only two one-sided tests at {verdicts.NDCG_MARGIN:g} NDCG@10 may call "
-        "two models equivalent, and each results.md gives the bound at which they would. " + margin_sentence(studies)
+        "the same `--output`, and writes `results.md`, `results.json` and figures. Every difference is tested once, "
+        "by a two-level bootstrap that draws the seeds (" + seed_counts(studies) + ") and then the queries, so that its "
+        "interval carries the training runs' variance and the queries' (minisbert/significance.py); its p's are "
+        f"Holm-adjusted within each family. A p above {verdicts.ALPHA:g} is \"not detectable\"; only its equivalence "
+        f"test at {verdicts.NDCG_MARGIN:g} NDCG@10 may call two models equivalent, and \"bound\" is the smallest margin "
+        "at which that adjusted test would hold. Figures per query or per seed are printed beside it as conditional, "
+        "deciding nothing. " + margin_sentence(studies)
         + " The "
         "committed runs start from all-MiniLM-L6-v2, already a sentence encoder, where the papers fine-tune raw "
         "DistilBERT or RoBERTa; their machines are in each results.md. This text is `python -m minisbert.experiments "
@@ -87,36 +82,42 @@ def paragraphs(studies: Path = STUDIES) -> str:
         "of the stored results.",
         "",
         "**Siamese vs. Triplet** (Rygaard et al., \"Distance Dilemma\"), cosine against euclidean, NDCG@10: "
-        + "; ".join(f"{network}: {short(test, 'cosine', 'euclidean')}" for network, test in svt["tests"]["measures"].items())
-        + ". Against the start model: " + "; ".join(f"{name}: {short(test, 'trained', 'start')}"
+        + "; ".join(f"{network}: {verdicts.brief(test, 'cosine', 'euclidean')}" for network, test in svt["tests"]["measures"].items())
+        + ". Against the start model: " + "; ".join(f"{name}: {verdicts.brief(test, 'trained', 'start')}"
                                                   for name, test in svt["tests"]["against_start"].items()) + "."
         + (f" The paper's two best networks, which it finds on par: Siamese cosine {models['siamese-cosine']['scores']['ndcg@10']:.4f}, "
            f"Triplet euclidean at margin 5 {models['triplet-euclidean-margin5']['scores']['ndcg@10']:.4f}, "
-           f"{short(svt['tests']['on_par'], 'Siamese cosine', 'Triplet euclidean')}." if "on_par" in svt["tests"] else "")
-        + " 3 epochs against 2: " + "; ".join(f"{pair.split(':')[0]}: {short(test, '3 epochs', '2 epochs')}"
+           f"{verdicts.brief(svt['tests']['on_par'], 'Siamese cosine', 'Triplet euclidean')}." if "on_par" in svt["tests"] else "")
+        + against_the_paper(siamese_vs_triplet_report.paper_claims(
+            siamese_vs_triplet.networks(svt["settings"]["margins"]), models, svt["tests"],
+            read_json(studies / "siamese-vs-triplet" / "run.json")))
+        + " 3 epochs against 2: " + "; ".join(f"{pair.split(':')[0]}: {verdicts.brief(test, '3 epochs', '2 epochs')}"
                                              for pair, test in epochs["tests"].items()) + ". "
         "[results](bench/studies/siamese-vs-triplet/results.md)",
         "",
         "**Embedding size** (Bagge et al., SRoBERTa), NDCG@10, each D against the base model: "
-        + "; ".join(f"D = {dim}: {short(test, f'D = {dim}', 'base')}" for dim, test in size["tests"]["against_base"].items())
+        + "; ".join(f"D = {dim}: {verdicts.brief(test, f'D = {dim}', 'base')}" for dim, test in size["tests"]["against_base"].items())
         + "; against the untrained start model: "
-        + "; ".join(f"D = {dim}: {short(test, f'D = {dim}', 'start')}" for dim, test in size["tests"]["against_start"].items())
-        + ". The paper's base model beats every projection on top-1 accuracy, which is not NDCG@10. "
-        "[results](bench/studies/embedding-size/results.md)",
+        + "; ".join(f"D = {dim}: {verdicts.brief(test, f'D = {dim}', 'start')}" for dim, test in size["tests"]["against_start"].items())
+        + "." + against_the_paper(embedding_size_report.paper_claims(
+            argparse.Namespace(**size["settings"]), size["models"], size["tests"], size["search_speed"]))
+        + " [results](bench/studies/embedding-size/results.md)",
         "",
         "**SBERT's objectives** (Reimers and Gurevych, section 3), each against the start model, on STS-B (Spearman "
-        "of the seeds' ensemble; the mean of the seeds' differences beside it) and on SciFact (NDCG@10): "
-        + "; ".join(f"{name}: STS-B {short(tests['spearman'], 'trained', 'start')}, seeds' mean "
-                    f"{tests['spearman']['seed_level']['difference']:+.4f}; SciFact {short(tests['ndcg@10'], 'trained', 'start')}"
+        "difference, the mean over the seeds) and on SciFact (NDCG@10): "
+        + "; ".join(f"{name}: STS-B {verdicts.brief(tests['spearman'], 'trained', 'start')}; SciFact "
+                    f"{verdicts.brief(tests['ndcg@10'], 'trained', 'start')}"
                     for name, tests in objectives["tests"].items() if name != "mnrl_vs_triplet")
-        + ". MNRL against triplet: STS-B " + short(objectives["tests"]["mnrl_vs_triplet"]["spearman"], "MNRL", "triplet")
-        + ", SciFact " + short(objectives["tests"]["mnrl_vs_triplet"]["ndcg@10"], "MNRL", "triplet") + ". "
+        + ". MNRL against triplet: STS-B " + verdicts.brief(objectives["tests"]["mnrl_vs_triplet"]["spearman"], "MNRL", "triplet")
+        + ", SciFact " + verdicts.brief(objectives["tests"]["mnrl_vs_triplet"]["ndcg@10"], "MNRL", "triplet") + "."
+        + against_the_paper(sbert_objectives.paper_claims()) + " "
         "[results](bench/studies/sbert-objectives/results.md)",
         "",
         "**Model selection** (Silveri, BEIR; " + selection_seeds(selection) + "), each candidate against the best by "
-        f"NDCG@10, {selection['best']}: " + "; ".join(f"{name}: {short(test, name, 'best')}"
-                                            for name, test in selection["tests"]["ndcg@10"].items()) + ". "
-        "[results](bench/studies/model-selection/results.md)",
+        f"NDCG@10, {selection['best']}: " + "; ".join(f"{name}: {verdicts.brief(test, name, 'best')}"
+                                            for name, test in selection["tests"]["ndcg@10"].items()) + "."
+        + against_the_paper(model_selection.paper_claims(selection["best"]))
+        + " [results](bench/studies/model-selection/results.md)",
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,29 +1,27 @@
-"""What a study says of a difference: each comparison tested twice, then the words for it, which say
-what the tests show and no more.
+"""What a study says of a difference: one inference per comparison, then the words for it, which say
+what the test shows and no more.
 
-Two inferences, side by side:
+The inference: significance.two_level_draws, a bootstrap that draws the seeds and then the queries
+(shared by the drawn seeds and by both models), so that its interval carries both sources of
+variance: which networks training happened to give, and which queries were asked. From its draws
+come the 95% interval, the p of "no difference" (significance.bootstrap_p) and the p of "a difference
+of at least NDCG_MARGIN" (significance.bootstrap_equivalence_p), each Holm-adjusted within its family.
+A difference is detected when its adjusted p is below ALPHA; it may be called equivalent only when the
+adjusted equivalence p is below ALPHA; otherwise it is not detectable, and the sentence gives the
+interval that says how large it could be. Each equivalence test comes with its bound: the smallest
+margin at which the same adjusted test would hold (the family's other p's as they are), so the
+verdict reads "equivalent" exactly when the bound lies below the margin.
 
-per query      significance.compare on the per-query values averaged over the seeds (randomization
-               p, bootstrap 95% interval, the equivalence test against the margin): the queries are
-               the sample, the trained networks fixed. It is conditional on these seeds: it says
-               whether these networks differ on queries like these, not whether training again
-               would give the same difference.
-over seeds     a paired t over the seeds' own differences (seed i of a against seed i of b, or
-               against b's one score): the seeds are the sample, so training variance is in it. With
-               3 seeds the t has 2 degrees of freedom, and only a large, consistent difference is
-               detected.
-
-A difference is detected when its Holm-adjusted p is below ALPHA; it may be called equivalent only
-when the two one-sided tests against NDCG_MARGIN say so; otherwise it is not detectable, and the
-sentence gives the interval that says how large it could be. Each equivalence comes with its bound:
-the smallest margin at which the two one-sided tests would hold, so a reader can apply their own. A
-verdict names the inference each word rests on, and says so where the two disagree.
+Two figures stand beside it, labelled "conditional: decides nothing": the per-query test
+(significance.compare on the per-query values averaged over the seeds: the networks held fixed) and a
+t over the seeds' own differences (the queries held fixed). Each leaves out one source of variance,
+so neither decides a verdict.
 
 Two models with the same value on every query in every seed are reported as identical and not
 tested; two comparisons of one family with the same numbers (one network under two names) are
-counted once by Holm. A p drawn from random sign vectors, and a bootstrap interval's end, carry a
-Monte Carlo error; Holm multiplies a p's error by the factor it multiplies the p. Used by every study
-in minisbert/experiments/; checked in tests/test_experiments.py and tests/test_study_writeups.py.
+counted once by Holm. Every p and interval end drawn at random carries a Monte Carlo error; Holm
+multiplies a p's error by the factor it multiplies the p. Used by every study in
+minisbert/experiments/; checked in tests/test_experiments.py and tests/test_study_writeups.py.
 """
 
 import math
@@ -41,36 +39,69 @@ MARGIN_REASON = (
     "0.02 NDCG@10 is the smallest change taken here as one a user would act on: it is what six of SciFact's "
     "300 test queries add by moving from no relevant document in the top 10 to one at rank 1, and a choice "
     "between two models on a few hundred queries rests on hundredths of NDCG@10, not on thousandths")
-TRIALS, RESAMPLES = 10_000, 10_000  # random sign vectors and bootstrap draws of a per-query comparison
-SPEARMAN_RESAMPLES = 2_000  # significance.spearman_difference's bootstrap draws (each recomputes two Spearmans)
+TRIALS, RESAMPLES = 10_000, 10_000  # random sign vectors and bootstrap draws of a comparison
+SPEARMAN_RESAMPLES = 2_000  # bootstrap draws of a Spearman difference (each recomputes two Spearmans per seed)
 SHOWN_WITHIN = 3  # a Monte Carlo error is printed beside a p or an interval end this many errors from its threshold
+CONDITIONAL = "conditional: decides nothing"  # the label of every figure that leaves out seeds or queries
 
 
 def paired_test(a: dict, b: dict, metric: str, margin: float | None = None) -> dict:
     """significance.compare of model a's and model b's per-query values of `metric` (a - b), with
-    the equivalence test and its bound at `margin` when one is given, and the Monte Carlo error of
-    the interval's ends ("ci95_error")."""
+    the equivalence test at `margin` when one is given, and the Monte Carlo error of the interval's
+    ends ("ci95_error"): the per-query figures, conditional on the seeds."""
     test = significance.compare(a["per_query"][metric], b["per_query"][metric], trials=TRIALS, resamples=RESAMPLES,
                                 margin=margin)
     test["ci95_error"] = interval_error(test["ci95"], RESAMPLES)
-    if margin is not None:
-        test["bound"] = equivalence_bound([a["per_query"][metric][q] for q in a["per_query"][metric]],
-                                          [b["per_query"][metric][q] for q in a["per_query"][metric]])
     return test
 
 
 def claim(a: dict, b: dict, metric: str, margin: float | None = None) -> dict:
     """a - b on `metric`: {"identical": True} when every query's value is the same in a and b in
-    every seed (nothing to test); else paired_test, with "seed_differences" (paired_seeds) and
-    "seed_level" (seed_level of them) when a or b has more than one seed."""
+    every seed (nothing to test); else the inference, "two_level" (two_level_test, with its draws under
+    "draws" until family() has used them), beside the conditional figures: paired_test's, and with
+    "seed_differences" and "seed_level" (paired_seeds, seed_level) when a or b has more than one seed."""
     if identical(a, b, metric):
         return {"identical": True, "difference": 0.0}
     test = paired_test(a, b, metric, margin)
+    test["two_level"] = two_level_test(a, b, metric, margin)
     if max(len(a.get("seeds", [])), len(b.get("seeds", []))) > 1:
         ours, theirs = paired_seeds(a, b, metric)
         test["seed_differences"] = [x - y for x, y in zip(ours, theirs)]
         test["seed_level"] = seed_level(ours, theirs, margin)
     return test
+
+
+def per_seed(model: dict, metric: str) -> list:
+    """The model's {query id: value} of `metric` in each seed: each run's, where the runs keep them, else
+    its own per_query (one network, or a model trained with one seed)."""
+    runs = [run["per_query"][metric] for run in model.get("runs", []) if "per_query" in run]
+    return runs or [model["per_query"][metric]]
+
+
+def seed_table(a: list, b: list) -> np.ndarray:
+    """(seeds, queries) differences of two models' per-seed {query id: value} lists: seed i of a against
+    seed i of b (the same seed, so its data order is shared), or against b's one network (or a's one
+    against each of b's seeds); the queries in a's order."""
+    if len(a) != len(b) and 1 not in (len(a), len(b)):
+        raise ValueError(f"cannot pair {len(a)} seeds with {len(b)}: give both models the same seeds")
+    queries = list(a[0])
+    for run in a + b:
+        if set(run) != set(queries):
+            raise ValueError(f"the two models were evaluated on different queries ({len(run)} against {len(queries)})")
+    rows = max(len(a), len(b))
+    ours = [a[i if len(a) > 1 else 0] for i in range(rows)]
+    theirs = [b[i if len(b) > 1 else 0] for i in range(rows)]
+    return np.array([[x[q] - y[q] for q in queries] for x, y in zip(ours, theirs)])  # (S, Q)
+
+
+def two_level_test(a: dict, b: dict, metric: str, margin: float | None = None) -> dict:
+    """The one inference of a - b: significance.two_level of significance.two_level_draws (RESAMPLES draws,
+    seed 0) of the seeds x queries table (seed_table), with "seeds" and "queries" (its size) and
+    "draws" (kept for family's bound, and removed there)."""
+    d = seed_table(per_seed(a, metric), per_seed(b, metric))
+    draws = significance.two_level_draws(d, RESAMPLES, seed=0)
+    return {**significance.two_level(draws, float(d.mean()), margin), "seeds": d.shape[0], "queries": d.shape[1],
+            "draws": draws}
 
 
 def paired_seeds(a: dict, b: dict, metric: str) -> tuple:
@@ -87,31 +118,26 @@ def paired_seeds(a: dict, b: dict, metric: str) -> tuple:
 def identical(a: dict, b: dict, metric: str) -> bool:
     """Whether a and b give every query the same value of `metric`, in every seed (per_query of each
     run where a model keeps its runs, else its own per_query)."""
-    def per_seed(model):
-        runs = [run["per_query"] for run in model.get("runs", []) if "per_query" in run]
-        return [run[metric] for run in runs] or [model["per_query"][metric]]
-    first, second = per_seed(a), per_seed(b)
+    first, second = per_seed(a, metric), per_seed(b, metric)
     return len(first) == len(second) and all(x == y for x, y in zip(first, second))
 
 
 def seed_level(ours: list, theirs: list, margin: float | None = None) -> dict:
     """The paired t over the seeds' differences d_i = ours_i - theirs_i: their mean ("difference"),
     the 95% t interval ("ci95"), the two-sided p ("p"), and with a margin the two one-sided tests'
-    p ("p_equivalence") and the equivalence bound ("bound"). The t interval is mean ± h, where h is
-    what the two one-sided tests at level 0.025 add to |mean|: they hold at margin m exactly when
-    |mean| + h < m."""
+    p ("p_equivalence"). The t interval is mean ± h, where h is what the two one-sided tests at level
+    0.025 add to |mean|: they hold at margin m exactly when |mean| + h < m."""
     mean = float(np.mean(np.subtract(ours, theirs)))
-    half = equivalence_bound(ours, theirs, alpha=0.025) - abs(mean)
+    half = t_bound(ours, theirs, alpha=0.025) - abs(mean)
     result = {"seeds": len(ours), "difference": mean, "ci95": [mean - half, mean + half],
               "p": significance.paired_t_test(ours, theirs)}
     if margin is not None:
-        result |= {"p_equivalence": significance.equivalence_test(ours, theirs, margin),
-                   "bound": equivalence_bound(ours, theirs)}
+        result["p_equivalence"] = significance.equivalence_test(ours, theirs, margin)
     return result
 
 
-def equivalence_bound(a, b, alpha: float = ALPHA) -> float:
-    """The smallest margin at which the two one-sided tests of a - b (significance.equivalence_test)
+def t_bound(a, b, alpha: float = ALPHA) -> float:
+    """The smallest margin at which the two one-sided t-tests of a - b (significance.equivalence_test)
     give p below alpha: |mean| + t(1 - alpha) standard errors, the far end of the (1 - 2 alpha)
     interval, found by bisection on the test itself so that it agrees with it to 1e-12."""
     d = np.subtract(a, b, dtype=np.float64)
@@ -133,13 +159,36 @@ def interval_error(ci95: list, resamples: int) -> float:
     return math.sqrt(0.025 * 0.975 / resamples) / density
 
 
+def adjusted_bound(draws: np.ndarray, others: list) -> float:
+    """The smallest margin at which the Holm-adjusted equivalence test of these draws holds, the
+    family's other equivalence p's (`others`) as they are: the test holds at every margin above the
+    returned value and at none at or below it. significance.bootstrap_equivalence_p(draws, m) only
+    changes where m passes a draw's |value|, so the bound is one of those values (or 0), found by
+    bisection over them in order."""
+    def holds(margin):
+        return significance.holm([significance.bootstrap_equivalence_p(draws, margin)] + others)[0] < ALPHA
+    candidates = np.concatenate([[0.0], np.unique(np.abs(draws))])  # ascending
+    low, high = 0, len(candidates) - 1  # the test holds just above candidates[high]
+    if holds(np.nextafter(candidates[0], np.inf)):
+        return 0.0
+    while high - low > 1:  # invariant: fails just above candidates[low], holds just above candidates[high]
+        middle = (low + high) // 2
+        low, high = (low, middle) if holds(np.nextafter(candidates[middle], np.inf)) else (middle, high)
+    return float(candidates[high])
+
+
 def family(tests: list) -> list:
-    """The tests of one question, each p Holm-adjusted over them: the randomization p ("p_holm", with
-    its Monte Carlo error "p_holm_error"), the equivalence p ("p_equivalence_holm"), and the seed
-    level's ("p_holm", "p_equivalence_holm" inside "seed_level"). Identical models are not tested and
-    not counted; a test with the same numbers as an earlier one (the same differences under two
-    names) is counted once and marked "same_as" (that one's index in the list)."""
-    counted = [i for i, t in enumerate(tests) if not t.get("identical") and t not in tests[:i]]
+    """The tests of one question, each p Holm-adjusted over them: the inference's ("p_holm" and
+    "p_equivalence_holm" inside "two_level", with their Monte Carlo errors, and "bound", adjusted_bound),
+    and the conditional figures' (the randomization p "p_holm" with "p_holm_error", the per-query
+    equivalence p "p_equivalence_holm", and the seed level's "p_holm" and "p_equivalence_holm").
+    Identical models are not tested and not counted; a test with the same numbers as an earlier one
+    (the same differences under two names) is counted once and marked "same_as" (that one's index)."""
+    def key(t):  # a test's numbers, without its draws (an array, which == compares element by element)
+        return {k: v for k, v in t.items() if k != "two_level"} | (
+            {"two_level": {k: v for k, v in t["two_level"].items() if k != "draws"}} if "two_level" in t else {})
+    keys = [key(t) for t in tests]
+    counted = [i for i, t in enumerate(tests) if not t.get("identical") and keys[i] not in keys[:i]]
     adjusted = [dict(t) for t in tests]
 
     def adjust(read, write):
@@ -147,20 +196,37 @@ def family(tests: list) -> list:
         for i, p in zip(present, significance.holm([read(tests[i]) for i in present]) if present else []):
             write(adjusted[i], p)
 
+    def inside(name, p_key):
+        return lambda t, p: t.update({name: {**t[name], p_key: p}})
+
+    adjust(lambda t: t["two_level"]["p"], inside("two_level", "p_holm"))
+    adjust(lambda t: t["two_level"].get("p_equivalence"), inside("two_level", "p_equivalence_holm"))
     adjust(lambda t: t["p_randomization"], lambda t, p: t.update(p_holm=p))
     adjust(lambda t: t.get("p_equivalence"), lambda t, p: t.update(p_equivalence_holm=p))
-    adjust(lambda t: t.get("seed_level", {}).get("p"),
-           lambda t, p: t.update(seed_level={**t["seed_level"], "p_holm": p}))
-    adjust(lambda t: t.get("seed_level", {}).get("p_equivalence"),
-           lambda t, p: t.update(seed_level={**t["seed_level"], "p_equivalence_holm": p}))
+    adjust(lambda t: t.get("seed_level", {}).get("p"), inside("seed_level", "p_holm"))
+    adjust(lambda t: t.get("seed_level", {}).get("p_equivalence"), inside("seed_level", "p_equivalence_holm"))
+    equivalence = [i for i in counted if "p_equivalence" in tests[i]["two_level"]]
     for i in counted:
-        t = adjusted[i]
-        t["p_holm_error"] = (t["p_randomization_error"] * t["p_holm"] / t["p_randomization"]
-                             if t["p_holm"] < 1 else 0.0)
+        t, inference = adjusted[i], adjusted[i]["two_level"]
+        t["p_holm_error"] = scaled_error(t["p_randomization_error"], t["p_randomization"], t["p_holm"])
+        inference["p_holm_error"] = scaled_error(inference["p_error"], inference["p"], inference["p_holm"])
+        if i in equivalence:
+            inference["p_equivalence_holm_error"] = scaled_error(
+                inference["p_equivalence_error"], inference["p_equivalence"], inference["p_equivalence_holm"])
+            inference["bound"] = adjusted_bound(tests[i]["two_level"]["draws"],
+                                                [tests[j]["two_level"]["p_equivalence"] for j in equivalence if j != i])
+    for t in adjusted:
+        if "two_level" in t:
+            t["two_level"] = {k: v for k, v in t["two_level"].items() if k != "draws"}
     for i, t in enumerate(tests):
         if i not in counted and not t.get("identical"):
-            adjusted[i] = {**adjusted[tests.index(t)], "same_as": tests.index(t)}
+            adjusted[i] = {**adjusted[keys.index(keys[i])], "same_as": keys.index(keys[i])}
     return adjusted
+
+
+def scaled_error(error: float, p: float, adjusted: float) -> float:
+    """A p's Monte Carlo error after Holm: multiplied by the factor Holm multiplied the p (0 where capped at 1)."""
+    return error * adjusted / p if adjusted < 1 and p > 0 else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,43 +252,36 @@ def interval_text(test: dict) -> str:
     return f"[{end_text(low, error)}, {end_text(high, error)}]"
 
 
-def seeds_text(test: dict) -> str:
-    """"; seeds +0.0301 to +0.0412": the spread of the seeds' own differences, where there are several."""
-    seeds = test.get("seed_differences", [])
-    return f"; seeds {min(seeds):+.4f} to {max(seeds):+.4f}" if len(seeds) > 1 else ""
-
-
 def _p(test: dict, p_key: str) -> tuple:
-    """(p, its Monte Carlo error) of a per-query test, adjusted as p_key says."""
-    return test[p_key], test.get(f"{p_key}_error", 0.0)
-
-
-def tested(test: dict, label: str, p_key: str = "p_randomization") -> str:
-    """"NDCG@10 +0.0310, 95% CI [+0.0120, +0.0500], p = 0.002": a difference, its interval, p and
-    (several seeds) the seeds' spread."""
-    return f"{label} {test['difference']:+.4f}, 95% CI {interval_text(test)}, {p_text(*_p(test, p_key))}" + seeds_text(test)
-
-
-def outcome(test: dict, p_key: str, level: str = "per query") -> tuple:
-    """("prefers", sign), ("equivalent", 0), ("not detectable", 0) or ("identical", 0): what the per-query test, or with
-    level "over seeds" the seed-level one, says at ALPHA (Holm-adjusted where p_key is "p_holm")."""
+    """(p, its Monte Carlo error) of the inference (test["two_level"]), Holm-adjusted where p_key is
+    "p_holm" ("p_equivalence_holm" likewise for the equivalence p)."""
     holm = p_key == "p_holm"
+    inference = test["two_level"]
+    return inference["p_holm" if holm else "p"], inference.get("p_holm_error" if holm else "p_error", 0.0)
+
+
+def _p_equivalence(test: dict, p_key: str) -> tuple:
+    holm = p_key == "p_holm"
+    inference = test["two_level"]
+    return (inference["p_equivalence_holm" if holm else "p_equivalence"],
+            inference.get("p_equivalence_holm_error" if holm else "p_equivalence_error", 0.0))
+
+
+def outcome(test: dict, p_key: str = "p_holm") -> tuple:
+    """("prefers", sign), ("equivalent", 0), ("not detectable", 0) or ("identical", 0): what the
+    inference (test["two_level"]) says at ALPHA, Holm-adjusted where p_key is "p_holm"."""
     if test.get("identical"):
         return "identical", 0
-    if level == "over seeds":
-        test = test["seed_level"]
-        p, p_equivalence = test["p_holm" if holm else "p"], test.get("p_equivalence_holm" if holm else "p_equivalence")
-    else:
-        p, p_equivalence = test[p_key], test.get("p_equivalence_holm" if holm else "p_equivalence")
-    if p < ALPHA:
-        return "prefers", 1 if test["difference"] > 0 else -1
-    if p_equivalence is not None and p_equivalence < ALPHA:
+    inference = test["two_level"]
+    if _p(test, p_key)[0] < ALPHA:
+        return "prefers", 1 if inference["difference"] > 0 else -1
+    if "p_equivalence" in inference and _p_equivalence(test, p_key)[0] < ALPHA:
         return "equivalent", 0
     return "not detectable", 0
 
 
 def equivalent(test: dict, p_key: str) -> bool:
-    """Whether the per-query equivalence test (adjusted as p_key is) puts the difference within its margin."""
+    """Whether the (adjusted as p_key is) equivalence test puts the difference within its margin."""
     return not test.get("identical") and outcome(test, p_key)[0] == "equivalent"
 
 
@@ -233,65 +292,92 @@ def said(result: tuple, first: str, second: str, margin) -> str:
     return f"equivalent within ±{margin:g}" if word == "equivalent" else word
 
 
-def verdict(test: dict, label: str, first: str, second: str, p_key: str = "p_randomization") -> str:
-    """What the tests of (first - second) say: "prefers <first or second>", "equivalent within ±margin"
-    or "not detectable; the 95% interval runs from a to b", with the difference, interval, p (and, where
-    nothing is preferred, the equivalence p and bound) in parentheses. With several seeds that is said "per query, given these
-    N seeds", then what the t over the seeds says, and where the two inferences disagree, that they do."""
+def figures_text(test: dict, p_key: str = "p_holm") -> str:
+    """"+0.0123 [+0.0031, +0.0215], p = 0.008; equivalence p = 0.300, bound ±0.0262": the inference's
+    difference, 95% interval, p and (with a margin) equivalence p and bound."""
+    inference = test["two_level"]
+    text = f"{inference['difference']:+.4f} {interval_text(inference)}, {p_text(*_p(test, p_key))}"
+    if "p_equivalence" in inference:
+        text += f"; equivalence {p_text(*_p_equivalence(test, p_key))}"
+        if "bound" in inference:
+            text += f", bound ±{inference['bound']:.4f}"
+    return text
+
+
+def conditional_text(test: dict, p_key: str = "p_holm") -> str:
+    """"conditional: decides nothing: per query, given the seeds, p = 0.002; t over the 5 seeds, p = 0.210;
+    seeds +0.0010 to +0.0300": the figures that leave out one source of variance, labelled as such."""
+    holm = p_key == "p_holm"
+    parts = [f"per query, given the seeds, {p_text(test['p_holm' if holm else 'p_randomization'])}"]
+    if "seed_level" in test:
+        seeds = test["seed_level"]
+        parts.append(f"t over the {seeds['seeds']} seeds, {p_text(seeds['p_holm' if holm else 'p'])}")
+    if len(test.get("seed_differences", [])) > 1:
+        parts.append(f"seeds {min(test['seed_differences']):+.4f} to {max(test['seed_differences']):+.4f}")
+    return f"{CONDITIONAL}: " + "; ".join(parts)
+
+
+def verdict(test: dict, label: str, first: str, second: str, p_key: str = "p_holm") -> str:
+    """What the inference of (first - second) says: "prefers <first or second>", "equivalent within
+    ±margin" or "not detectable; the 95% interval runs from a to b", with the difference, its interval
+    over seeds and queries, p (and with a margin the equivalence p and bound) in parentheses, then the
+    conditional figures, labelled as deciding nothing."""
     if test.get("identical"):
         return f"identical: {first} and {second} give every query an equal {label} in every seed (not tested)"
-    per_query = outcome(test, p_key)
-    words = said(per_query, first, second, test.get("margin"))
-    bound = (f"; equivalence test {p_text(test['p_equivalence_holm' if p_key == 'p_holm' else 'p_equivalence'])}"
-             + (f", bound ±{test['bound']:.4f}" if "bound" in test else "")
-             if "p_equivalence" in test and per_query[0] != "prefers" else "")
-    if per_query[0] == "not detectable":
-        low, high = test["ci95"]
-        error = test.get("ci95_error", 0.0)
-        text = (f"not detectable; the 95% interval runs from {end_text(low, error)} to {end_text(high, error)} "
-                f"({label}, {first} - {second}: {test['difference']:+.4f}, {p_text(*_p(test, p_key))}"
-                f"{seeds_text(test)}{bound})")
-    else:
-        text = f"{words} ({tested(test, f'{label}, {first} - {second}:', p_key)}{bound})"
-    if "seed_level" not in test:
-        return text
-    seeds = test["seed_level"]
-    over_seeds = outcome(test, p_key, "over seeds")
-    holm = p_key == "p_holm"
-    seed_bound = (f"; equivalence test {p_text(seeds['p_equivalence_holm' if holm else 'p_equivalence'])}, bound "
-                  f"±{seeds['bound']:.4f}") if "bound" in seeds and over_seeds[0] != "prefers" else ""
-    return (f"per query, given these {seeds['seeds']} seeds, {text}; over the seeds, "
-            f"{said(over_seeds, first, second, test.get('margin'))} (t over the {seeds['seeds']} seeds' differences: "
-            f"{seeds['difference']:+.4f}, 95% CI [{seeds['ci95'][0]:+.4f}, {seeds['ci95'][1]:+.4f}], "
-            f"{p_text(seeds['p_holm' if holm else 'p'])}{seed_bound})"
-            + ("; the two inferences disagree" if over_seeds != per_query else ""))
+    result = outcome(test, p_key)
+    inference = test["two_level"]
+    numbers = f"{label}, {first} - {second}: {figures_text(test, p_key)}; {conditional_text(test, p_key)}"
+    if result[0] == "not detectable":
+        low, high = inference["ci95"]
+        error = inference.get("ci95_error", 0.0)
+        return f"not detectable; the 95% interval runs from {end_text(low, error)} to {end_text(high, error)} ({numbers})"
+    return f"{said(result, first, second, inference.get('margin'))} ({numbers})"
 
 
 def difference_cell(test: dict, p_key: str = "p_holm") -> str:
-    """A table cell: "+0.0123 [+0.0031, +0.0215], p = 0.008" per query (and the seeds' spread), then
-    the seed level: "; over seeds [-0.0100, +0.0300], p = 0.210"."""
+    """A table cell: "+0.0123 [+0.0031, +0.0215], p = 0.008": the inference's difference, 95% interval
+    over seeds and queries, and p (Holm-adjusted where p_key is "p_holm")."""
     if test.get("identical"):
         return "identical, not tested"
-    cell = f"{test['difference']:+.4f} {interval_text(test)}, {p_text(*_p(test, p_key))}" + seeds_text(test)
-    if "seed_level" in test:
-        seeds = test["seed_level"]
-        cell += (f"; over seeds [{seeds['ci95'][0]:+.4f}, {seeds['ci95'][1]:+.4f}], "
-                 f"{p_text(seeds['p_holm' if p_key == 'p_holm' else 'p'])}")
-    return cell
+    inference = test["two_level"]
+    return f"{inference['difference']:+.4f} {interval_text(inference)}, {p_text(*_p(test, p_key))}"
 
 
-def largest_error(tests: list) -> str:
-    """Sentences on the Monte Carlo error of the tests' sampled numbers: the largest standard error of
-    a randomization p, before and after Holm, and of a bootstrap interval's end."""
+def method_text(tests: list) -> str:
+    """The sentences that say how every difference is tested, with the largest Monte Carlo errors of
+    the tests' sampled numbers."""
     tests = [t for t in tests if not t.get("identical")]
-    raw = max((t.get("p_randomization_error", 0.0) for t in tests), default=0.0)
-    adjusted = max((t.get("p_holm_error", 0.0) for t in tests), default=0.0)
-    ends = max((t.get("ci95_error", 0.0) for t in tests), default=0.0)
-    said = (f"The randomization p's come from {TRIALS:,} random sign vectors; their Monte Carlo standard error is "
-            f"at most {raw:.4f} before adjustment and {adjusted:.4f} after, since Holm multiplies a p's error by the "
-            "factor it multiplies the p" if raw else "The randomization p's are exact")
-    if ends:
-        said += (f". A bootstrap interval's end has a Monte Carlo standard error of at most {ends:.4f}; it is printed "
-                 f"beside an end within {SHOWN_WITHIN} errors of 0, and beside a p within {SHOWN_WITHIN} errors of "
-                 f"{ALPHA:g}")
-    return said + ". The t-test p's (over seeds, equivalence) are exact."
+    inferences = [t["two_level"] for t in tests]
+    ends = max((t.get("ci95_error", 0.0) for t in inferences), default=0.0)
+    p_error = max((t.get("p_holm_error", t.get("p_error", 0.0)) for t in inferences), default=0.0)
+    draws = sorted({t["resamples"] for t in inferences})
+    return (
+        "Each difference is tested once, by a two-level bootstrap (minisbert/significance.py, two_level_draws): "
+        "each draw takes the seeds with replacement, then the queries with replacement, the same queries for every "
+        "drawn seed and both models, so its interval carries both the training runs' variance and the queries'. "
+        "From its " + " or ".join(f"{count:,}" for count in draws) + " draws come the 95% interval, the p of a zero "
+        "difference and, with a margin, the equivalence p (the share of draws beyond ±margin; equivalent when the "
+        f"90% interval lies inside it), each Holm-adjusted within its family; \"bound\" is the smallest margin at "
+        f"which the same adjusted equivalence test would hold. A p below {ALPHA:g} decides; nothing else does. The "
+        f"Monte Carlo standard error of an interval's end is at most {ends:.4f} (binomial order statistics), of an "
+        f"adjusted p at most {p_error:.4f}; each is printed beside a value within {SHOWN_WITHIN} errors of its "
+        "threshold. Beside it, labelled \"" + CONDITIONAL + "\", stand the per-query randomization test (the "
+        "networks held fixed) and a t over the seeds' own differences (the queries held fixed): each leaves out one "
+        "source of variance."
+    )
+
+
+def plotted(test: dict) -> dict:
+    """What figures.differences draws of a test: the inference's difference, 95% interval and adjusted p,
+    and the seeds' own differences (their dots, conditional); an identical pair as it is."""
+    if test.get("identical"):
+        return test
+    return {**test["two_level"], "seed_differences": test.get("seed_differences", [])}
+
+
+def brief(test: dict, first: str, second: str) -> str:
+    """"prefers X (+0.0123 [+0.0040, +0.0210], p < 0.001; equivalence p = 0.300, bound ±0.0262)": the
+    verdict of the one inference (Holm-adjusted) and figures_text; "identical (not tested)" for identical models."""
+    if test.get("identical"):
+        return "identical (not tested)"
+    return f"{said(outcome(test, 'p_holm'), first, second, test['two_level'].get('margin'))} ({figures_text(test)})"

@@ -4,16 +4,11 @@ oneDNN saturates: fast/int8_rows.py) and quicker than the float32 product it rep
 
 A group's largest integer must bound the group (`block_candidates`), so the rows of a piece of
 INT8_PIECE_ROWS rows (whole groups) share one scale s = m / 127, m the piece's largest |c_i| (of its
-unit rows for cosine), and c' = round(c / s), each entry off by at most s (1/2 + 2^-14). Each query
-has its own scale s_q, q' and e_q = q - s_q q' (in float64). Writing q̂ = s_q q' and ĉ = s c',
-    q·c - q̂·ĉ = q̂·(c - ĉ) + e_q·c,   so   |q·c - s_q s (q'·c')| <= s_q s L1(q') (1/2 + 2^-14) + |e_q| R,
-with L1(q') = sum_i |q'_i| and R the chunk's largest row norm. The float32 score that decides
-(`Screen._rescore`) lies within γ |q| R of q·c (search_inputs.py's `summation_error`). So an entry can beat
-the k-th best only if its integer q'·c' is above
-    T = floor((kth - B) / (s_q s)),   B = (s_q s L1(q') (1/2 + 2^-14) + (|e_q| + γ |q|) R) · 1.01,
-computed in float64 (its roundings, below 2^-40 of |T|, are covered by the 1%, since B / (s_q s) is
-at least 63). A query or a piece whose largest entry lies outside [2^-30, 2^50] (zero among them) is
-not screened: T is the lowest int32.
+unit rows for cosine), and c' = round(c / s). Each query has its own scale s_q and q'. The float32
+score that decides (`Screen._rescore`) lies within B of s_q s (q'·c') (`int8_blocks_bound`, proved
+in minisbert/search_bounds.py, section 3), so an entry can beat the k-th best only if its integer
+q'·c' is above T = floor((kth - B) / (s_q s)), computed in float64. A query or a piece whose largest
+entry lies outside [2^-30, 2^50] (zero among them) is not screened: T is the lowest int32.
 """
 
 from functools import partial
@@ -22,7 +17,7 @@ import torch
 
 from .int8_rows import LARGEST_ENTRY, SMALLEST_ENTRY, exact_product, probe_integers, quantize_queries
 from .machine import fact, time_ratio
-from ..search_inputs import summation_error
+from ..search_bounds import int8_blocks_bound
 from .screen import GROUP_SIZE, Chunk, best_entries, block_candidates
 from .tuning import INT8_BLOCKS_RATIO, INT8_PIECE_ROWS
 
@@ -103,17 +98,15 @@ class Int8Blocks:
 
     def bounds(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         """(Qc, pieces) float64 s_q s and B for the query `rows` and each piece of the loaded
-        chunk: |s_fl - s_q s (q'·c')| <= B for each of their entries (the comment above
-        Int8Blocks; B with its 1%); s_q s is 0 where the query or the piece is not screened."""
+        chunk: |s_fl - s_q s (q'·c')| <= B for each of their entries (module docstring); s_q s is 0
+        where the query or the piece is not screened."""
         scales = self.query_scales[rows, None] * self.scales  # (Qc, pieces)
         l1_norms, error_norms, norms = self.query_terms[rows, :, None].unbind(dim=1)  # (Qc, 1) each
-        gamma = summation_error(self.dim)
-        bounds = scales * l1_norms * (0.5 + 2.0**-14) + (error_norms + gamma * norms) * self.largest_norm
-        return scales, bounds * 1.01
+        return scales, int8_blocks_bound(self.dim, scales, l1_norms, error_norms, norms, self.largest_norm)
 
     def _thresholds(self, rows: slice, kth: torch.Tensor) -> torch.Tensor:
         """(Qc, pieces) int32 T: an entry of a query row and a piece can beat the query's float32
-        k-th best (`kth`, (Qc,)) only if its q'·c' > T (see the comment above Int8Blocks); the
+        k-th best (`kth`, (Qc,)) only if its q'·c' > T (module docstring); the
         lowest int32 where the query or the piece is not screened."""
         scales, bounds = self.bounds(rows)
         thresholds = ((kth.double()[:, None] - bounds) / scales).floor_()

@@ -5,13 +5,11 @@ its rows as d int8 numbers and a scale, a quarter of the bytes, to rule out most
 
 Quantizing. A row c is kept as c' = round(c / s), integers in [-63, 63], with s = max_i |c_i| / 63,
 so that ĉ = s·c' is close to c; each query is quantized the same way (q', s_q, q̂ = s_q·q'). The
-integer sum q'·c' is exact (see below), and s_q·s·(q'·c') is q̂·ĉ. With e_c = c - ĉ, e_q = q - q̂,
-    q·c - q̂·ĉ = q·e_c + e_q·ĉ,   so   |q·c - q̂·ĉ| <= |q| |e_c| + |e_q| |ĉ|
-(Cauchy-Schwarz): the copy keeps each row's |e_c| and |ĉ|, the search measures |q| and |e_q| (for
-random unit rows, d = 384, about 3% of |q| |c|). Three roundings are added (`Int8RowsScreen`): the
-float32 scaling of q'·c' (3·2^-24 of |q̂| |ĉ|), the float32 sum of the score it is compared with
-(γ |q| |c|: `summation_error`), and the bound's own float32 arithmetic (1% of it, ample). Only rows
-whose upper bound reaches the search's floor are candidates.
+integer sum q'·c' is exact (see below), and s_q·s·(q'·c') is q̂·ĉ, within |q| |c - ĉ| + |q - q̂| |ĉ|
+of q·c (for random unit rows, d = 384, about 3% of |q| |c|): the copy keeps each row's |c - ĉ| and
+|ĉ| (`int8_copy_terms`), the screen the coefficients of the bound (`int8_rows_coefficients`), both
+proved in minisbert/search_bounds.py, section 2. Only rows whose upper bound reaches the search's
+floor are candidates.
 
 Why [-63, 63]. Without AVX512-VNNI, oneDNN (torch's x86 int8 kernel) adds two unsigned-by-signed
 byte products into a 16-bit integer, saturating at 32,767: 2·255·127 saturates, 2·255·63 = 32,130
@@ -27,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .machine import fact, time_ratio
-from ..search_inputs import summation_error
+from ..search_bounds import int8_copy_terms, int8_rows_coefficients
 from .screen import Chunk
 from .span_product import SpanProduct
 from .tuning import INT8_COPY_PIECE_ROWS, INT8_ROWS_RATIO, MOST_CANDIDATES, PROBE_BYTES
@@ -69,14 +67,9 @@ def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     values = (rows / divisors).round_().clamp_(-LEVELS, LEVELS)  # (n, d), integers
     values[~usable] = 0
     approximations = values * scales[:, None]  # (n, d) ĉ, each entry off by at most 2^-24 of itself
-    norms = torch.linalg.vector_norm(approximations, dim=1)  # (n,)
-    # |c - ĉ| as computed, plus what the rounding of ĉ may hide (2^-24 |ĉ|, taken twice) and what
-    # squares that underflowed may hide (each below 2^-126: sqrt(d) 2^-63 in all, taken twice); the
-    # float32 norms are off by less than 2^-10 of themselves for d < 16,000 (γ_d).
-    error_norms = torch.linalg.vector_norm(rows - approximations, dim=1) + 2.0**-23 * norms
-    error_norms += rows.shape[1] ** 0.5 * 2.0**-62
-    error_norms = torch.where(usable, error_norms * (1 + 2.0**-10), torch.inf)
-    return values.to(torch.int8), scales, error_norms, norms * (1 + 2.0**-10)
+    error_norms, norms = int8_copy_terms(rows, approximations)  # (n,) each
+    error_norms = torch.where(usable, error_norms, torch.inf)
+    return values.to(torch.int8), scales, error_norms, norms
 
 
 class Int8RowsScreen:
@@ -85,11 +78,8 @@ class Int8RowsScreen:
     def __init__(self, queries: torch.Tensor, span_rows: int):
         """queries (Q, d) float32; spans of at most `span_rows` rows."""
         values, scales, _, error_norms, norms = quantize_queries(queries, LEVELS)
-        # α and β, the coefficients of a row's |e_c| and |ĉ| in the bound on |s_fl - s_q s (q'·c')|
-        # (module docstring), s_fl a row's score as float32 computes it; the scaling's roundings are
-        # 3·2^-24 |q̂| |ĉ| at most, 2^-20 covers them and more.
-        gamma, scaling = summation_error(queries.shape[1]), 2.0**-20 * (norms + error_norms)  # (Q,)
-        coefficients = torch.stack([norms + scaling + gamma * norms, error_norms + scaling + gamma * norms]) * 1.01
+        # α and β, the coefficients of a row's |e_c| and |ĉ| in the bound (search_bounds.py, section 2)
+        coefficients = int8_rows_coefficients(queries.shape[1], norms, error_norms)
         self.coefficients = coefficients.float() if (scales > 0).all() else None  # (2, Q) α, β
         width = query_columns(queries.shape[0])  # columns of the product, zeros past Q
         self.query_values = torch.zeros(queries.shape[1], width, dtype=torch.int8, device=queries.device)  # (d, Q')

@@ -17,22 +17,21 @@ floor are opened; blocks are laid out (corpus rows, queries), the work between p
 thread (`_one_thread`). Where the CPU has a cheaper product, a screen proposes the candidates
 (fast/screen.py). A block or span met with nothing kept yet gives its own top K (`_keep_top`).
 
-On a GPU (`search_device`) the product and one top-k per block, as in `torch.topk(q @ C.T)`, are the
-whole cost: each block's own top K is merged in, and the rest waits for `finish`.
+On a GPU the search is fast/device.py's `search_device`.
 
-A score over rows measured here is off by two float32 sums and four roundings at most (`Bounds`
-with sums=2, roundings=4); a row too small or large to measure so sends its span to the plain
+A score over rows measured here is off by two float32 sums and four roundings at most (`ROUGH`,
+proved in minisbert/search_bounds.py); a row too small or large to measure so sends its span to the plain
 search's checks, which raise where the plain search raises.
 """
 
 import contextlib
 import math
-import weakref
 from functools import partial
 
 import torch
 
-from ..search_inputs import Bounds, SearchInputs, merge_candidates, merge_top_k, settle
+from ..search_bounds import ROUGH, Bounds
+from ..search_inputs import SearchInputs, merge_candidates, settle
 from ..similarity import unit_rows
 from .int8_blocks import Int8Blocks
 from .int8_rows import Int8RowsScreen, int8_product_runs, int8_rows, int8_screen_pays
@@ -41,23 +40,16 @@ from .span_product import SpanProduct
 from .tuning import (FIRST_SPAN_ROWS, GROUP_SIZE, KEPT_BEYOND_K, NORM_PIECE_ROWS, PIECE_BYTES,
                      SPAN_ENTRIES, SPAN_GROWTH, SPAN_ROWS)
 
-ROUGH = {"sums": 2, "roundings": 4}  # the bound of a score made from rows measured in float32 here
-_copies = weakref.WeakKeyDictionary()  # prepared corpus -> its int8 copy (Int8Rows)
 
-
-def with_copy(prepared, screen: bool | None):
-    """`prepared`, keeping its int8 copy (cosine, dot) where torch's int8 product runs exactly (on a
-    CPU), and where `screen` is None, where it pays (fast/int8_rows.py); screen=False: never."""
-    dim, device = prepared.rows.shape[1], prepared.rows.device
-    if screen is not False and prepared.score != "euclidean" and int8_product_runs(dim, device) and (
+def int8_copy(rows: torch.Tensor, score: str, screen: bool | None):
+    """The int8 copy a prepared corpus of (N, d) float32 `rows` keeps (cosine, dot), or None: where
+    torch's int8 product runs exactly (on a CPU), and where `screen` is None, where it pays
+    (fast/int8_rows.py); screen=False: never."""
+    dim, device = rows.shape[1], rows.device
+    if screen is not False and score != "euclidean" and int8_product_runs(dim, device) and (
             screen or int8_screen_pays(dim)):
-        _copies[prepared] = int8_rows(prepared.rows)
-    return prepared
-
-
-def kept(prepared):
-    """A prepared corpus's int8 copy, or None."""
-    return None if prepared is None else _copies.get(prepared)
+        return int8_rows(rows)
+    return None
 
 
 def search_spans(inputs: SearchInputs, screen: bool = False, one_span: bool = False):
@@ -78,7 +70,7 @@ def search_spans(inputs: SearchInputs, screen: bool = False, one_span: bool = Fa
     first, reach = None if one_span else FIRST_SPAN_ROWS, 0.0
     for start, rows in _spans(num_docs, span, top_values.shape[1], first, SPAN_GROWTH if screened else None):
         if screened is not None:
-            chunk = _prepared_chunk(inputs, start, rows, kept(inputs.prepared))
+            chunk = _prepared_chunk(inputs, start, rows, inputs.prepared.int8_copy)
             screened.load_chunk(chunk)
             kth = _threshold(inputs, slice(None), top_values, max(reach, chunk.largest_norm))
             found = screened.candidates(slice(0, num_queries), kth)
@@ -117,7 +109,7 @@ def _running(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _threshold(inputs: SearchInputs, rows: slice, top_values: torch.Tensor, reach: float) -> torch.Tensor:
     """(Qc,) float32: an approximate score a row of the query `rows` must pass to be kept. The K-th
-    kept score, and where it is higher, the floor of the k-th (search_inputs.py's `Bounds`, for rows
+    kept score, and where it is higher, the floor of the k-th (search_bounds.py's `Bounds`, for rows
     of norm at most `reach`): a row below that floor cannot be in the exact top-k, whatever follows."""
     return torch.maximum(top_values[:, -1], _below_floor(inputs, rows, reach, top_values[:, inputs.k - 1]))
 
@@ -271,25 +263,6 @@ def search_blocks(inputs: SearchInputs, screen: bool = False):
                     block[chunk.rows.shape[0] :] = -math.inf
                     found = _block_candidates(block.T, kth)
             merge_candidates(found[2], found[:2], doc_start, top_values[rows], top_indices[rows])
-    return top_values, top_indices, reach
-
-
-def search_device(inputs: SearchInputs):
-    """The (Q, K) running approximate top-K after blocks of scores, and the largest row norm met."""
-    (num_queries, _), num_docs = inputs.queries.shape, inputs.corpus.shape[0]
-    top_values, top_indices = _running(inputs)
-    query_rows = max(1, min(inputs.query_chunk_size, num_queries))
-    span, reach = inputs.corpus_chunk_size, 0.0  # as given, or search.py's device blocks
-    for start in range(0, num_docs, span):
-        chunk = _block_chunk(inputs, start, min(span, num_docs - start))
-        reach = max(reach, chunk.largest_norm)
-        for rows in (slice(first, first + query_rows) for first in range(0, num_queries, query_rows)):
-            queries = inputs.queries[rows]  # (Qc, d)
-            block = torch.empty(queries.shape[0], chunk.rows.shape[0], device=inputs.device)
-            _score_rows(chunk, queries, inputs.score, block.T)  # (Qc, n)
-            values, columns = block.topk(min(top_values.shape[1], block.shape[1]), dim=1)
-            top_values[rows], top_indices[rows] = merge_top_k(top_values[rows], top_indices[rows], values,
-                                                              columns + start, top_values.shape[1])
     return top_values, top_indices, reach
 
 

@@ -7,8 +7,9 @@ that MKL runs its matrix kernel) PIECE_ENTRIES / Q' rows at a time and copy it t
 block while in the cache: "rows" by torch's kernel (MKL on x86), "onednn" by oneDNN
 (`torch.ops.mkldnn._linear_pointwise`). Which is quicker differs between processors by large
 factors (bench/README.md, "Search"): the first search that meets a number of factor rows (rounded up
-to a power of two) times both once and keeps the quicker as a fact of the machine (fast/machine.py).
-MINISBERT_SPAN_PRODUCT=rows or onednn forces one. The exact rescoring makes results independent of it.
+to a power of two) times both once and keeps the quicker as a fact of the machine (fast/machine.py),
+printed with the others. It is a kernel, not a way of the search: `way=` is the one knob that forces
+a way (minisbert/search.py). The exact rescoring makes results independent of it.
 """
 
 import math
@@ -21,7 +22,7 @@ from .machine import best_times, fact
 from .tuning import PIECE_ENTRIES, PROBE_BYTES, PROBE_FLOP
 
 WAYS = ("rows", "onednn")
-WAY_VARIABLE = "MINISBERT_SPAN_PRODUCT"  # one of WAYS forces it; unset or "auto": the machine's fact
+REMOVED_VARIABLE = "MINISBERT_SPAN_PRODUCT"  # forced a kernel once; now refused, naming what replaces it
 
 
 class SpanProduct:
@@ -54,15 +55,12 @@ def runs(name: str, device: torch.device) -> bool:
 
 
 def way(factor_rows: int, dim: int, device: torch.device) -> str:
-    """The way to multiply `factor_rows` rows of `dim` numbers with spans of rows: forced by
-    MINISBERT_SPAN_PRODUCT, else the quickest as measured once on this machine."""
-    forced = os.environ.get(WAY_VARIABLE, "auto")
-    if forced not in WAYS + ("auto",):
-        raise ValueError(f"{WAY_VARIABLE}={forced!r}: choose one of {list(WAYS)}, or auto (the default)")
-    if forced != "auto":
-        if not runs(forced, device):
-            raise ValueError(f"{WAY_VARIABLE}={forced}, but oneDNN does not run here; unset it or choose rows")
-        return forced
+    """The way to multiply `factor_rows` rows of `dim` numbers with spans of rows: the quickest as
+    measured once on this machine."""
+    if REMOVED_VARIABLE in os.environ:
+        raise ValueError(f"{REMOVED_VARIABLE} no longer forces the span product: the kernel is a fact of the "
+                         "machine (minisbert/fast/machine.py), and search(..., way=NAME) is the one knob that "
+                         f"forces a way of the search; unset {REMOVED_VARIABLE}")
     if device.type != "cpu":
         return "rows"
     rounded = 2 ** math.ceil(math.log2(max(1, factor_rows)))

@@ -11,8 +11,9 @@ SCREENED_FEW_QUERIES = 4  # one query, and from this many, spans are screened wi
 INT8_ROWS_RATIO = 0.75  # a prepared corpus keeps an int8 copy where its product takes under this share of float32's
 INT8_BLOCKS_RATIO = 0.6  # the int8 blocks screen where their product takes under this share of float32's
 KEPT_BEYOND_K = 16  # a fast way keeps its top k + this many: the rows past the k-th prove the top k. bench: "Search"
+HALF_KEPT_BEYOND_K = 48  # ... the float16 screen, whose error is 2^13 times float32's: more rows, fewer unproved
 
-DEVICE_BLOCK_ENTRIES = 2**28  # a device block's (Qc, n) float32 scores (at most SPAN_ROWS rows): 1 GB. bench: "GPUs"
+DEVICE_BLOCK_ENTRIES = 2**28  # a device block's (Qc, n) float32 scores: 1 GB. bench: "GPUs"
 
 # Spans of the few-query search (fast/retrieval.py's `search_spans`).
 GROUP_SIZE = 64  # corpus rows per group of the coarse filter: one group maximum opens or skips 64 scores
