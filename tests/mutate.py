@@ -26,7 +26,8 @@ working tree is never touched, so other people's edits and test runs are unaffec
 tests run there: `python -m pytest -x -q -p no:cacheprovider -m "not slow" TESTS`. Outcomes:
 
     caught    a test failed, or the tests could not even be collected (the mutant broke an import)
-    timeout   the tests ran past the time limit (counted as caught: a hang is noticed; listed apart)
+    timeout   the tests ran past the time limit (counted as caught: a hang is noticed; listed apart);
+              with --jobs above 1 a timeout is run again alone, as neighbours can slow a survivor past it
     survived  every test passed: the mutant is equivalent (no input can tell it from the original: say
               why) or it shows a missing check (add a test of the behaviour it breaks)
 
@@ -348,6 +349,12 @@ def run_room(room: str, args, copies: list[Path]) -> RoomResult:
             m = outcome.mutant
             print(f"[{room} {number}/{len(mutants)}] {outcome.result:8} {m.where}  {m.change}  "
                   f"{outcome.caught_by}  ({outcome.seconds:.1f} s)", flush=True)
+    if len(copies) > 1:  # a timeout beside other jobs may be a survivor they slowed: run it again alone
+        for number, outcome in enumerate(outcomes):
+            if outcome.result == "timeout":
+                outcomes[number] = again = run_mutant(outcome.mutant, queue, tests, timeout)
+                print(f"[{room} again, alone] {again.result:8} {again.mutant.where}  {again.mutant.change}  "
+                      f"{again.caught_by}  ({again.seconds:.1f} s)", flush=True)
     return RoomResult(room, tests, total, left_out, outcomes, time.monotonic() - started)
 
 

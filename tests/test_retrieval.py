@@ -665,6 +665,20 @@ def test_huge_query_rows_with_dot_scores_in_range_are_exact():
     assert_within_rounding(scores, expected_scores, queries, corpus, indices, "dot")
 
 
+def test_a_row_at_float32s_largest_norm_is_searched_not_refused():
+    # The check refuses a norm beyond float32's largest, not the largest itself: (max, 0, ..., 0) has
+    # that norm exactly (max² is exact in float64), and its unit row is (1, 0, ..., 0) exactly, so the
+    # cosine search gives the bits it gives with that unit row in its place.
+    generator = torch.Generator().manual_seed(5)
+    queries, corpus = torch.randn(3, 8, generator=generator), torch.randn(50, 8, generator=generator)
+    largest, unit = corpus.clone(), corpus.clone()
+    largest[7], unit[7] = 0.0, 0.0
+    largest[7, 0], unit[7, 0] = torch.finfo(torch.float32).max, 1.0
+    for way in (None, "plain"):
+        got, expected = search(queries, largest, 5, way=way), search(queries, unit, 5, way=way)
+        assert torch.equal(got[1], expected[1]) and torch.equal(got[0], expected[0]), way
+
+
 @pytest.mark.parametrize("huge", ["queries", "corpus"])
 def test_squared_norm_overflow_is_refused_for_euclidean(huge):
     # The distance needs |q|² and |c|²: with entries of 1e30 (or 1e19: 384 squares of 1e38) they

@@ -351,6 +351,20 @@ def test_two_level_draws_are_the_ones_its_docstring_describes():
             assert bootstrap_equivalence_p(draws, case["margin"]) == case["p_equivalence"]
 
 
+def test_two_level_states_the_monte_carlo_errors_the_reference_computes():
+    # The same draws as above (their equality to the reference is that test's), so each error is the
+    # same few subtractions and one square root of the same numbers: 1e-12 covers only the rounding of
+    # ranks' values already equal to 1e-12.
+    for name in ("crossed", "one_seed"):
+        case = TWO_LEVEL[name]
+        draws = two_level_draws(case["table"], case["resamples"], seed=case["seed"])
+        result = two_level(draws, 0.0, case.get("margin"))
+        assert result["ci95_error"] == pytest.approx(case["ci_error"], abs=1e-12), name
+        assert result["p_error"] == pytest.approx(case["p_error"], rel=1e-12), name
+        if "margin" in case:
+            assert result["p_equivalence_error"] == pytest.approx(case["p_equivalence_error"], rel=1e-12), name
+
+
 def test_two_level_draws_have_the_enumerated_mean_and_variance():
     # The exact bootstrap distribution of a 2 x 3 table (all 108 draws, summed in fractions). With B
     # draws the sample mean has standard error sqrt(Var / B) and the sample variance a relative one of
