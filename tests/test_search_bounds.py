@@ -145,6 +145,13 @@ def test_the_floors_give_up_no_more_than_the_bound_and_a_rounding():
                 distance = float(np.float32(abs(float(kth)) + norm))  # a float32 distance, its negative the kth
                 floor = float(bounds.floor(torch.tensor([-distance], dtype=torch.float64)))
                 ideal = norm**2 - distance**2 - error
+                # `lower` alone, from a key x: the negated distance -sqrt(|q|² - x + E), lowered only
+                # by |q|²'s 1e-12 (at most 1e-6 |q| under the root) and the root's 2.01u and 2^-149.
+                key = float(np.float32(norm**2 - distance**2))  # a float32 key, as the searches hold them
+                low = float(bounds.lower(torch.tensor([key], dtype=torch.float64)))
+                ideal_low = -math.sqrt(max(norm**2 - key + error, 0.0))
+                assert ideal_low - (2.02 * U * abs(ideal_low) + 1e-6 * norm + 2.0**-148) <= low <= ideal_low, (
+                    dim, norm, reach, key)
             spacing = float(np.spacing(np.float32(abs(ideal))))
             # dot: only the rounding down to float32; euclidean: that, the distance's 2.01u + 2^-149
             # (2 (2.01u D² + 2^-149 D), squared) and |q|²'s 1e-12.
