@@ -89,10 +89,11 @@ ROOMS = {
     "metrics": (("minisbert/metrics.py", "minisbert/correlation.py"), ("tests/test_metrics.py",)),
     "significance": (("minisbert/significance.py",), ("tests/test_significance.py",)),  # scipy's numbers
     "tokenizer": (("minisbert/tokenizer.py",), ("tests/test_tokenizer.py",)),  # Hugging Face's ids
-    # the plain loop against its definition and brute force; every fast way against the plain loop
+    # the plain loop against its definition and brute force; every fast way against the plain loop; the
+    # bounds against exact sums; the device way's proof and counts
     "search": (("minisbert/retrieval.py", "minisbert/search_inputs.py", "minisbert/search_bounds.py"),
                ("tests/test_one_answer.py", "tests/test_search_property.py", "tests/test_retrieval.py",
-                "tests/test_screens.py", "tests/test_search_bounds.py")),
+                "tests/test_screens.py", "tests/test_search_bounds.py", "tests/test_device_search.py")),
 }
 
 SWAPPED_OPERATORS = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*"}
