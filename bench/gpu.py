@@ -119,7 +119,7 @@ def search_table(device: str, rows: int = 1_000_000, dim: int = 384, k: int = 10
         "torch.topk(q @ C.T)": lambda q: torch.topk(q @ corpus.T, k, dim=1),
         "device, dot, as given": lambda q: search(q, corpus, k, score="dot"),
         "device, cosine, as given": lambda q: search(q, corpus, k, score="cosine"),
-        "device, prepared (float16 screen)": lambda q: search(q, prepared, k),
+        "device, prepared (float16 screen)": lambda q: search(q, prepared, k, way="device, half"),
         "device, prepared (float32 screen)": lambda q: search(q, prepared, k, way="device"),
     }
     table = {}
@@ -243,11 +243,11 @@ def main(argv=None) -> int:
     corpus = torch.randn(1_000_000, 384, generator=generator, device=args.device)
     prepared = prepare_corpus(corpus, "cosine", screen=False)
     query = torch.randn(1, 384, generator=generator, device=args.device)
-    kernels, waits = launches_and_waits(lambda: search(query, prepared, 10), args.device)
+    kernels, waits = launches_and_waits(lambda: search(query, prepared, 10, way="device, half"), args.device)
     print(f"   one query over the prepared corpus: {kernels} GPU kernels and copies, {waits} host waits "
           "(the search's checks included)", flush=True)
     peak = args.peak_gbs or copy_bandwidth_gbs(args.device)
-    seconds = best_ms(lambda: search(query, prepared, 10), args.device) / 1e3
+    seconds = best_ms(lambda: search(query, prepared, 10, way="device, half"), args.device) / 1e3
     copy_bytes = prepared.half_copy.rows.numel() * prepared.half_copy.rows.element_size()
     print(f"4. one query over the prepared corpus reads its float16 copy ({copy_bytes / 1e9:.2f} GB) in "
           f"{1e3 * seconds:.3f} ms: {copy_bytes / seconds / 1e9:,.0f} GB/s = "
