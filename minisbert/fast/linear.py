@@ -20,8 +20,8 @@ The environment variable MINISBERT_GEMM=torch or =onednn skips the measurement a
 
 A row's bits never depend on the other rows, by construction. oneDNN and MKL choose how to block a
 product, and which micro-kernel runs it, by its shape: the same row can get other bits in a product
-of 5 rows than in one of 64 (bench/README.md, "Batch invariance"; on a Xeon with AMX, at multiples of
-16 rows too). So without autograd on a CPU `linear` never hands a kernel the caller's rows: it cuts
+of 5 rows than in one of 64, and on some CPUs at multiples of 16 rows too (bench/README.md, "Batch
+invariance" and "Batch invariance by construction"). So without autograd on a CPU `linear` never hands a kernel the caller's rows: it cuts
 them into tiles of TILE_ROWS rows, the last one padded with zero rows (`whole_tiles`; the fast encoder
 pads its tokens once, so that its products never copy), and calls the kernel once per tile, each tile
 contiguous and starting at an address aligned to 64 bytes, writing into that tile's rows of the
