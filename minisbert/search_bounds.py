@@ -74,6 +74,10 @@ def summation_error(dim: int) -> float:
 # (γ_d + 3u of R²), dot uses no norm. Each lies within E with 2 sums and 4 roundings.
 
 ROUGH = {"sums": 2, "roundings": 4}  # the bound of a score made from rows measured in float32 (above)
+# Rows as given that a fast way measures itself, and where it leaves them to the plain search's checks:
+RAW_NORM_SLACK = 1 + 2.0**-10  # float32 norms are off by less than 2^-10 of themselves (d < 16,000)
+SMALLEST_COSINE_NORM = 2.0**-60  # cosine: rows below this norm (zero rows too) are left to the plain loop
+LARGEST_RAW_SCORE = torch.finfo(torch.float32).max / 4  # ... and rows whose scores could come near float32's limit
 
 
 class Bounds:

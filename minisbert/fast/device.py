@@ -28,14 +28,11 @@ import warnings
 
 import torch
 
-from ..search_bounds import ROUGH, Bounds, half_screen_error, linear_error
+from ..search_bounds import (LARGEST_RAW_SCORE, RAW_NORM_SLACK, ROUGH, SMALLEST_COSINE_NORM, Bounds, half_screen_error,
+                             linear_error)
 from ..search_inputs import SearchInputs
 from ..similarity import exact_scores, unit_rows
 from .tuning import HALF_KEPT_BEYOND_K, KEPT_BEYOND_K
-
-RAW_NORM_SLACK = 1 + 2.0**-10  # float32 norms are off by less than 2^-10 of themselves (d < 16,000)
-SMALLEST_COSINE_NORM = 2.0**-60  # rows as given below this norm are left to the plain loop (cosine)
-LARGEST_RAW_SCORE = torch.finfo(torch.float32).max / 4  # ... and rows whose scores could come near float32's limit
 
 
 def search_device(inputs: SearchInputs):

@@ -30,7 +30,7 @@ from functools import partial
 
 import torch
 
-from ..search_bounds import ROUGH, Bounds
+from ..search_bounds import LARGEST_RAW_SCORE, RAW_NORM_SLACK, ROUGH, SMALLEST_COSINE_NORM, Bounds
 from ..search_inputs import SearchInputs, merge_candidates, settle
 from ..similarity import unit_rows
 from .int8_blocks import Int8Blocks
@@ -178,13 +178,13 @@ def _raw_reach(inputs: SearchInputs, norms: torch.Tensor) -> float | None:
     if norms.numel() == 0:
         return None
     smallest, largest = (float(value) for value in torch.aminmax(norms))
-    largest *= 1 + 2.0**-10  # float32 norms are off by less than 2^-10 of themselves (d < 16,000)
+    largest *= RAW_NORM_SLACK
     query_norm = float(inputs.query_norms.max()) if inputs.query_norms.numel() else 0.0
     largest_score = {"cosine": 1.0, "dot": query_norm * largest, "euclidean": (query_norm + largest) ** 2}
-    if not (largest < math.inf and (inputs.score != "cosine" or smallest >= 2.0**-60)  # a NaN fails too
-            and largest_score[inputs.score] <= torch.finfo(torch.float32).max / 4):
+    if not (largest < math.inf and (inputs.score != "cosine" or smallest >= SMALLEST_COSINE_NORM)  # a NaN fails too
+            and largest_score[inputs.score] <= LARGEST_RAW_SCORE):
         return None
-    return 1 + 2.0**-10 if inputs.score == "cosine" else largest
+    return RAW_NORM_SLACK if inputs.score == "cosine" else largest
 
 
 def _score_span(inputs: SearchInputs, start: int, rows: int, product: SpanProduct, block: torch.Tensor) -> float:
