@@ -13,7 +13,9 @@ random L2-normalised float32 data (fixed seed):
         asked for, score="dot" with way="plain" (the plain loop)
     the floor, if asked for: the float32 product of the queries and every row, and the exact scores
         of each query's k best rows (found beforehand), the two steps no way of minisbert's that
-        multiplies in float32 can leave out (`floor`)
+        multiplies in float32 can leave out (`floor`); and the floor with norms, if asked for: that
+        and each row's float32 norm taken while the rows are in the cache, which a search over rows
+        as given needs besides (`floor(norms=True)`)
     plain torch.topk(queries @ corpus.T)    (chunked over queries only if the full score matrix
                                             would not fit in --plain-budget-gb; it says so)
     plain torch.topk(cos_sim(queries, corpus))   (the cosine one-liner: sentence-transformers'
@@ -70,10 +72,10 @@ from bench.peer import add_peer_python_option, check_peer_python, cpu_summary  #
 
 METHODS = (
     "minisbert-dot", "minisbert-cosine", "minisbert-prepared", "minisbert-util", "minisbert-float32",
-    "minisbert-plain", "floor", "plain", "plain-cosine", "semantic_search", "faiss",
+    "minisbert-plain", "floor", "floor-norms", "plain", "plain-cosine", "semantic_search", "faiss",
 )
-# The plain path sorts every block, and the floor is no search; they are timed only when asked for with --methods.
-DEFAULT_METHODS = tuple(m for m in METHODS if m not in ("minisbert-plain", "floor"))
+# The plain path sorts every block, and the floors are no search; they are timed only when asked for with --methods.
+DEFAULT_METHODS = tuple(m for m in METHODS if m not in ("minisbert-plain", "floor", "floor-norms"))
 LABELS = {
     "minisbert-dot": 'minisbert search(score="dot")',
     "minisbert-float32": 'minisbert (dot, no screen)',
@@ -82,6 +84,7 @@ LABELS = {
     "minisbert-prepared": "minisbert search(prepare_corpus(C))",
     "minisbert-util": "minisbert util.semantic_search",
     "floor": "floor: product, exact scores of the k",
+    "floor-norms": "floor: product, row norms, exact scores",
     "plain": "torch.topk(q @ C.T)",
     "plain-cosine": "torch.topk(cos_sim(q, C))",
     "semantic_search": "sentence-transformers semantic_search",
@@ -96,6 +99,7 @@ SAME_SCORE_AS = {
     "minisbert-float32": "minisbert-dot",
     "minisbert-plain": "minisbert-dot",
     "floor": "minisbert-dot",
+    "floor-norms": "minisbert-dot",
     "plain": "minisbert-dot",
     "plain-cosine": "minisbert-cosine",
     "semantic_search": "minisbert-cosine",
@@ -232,7 +236,8 @@ def compare(args, size: int, num_queries: int, device: str, memory: bool) -> Non
               ("minisbert-cosine", "plain"), ("minisbert-cosine", "plain-cosine"), ("minisbert-prepared", "plain"),
               ("minisbert-prepared", "faiss"), ("floor", "faiss"), ("floor", "plain"),
               ("minisbert-cosine", "semantic_search"), ("minisbert-util", "minisbert-cosine"),
-              ("minisbert-dot", "minisbert-float32"), ("minisbert-dot", "minisbert-plain")]
+              ("minisbert-dot", "minisbert-float32"), ("minisbert-dot", "minisbert-plain"),
+              ("floor-norms", "plain"), ("minisbert-cosine", "floor-norms"), ("minisbert-dot", "floor-norms")]
     shown = [(a, b) for a, b in ratios if a in throughput and b in throughput]
     if shown:
         print("throughput ratios, best round over best round (range of the same-round ratios):")
@@ -387,8 +392,8 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
             return (lambda q: search(q, corpus, k, score="dot", way="plain")[1]), "way 'plain' (forced)", 0.0
         score = method.split("-")[1]
         return (lambda q: search(q, corpus, k, score=score)[1]), way(corpus, score=score), 0.0
-    if method == "floor":
-        return floor(queries, corpus, k), "each query's k rows chosen before the timing", 0.0
+    if method in ("floor", "floor-norms"):
+        return floor(queries, corpus, k, norms=method == "floor-norms"), "each query's k rows chosen before the timing", 0.0
     if method in ("plain", "plain-cosine"):
         if corpus.device.type == "cpu":
             budget_gb = args.plain_budget_gb
@@ -427,16 +432,21 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
     raise ValueError(f"unknown method {method!r}")
 
 
-def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int):
+def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int, norms: bool = False):
     """A function q -> (Q, k) indices doing the two steps that a search returning minisbert's scores
     from float32 products cannot leave out: the product of q and every row, by the search's own kernels
     (for a few queries its span product, the quickest measured here, a span at a time; else torch's, in
     blocks of 8,192 rows laid out (rows, queries)), and the exact scores (minisbert/retrieval.py) of
     each query's k best rows, found before the timing. It chooses nothing and checks no row, so no way
     of minisbert's that multiplies in float32 is quicker (a screen's int8 product can be). q is
-    `queries` or its first rows (the warm-up)."""
+    `queries` or its first rows (the warm-up).
+
+    norms: also each row's float32 norm, taken piece by piece right after the piece's product, while
+    it is in the cache (NORM_PIECE_ROWS rows a piece for a few queries, as the search takes them): what
+    a search over rows as given needs besides (their error bound, and cosine's q·c / |c|), so no way
+    over rows as given is quicker."""
     from minisbert.fast.span_product import SpanProduct
-    from minisbert.fast.tuning import FEW_QUERIES, SPAN_ENTRIES
+    from minisbert.fast.tuning import FEW_QUERIES, NORM_PIECE_ROWS, SPAN_ENTRIES
     from minisbert.search import search
     from minisbert.search_inputs import SETTLE_PIECE
     from minisbert.similarity import exact_scores
@@ -444,15 +454,21 @@ def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int):
     few = queries.shape[0] <= FEW_QUERIES
     height = min(corpus.shape[0], SPAN_ENTRIES // queries.shape[0] if few else 8192)
     buffer = torch.empty(height * queries.shape[0], device=corpus.device)
+    norm_buffer = torch.empty(height, device=corpus.device)
+    piece_rows = NORM_PIECE_ROWS if few else height
 
     def product_and_exact_scores(q):
         span_product = SpanProduct(q, height) if few else None
         for start in range(0, corpus.shape[0], height):
             rows, out = corpus[start : start + height], buffer[: min(height, corpus.shape[0] - start) * q.shape[0]]
-            if few:
-                span_product(rows, out.view(q.shape[0], rows.shape[0]))
-            else:
-                torch.mm(rows, q.T, out=out.view(rows.shape[0], q.shape[0]))
+            for first in range(0, rows.shape[0], piece_rows if norms else rows.shape[0]):
+                piece = slice(first, first + piece_rows if norms else rows.shape[0])
+                if few:
+                    span_product(rows[piece], out.view(q.shape[0], rows.shape[0])[:, piece])
+                else:
+                    torch.mm(rows[piece], q.T, out=out.view(rows.shape[0], q.shape[0])[piece])
+                if norms:
+                    torch.linalg.vector_norm(rows[piece], dim=1, out=norm_buffer[piece])
         pairs = torch.arange(q.shape[0], device=q.device).repeat_interleave(best.shape[1]), best[: q.shape[0]].flatten()
         for start in range(0, pairs[0].numel(), SETTLE_PIECE):
             piece = slice(start, start + SETTLE_PIECE)

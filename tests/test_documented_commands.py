@@ -113,6 +113,8 @@ COMMANDS = {
     "minisbert-cosine minisbert-prepared floor plain faiss": SMALL_SEARCH,
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 1000000 --methods minisbert-dot minisbert-cosine "
     "minisbert-prepared floor plain faiss": SMALL_SEARCH,
+    "python bench/retrieval.py --sizes 200000 1000000 10000 --queries 1 16 --methods minisbert-dot minisbert-cosine "
+    "minisbert-prepared floor floor-norms plain": Run("--sizes 2000 --queries 1 16 --repeats 1"),
     "python bench/retrieval.py --sizes 1000000 --queries 1 --methods minisbert-prepared plain":
         Run("--sizes 2000 --repeats 1"),
     "python bench/train.py --peer-python PEER/bin/python --repeats 3": Run("--pairs 32 --repeats 1", slow=True,

@@ -29,19 +29,21 @@ def test_the_floor_answers_as_the_search_does_for_few_and_many_queries():
     corpus = torch.randn(9000, 24, generator=generator)  # over 8,192 rows: two blocks
     for num_queries in (1, 3, FEW_QUERIES + 1):
         queries = torch.randn(num_queries, 24, generator=generator)
-        floor = bench.floor(queries, corpus, 7)
         expected = search(queries, corpus, 7, score="dot")[1]
-        assert torch.equal(floor(queries), expected)
-        assert torch.equal(floor(queries[:1]), expected[:1])
+        for norms in (False, True):
+            floor = bench.floor(queries, corpus, 7, norms=norms)
+            assert torch.equal(floor(queries), expected)
+            assert torch.equal(floor(queries[:1]), expected[:1])
 
 
 def test_the_script_times_the_floor_beside_the_search_without_a_peer():
     result = subprocess.run([sys.executable, "bench/retrieval.py", "--sizes", "300", "--queries", "1", "200",
-                             "--repeats", "1", "--methods", "minisbert-dot", "floor", "plain"],
+                             "--repeats", "1", "--methods", "minisbert-dot", "floor", "floor-norms", "plain"],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stdout.splitlines() if line.startswith("floor: product, exact scores")]
-    assert len(lines) == 2 and all("100.0%" in line for line in lines), result.stdout
+    for label in ("floor: product, exact scores", "floor: product, row norms, exact scores"):
+        lines = [line for line in result.stdout.splitlines() if line.startswith(label)]
+        assert len(lines) == 2 and all("100.0%" in line for line in lines), result.stdout
     assert "floor / plain:" in result.stdout
     # Each minisbert row names the way its search took and the facts it was chosen by (one search
     # before the timing): one query over 300 rows is one span, 200 queries (past FEW_QUERIES) blocks.
