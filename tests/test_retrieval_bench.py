@@ -1,8 +1,9 @@
-"""Tests for bench/retrieval.py's floor, the part of its table that is no search: the float32 product
+"""Tests for bench/retrieval.py's floors, the part of its table that is no search: the float32 product
 and the exact scores of each query's k best rows, which no way of minisbert's that multiplies in
-float32 can leave out. It answers as the search does, for a few queries (the span product) and for
-many (blocks), and for the first rows alone (the warm-up); and the script times it beside the
-search, without the peer environment."""
+float32 can leave out, and that with each row's norm taken in the cache (`norms=True`), which no way
+over rows as given can leave out. Each answers as the search does, for a few queries (the span
+product) and for many (blocks), and for the first rows alone (the warm-up); and the script times
+both beside the search, without the peer environment."""
 
 import importlib.util
 import re
