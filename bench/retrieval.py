@@ -468,7 +468,7 @@ def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int, norms: bool = Fal
                 else:
                     torch.mm(rows[piece], q.T, out=out.view(rows.shape[0], q.shape[0])[piece])
                 if norms:
-                    torch.linalg.vector_norm(rows[piece], dim=1, out=norm_buffer[piece])
+                    torch.linalg.vector_norm(rows[piece], dim=1, out=norm_buffer[: rows.shape[0]][piece])
         pairs = torch.arange(q.shape[0], device=q.device).repeat_interleave(best.shape[1]), best[: q.shape[0]].flatten()
         for start in range(0, pairs[0].numel(), SETTLE_PIECE):
             piece = slice(start, start + SETTLE_PIECE)
