@@ -455,14 +455,14 @@ def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int, norms: bool = Fal
     height = min(corpus.shape[0], SPAN_ENTRIES // queries.shape[0] if few else 8192)
     buffer = torch.empty(height * queries.shape[0], device=corpus.device)
     norm_buffer = torch.empty(height, device=corpus.device)
-    piece_rows = NORM_PIECE_ROWS if few else height
+    piece_rows = NORM_PIECE_ROWS if norms and few else height  # rows a product (then their norms) at once
 
     def product_and_exact_scores(q):
         span_product = SpanProduct(q, height) if few else None
         for start in range(0, corpus.shape[0], height):
             rows, out = corpus[start : start + height], buffer[: min(height, corpus.shape[0] - start) * q.shape[0]]
-            for first in range(0, rows.shape[0], piece_rows if norms else rows.shape[0]):
-                piece = slice(first, first + piece_rows if norms else rows.shape[0])
+            for first in range(0, rows.shape[0], piece_rows):
+                piece = slice(first, first + piece_rows)
                 if few:
                     span_product(rows[piece], out.view(q.shape[0], rows.shape[0])[:, piece])
                 else:
