@@ -461,14 +461,16 @@ def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int, norms: bool = Fal
         span_product = SpanProduct(q, height) if few else None
         for start in range(0, corpus.shape[0], height):
             rows, out = corpus[start : start + height], buffer[: min(height, corpus.shape[0] - start) * q.shape[0]]
+            scores = out.view(q.shape[0], rows.shape[0]) if few else out.view(rows.shape[0], q.shape[0]).T  # (Q, n)
+            row_norms = norm_buffer[: rows.shape[0]]
             for first in range(0, rows.shape[0], piece_rows):
                 piece = slice(first, first + piece_rows)
                 if few:
-                    span_product(rows[piece], out.view(q.shape[0], rows.shape[0])[:, piece])
+                    span_product(rows[piece], scores[:, piece])
                 else:
-                    torch.mm(rows[piece], q.T, out=out.view(rows.shape[0], q.shape[0])[piece])
+                    torch.mm(rows[piece], q.T, out=scores[:, piece].T)
                 if norms:
-                    torch.linalg.vector_norm(rows[piece], dim=1, out=norm_buffer[: rows.shape[0]][piece])
+                    torch.linalg.vector_norm(rows[piece], dim=1, out=row_norms[piece])
         pairs = torch.arange(q.shape[0], device=q.device).repeat_interleave(best.shape[1]), best[: q.shape[0]].flatten()
         for start in range(0, pairs[0].numel(), SETTLE_PIECE):
             piece = slice(start, start + SETTLE_PIECE)

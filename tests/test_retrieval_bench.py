@@ -33,8 +33,25 @@ def test_the_floor_answers_as_the_search_does_for_few_and_many_queries():
         expected = search(queries, corpus, 7, score="dot")[1]
         for norms in (False, True):
             floor = bench.floor(queries, corpus, 7, norms=norms)
+            normed = rows_normed(lambda: floor(queries))
+            assert normed == (corpus.shape[0] if norms else 0), (num_queries, norms, normed)  # every row, once
             assert torch.equal(floor(queries), expected)
             assert torch.equal(floor(queries[:1]), expected[:1])
+
+
+def rows_normed(call) -> int:
+    """How many rows `call()` takes torch.linalg.vector_norm of (the floor's norms are not returned)."""
+    counted, norm = [], torch.linalg.vector_norm
+
+    def counting(rows, *args, **kwargs):
+        counted.append(rows.shape[0])
+        return norm(rows, *args, **kwargs)
+    torch.linalg.vector_norm = counting
+    try:
+        call()
+    finally:
+        torch.linalg.vector_norm = norm
+    return sum(counted)
 
 
 def test_the_script_times_the_floor_beside_the_search_without_a_peer():
