@@ -3,17 +3,24 @@
     python bench/encode.py --peer-python /path/to/peer-env/bin/python     # all 5,183 documents
     MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/encode.py --limit 320 --rounds 3
     python bench/encode.py --limit 320 --plain --gemm-variants     # minisbert's paths and kernels, no peer
+    python bench/encode.py --limit 320 --before ../minisbert-2874f26  # this code beside another commit's
 
 Documents are title + " " + text, truncated at max_seq_length 256, as in the retrieval evaluation;
 batch 32. The contenders:
 - minisbert float32 (its fast path, products on the kernel it measures as quickest); with
   --gemm-variants also with each kernel forced (MINISBERT_GEMM); with --plain its plain path;
   minisbert bfloat16 where it runs (a GPU, or a CPU with native bfloat16);
+- with --before CHECKOUT..., the minisbert of other checkouts (the code before a change), each named
+  by its folder, float32 and bfloat16 where it runs, each in a child process of this Python that
+  imports that checkout's package and keeps its own machine facts (its clone's .cache);
 - sentence-transformers, as a new user would try it: torch float32, torch bfloat16 (`model.bfloat16()`),
   ONNX float32 (`backend="onnx"`) and ONNX int8 (`export_dynamic_quantized_onnx_model` with the
   configuration for this CPU: avx512_vnni, avx512 or avx2), the ONNX ones where the peer environment
   has sentence-transformers[onnx]. The ONNX models are exported from the local weights once, into
   --onnx-dir.
+
+Then one short query's latency (--query-rounds rounds of 20 calls a contender, in turn): the call a
+search service makes for each query, best and median call.
 
 sentence-transformers (never a dependency of minisbert) runs in a child process of the peer
 environment's Python (bench/peer.py), which loads each of its variants once and encodes the same
@@ -37,7 +44,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The package this script times: its own clone's, or, in the child that serves --before, that checkout's.
+CODE = sys.argv[sys.argv.index("--serve-checkout") + 1] if "--serve-checkout" in sys.argv else Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(CODE))
 import minisbert  # noqa: E402
 from bench.peer import add_peer_python_option, check_peer_python, cpu_summary  # noqa: E402
 from minisbert import cpu  # noqa: E402
@@ -48,6 +57,8 @@ from minisbert.hub import resolve  # noqa: E402
 from minisbert.precision import autocast_dtype  # noqa: E402
 
 WARM_UP_TEXTS = 64
+QUERY = "how do vaccines train the immune system"  # one short query: 9 tokens with [CLS] and [SEP]
+QUERY_CALLS = 20  # each round times one query this many times a contender, in turn
 PEER_VARIANTS = ("torch float32", "torch bfloat16", "ONNX float32", "ONNX int8")
 REFERENCE = "ST torch float32"  # what ratios and cosines are taken against, when the peer runs
 
@@ -66,6 +77,13 @@ def rate(encode, texts):
     start = time.perf_counter()
     embeddings = encode(texts)
     return len(texts) / (time.perf_counter() - start), embeddings
+
+
+def query_seconds(encode) -> float:
+    """The time of one call of encode(QUERY): the call a search service makes for each query."""
+    start = time.perf_counter()
+    encode(QUERY)
+    return time.perf_counter() - start
 
 
 def onnx_quantization_config() -> str:
@@ -130,34 +148,73 @@ def serve_peer(args):
     print("peer: " + json.dumps({"variants": list(models), "torch_threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
         variant, path = line.rstrip("\n").split("\t")
+        if path == "query":
+            print("peer: " + json.dumps({"seconds": query_seconds(models[variant].encode)}), flush=True)
+            continue
         value, embeddings = rate(lambda t: models[variant].encode(t, batch_size=args.batch_size), texts)
         np.save(path, embeddings.astype(np.float32))
         print("peer: " + json.dumps({"rate": value}), flush=True)
 
 
-class Peer:
-    """sentence-transformers served by a child process of the peer environment (see serve_peer)."""
+def serve_checkout(args):
+    """The --before side, run by a child of this Python that imports the checkout's package: load the
+    model once, then for each line on stdin ("dtype<TAB>.npy path") encode the texts in that dtype,
+    save the embeddings there and answer with the rate ("peer: {...}", as serve_peer does)."""
+    texts = scifact_documents(args.data, args.limit)
+    model = minisbert.load(args.model, device=args.device)
+    model.max_seq_length = args.max_seq_length
+    dtypes = ["float32"]
+    try:
+        autocast_dtype("bfloat16", model.device)
+        dtypes.append("bfloat16")
+    except ValueError:
+        pass
+    for dtype in dtypes:
+        model.encode(texts[:WARM_UP_TEXTS], batch_size=args.batch_size, show_progress_bar=False, dtype=dtype)
+    print("peer: " + json.dumps({"variants": dtypes, "torch_threads": torch.get_num_threads()}), flush=True)
+    for line in sys.stdin:
+        dtype, path = line.rstrip("\n").split("\t")
+        if path == "query":
+            seconds = query_seconds(lambda text: model.encode(text, show_progress_bar=False, dtype=dtype))
+            print("peer: " + json.dumps({"seconds": seconds}), flush=True)
+            continue
+        value, embeddings = rate(lambda t: model.encode(t, batch_size=args.batch_size, show_progress_bar=False,
+                                                         dtype=dtype), texts)
+        np.save(path, embeddings.astype(np.float32))
+        print("peer: " + json.dumps({"rate": value}), flush=True)
 
-    def __init__(self, args, model_dir: Path):
-        arguments = ["--serve-peer", "--model", str(model_dir), "--data", str(args.data), "--limit", str(args.limit),
+
+class Peer:
+    """A contender served by a child process: sentence-transformers in the peer environment (see
+    serve_peer), or with `checkout` another checkout's minisbert (see serve_checkout)."""
+
+    def __init__(self, args, model_dir: Path, checkout: Path = None):
+        arguments = ["--model", str(model_dir), "--data", str(args.data), "--limit", str(args.limit),
                      "--batch-size", str(args.batch_size), "--max-seq-length", str(args.max_seq_length),
-                     "--device", args.device, "--onnx-dir", str(args.onnx_dir),
-                     "--peer-variants", *args.peer_variants]
+                     "--device", args.device]
+        if checkout is None:
+            command = [str(args.peer_python), __file__, "--serve-peer", *arguments, "--onnx-dir", str(args.onnx_dir),
+                       "--peer-variants", *args.peer_variants]
+        else:
+            command = [sys.executable, __file__, "--serve-checkout", str(checkout), *arguments]
         self.folder = Path(tempfile.mkdtemp(prefix="minisbert-bench-"))
-        self.process = subprocess.Popen([str(args.peer_python), __file__, *arguments], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.started = self.answer()
 
     def answer(self) -> dict:
         for line in self.process.stdout:
             if line.startswith("peer: "):
                 return json.loads(line[len("peer: "):])
-        raise SystemExit(f"the sentence-transformers process ended (exit status {self.process.wait()}); "
-                         "its error is printed above")
+        raise SystemExit(f"the child process ended (exit status {self.process.wait()}); its error is printed above")
 
     def encoder(self, variant: str):
-        """encode_and_time(texts) for one of the variants the peer loaded."""
+        """encode_and_time(texts) for one of the variants the child loaded; encode_and_time(None) times
+        one query (seconds)."""
         def encode_and_time(texts):
+            if texts is None:
+                self.process.stdin.write(f"{variant}\tquery\n")
+                self.process.stdin.flush()
+                return self.answer()["seconds"]
             path = self.folder / "embeddings.npy"
             self.process.stdin.write(f"{variant}\t{path}\n")
             self.process.stdin.flush()
@@ -180,7 +237,7 @@ def minisbert_contenders(model, args) -> dict:
             os.environ[fast_linear.BACKEND_VARIABLE] = gemm
             return model.encode(texts, batch_size=args.batch_size, show_progress_bar=False, dtype=dtype, fast=fast)
 
-        return lambda texts: rate(encode, texts)
+        return lambda texts: query_seconds(encode) if texts is None else rate(encode, texts)
 
     contenders = {"minisbert float32": contender()}
     if args.gemm_variants:
@@ -209,6 +266,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=2,
                         help="each round encodes the texts once with each contender, in turn")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--query-rounds", type=int, default=3,
+                        help=f"rounds of one query's latency, {QUERY_CALLS} calls a contender each (0: none)")
     parser.add_argument("--plain", action="store_true",
                         help="also time minisbert's plain path (encode(..., fast=False)), the reference the "
                              "fast path is tested against")
@@ -220,14 +279,23 @@ def main():
     parser.add_argument("--onnx-dir", type=Path, default=None,
                         help="where the ONNX exports are made and kept "
                              "(default: .cache/onnx/<model> in the repository)")
+    parser.add_argument("--before", type=Path, nargs="+", default=[], metavar="CHECKOUT",
+                        help="also time the minisbert of each of these checkouts (other commits), each in a "
+                             "child process")
     add_peer_python_option(parser)
     parser.add_argument("--serve-peer", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-checkout", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_peer:
         return serve_peer(args)
+    if args.serve_checkout:
+        return serve_checkout(args)
     check_peer_python(parser, args.peer_python)
-    for name in ("limit", "batch_size", "max_seq_length", "rounds"):
-        if getattr(args, name) < (0 if name == "limit" else 1):
+    for checkout in args.before:
+        if not (checkout / "minisbert" / "__init__.py").is_file():
+            parser.error(f"--before {checkout} is not a minisbert checkout (no minisbert/__init__.py in it)")
+    for name in ("limit", "batch_size", "max_seq_length", "rounds", "query_rounds"):
+        if getattr(args, name) < (0 if name in ("limit", "query_rounds") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not (args.data / "corpus.jsonl").is_file():
         parser.error(f"no corpus.jsonl in {args.data}: pass --data FOLDER (SciFact in BEIR layout), or set "
@@ -246,11 +314,17 @@ def main():
     contenders = minisbert_contenders(ours, args)
     for encode_and_time in contenders.values():
         encode_and_time(texts[:WARM_UP_TEXTS])
-    peer = None
+    children = []
+    for checkout in args.before:
+        children.append(Peer(args, model_dir, checkout=checkout))
+        for dtype in children[-1].started["variants"]:
+            contenders[f"{checkout.resolve().name} {dtype}"] = children[-1].encoder(dtype)
+        print(f"{checkout.resolve().name}: the minisbert of {checkout}")
     if args.peer_python is None:
         print("no peer environment (--peer-python or $MINISBERT_PEER_PYTHON): no side-by-side figure")
     elif args.peer_variants:
         peer = Peer(args, model_dir)
+        children.append(peer)
         for variant in peer.started["variants"]:
             contenders[f"ST {variant}"] = peer.encoder(variant)
         print(f"sentence-transformers in {args.peer_python}, {peer.started['torch_threads']} threads, "
@@ -264,11 +338,27 @@ def main():
                 rates[name].append(value)
                 print(f"round {round_number}  {name:36s} {value:8.1f} sentences/s  (load {os.getloadavg()[0]:.2f})",
                       flush=True)
+        report(rates, embeddings, REFERENCE if REFERENCE in rates else "minisbert float32")
+        if args.query_rounds:
+            report_query(contenders, args.query_rounds, REFERENCE if REFERENCE in rates else "minisbert float32")
     finally:
-        if peer is not None:
-            peer.close()
-    report(rates, embeddings, REFERENCE if REFERENCE in rates else "minisbert float32")
+        for child in children:
+            child.close()
     print(f"\n{machine.report()}")
+
+
+def report_query(contenders: dict, rounds: int, reference: str):
+    """One query's latency: QUERY_CALLS calls a contender a round, contenders in turn; per contender the
+    best and the median call, and the best's ratio to the reference's (below 1: quicker)."""
+    times = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, encode_and_time in contenders.items():
+            times[name] += [encode_and_time(None) for _ in range(QUERY_CALLS)]
+    print(f"\none query ({QUERY!r}), {rounds} x {QUERY_CALLS} calls each, in turn:")
+    print(f"{'contender':36s} {'best ms':>8s} {'median ms':>10s}  {'best vs ' + reference:>28s}")
+    for name, values in times.items():
+        ratio = min(values) / min(times[reference])
+        print(f"{name:36s} {1e3 * min(values):8.2f} {1e3 * float(np.median(values)):10.2f}  {ratio:27.2f}x")
 
 
 def report(rates: dict, embeddings: dict, reference: str):

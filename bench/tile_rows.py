@@ -1,11 +1,11 @@
-"""Encoding time at each tile size of fast/linear.py: the measurement behind its TILE_ROWS.
+"""Encoding time at each tile size of fast/linear.py: the measurement behind its TILE_SIZES.
 
     python bench/tile_rows.py                  # tiles of 16 to 256 rows, oneDNN's kernel, 3 rounds
     python bench/tile_rows.py --tiles 32 64 --kernels onednn torch --threads 1
 
-Without autograd every product of the fast encoder runs one tile of TILE_ROWS rows a call, so that no
-kernel ever sees a shape the batch decides. Small tiles pad a short text little but make many calls,
-each with a fixed cost; large tiles the other way round. This times all-MiniLM-L6-v2's encode() in
+Without autograd every product of the fast encoder gets whole tiles of rows, so that no kernel ever
+sees a shape the batch decides (in stacks, where the machine's kernel keeps a tile's bits in them;
+else a tile a call). A small tile pads a short text little; a tile a call pays each call's fixed cost. This times all-MiniLM-L6-v2's encode() in
 float32 and (where the CPU has it) bfloat16 on three loads: 1,000 STS-B sentences (both columns of
 sts-dev, in order), one short query (30 calls, the mean) and 32 SciFact documents (256 tokens).
 
@@ -51,7 +51,7 @@ def serve(tile: str, mirror: Path, dtypes: list):
     from minisbert.fast import linear
 
     if tile != "as-is":
-        linear.TILE_ROWS = int(tile)
+        linear.TILE_SIZES = (int(tile),)
     model = minisbert.load("all-MiniLM-L6-v2", device="cpu")
     inputs = texts(mirror)
     for dtype in dtypes:

@@ -27,12 +27,18 @@ def load(name_or_path, device=None, fast: bool = True, **st_options):
     from .hub import resolve
     from .sentence_transformer import SentenceTransformer as Model
 
-    fast_path = None
-    if fast:  # imported only when asked for: the plain network runs without minisbert/fast/
-        from .fast.encode import FAST_PATH
-
-        fast_path = FAST_PATH
+    fast_path = default_fast_path() if fast else None
     return Model.from_dir(resolve(name_or_path), device=device, fast_path=fast_path, **st_options)
+
+
+def default_fast_path():
+    """The fast path a model runs unless told otherwise (minisbert/fast/encode.py's FAST_PATH): what
+    load() plugs in, and what a SentenceTransformer built in memory gets, so that a model built and the
+    same model saved and loaded give the same bits. Imported only when asked for: the plain network
+    runs without minisbert/fast/."""
+    from .fast.encode import FAST_PATH
+
+    return FAST_PATH
 
 
 def SentenceTransformer(model_name_or_path, device=None, *, truncate_dim=None, prompts=None,  # noqa: N802

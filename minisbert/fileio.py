@@ -9,9 +9,14 @@ Temporary files are created private (mode 0600) by the operating system; before 
 are given the mode any other new file of the user gets (0666 less the umask), so a saved model can
 be read by a teammate or by a container running as another user.
 
+Files read back are checked to be the ones written: a safetensors file minisbert writes carries, in
+its own metadata, the SHA-256 of its tensors (`tensors_digest`), which the reader recomputes, so a
+flipped bit, a cut or an edit is refused naming the file rather than computed with.
+
 Checked in tests/test_fileio.py.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -19,6 +24,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 
 def home_folder(name: str) -> Path:
@@ -70,6 +77,28 @@ def atomic_write(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+DIGEST_KEY = "minisbert sha256"  # the metadata entry of a safetensors file that holds `tensors_digest`
+
+
+def tensors_digest(tensors: dict) -> str:
+    """SHA-256 of named tensors: each name, dtype and shape, then its bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous().cpu()
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
+def check_digest(path: Path, metadata: dict, tensors: dict) -> None:
+    """Refuse tensors read from `path` whose digest is not the one its metadata holds (files written
+    before digests were kept, or by other tools, have none: nothing to check)."""
+    kept = (metadata or {}).get(DIGEST_KEY)
+    if kept is not None and kept != tensors_digest(tensors):
+        raise ValueError(f"{path}: its tensors are not the ones written (their SHA-256 differs from the one saved "
+                         "in its metadata): the file was damaged or edited after it was saved")
 
 
 def file_label(text: str) -> str:

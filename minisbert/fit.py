@@ -215,13 +215,17 @@ def resume_from(state: TrainingState, checkpoint_path: Path) -> None:
         differences = [k for k in state.run_inputs if saved["identity"].get(k) != state.run_inputs[k]]
         raise TrainingFailed(f"{checkpoint_path} is from another run: it differs in {differences}; resume "
                              "with the settings it was written with, or start a new run in another folder")
-    state.model.load_state_dict(saved["model"])
-    if state.classifier is not None:
-        state.classifier.load_state_dict(saved["classifier"])
-    state.optimizer.load_state_dict(saved["optimizer"])
-    state.scheduler.load_state_dict(saved["scheduler"])
-    state.scaler.load_state_dict(saved["scaler"])
-    checkpoints.set_rng_state(rank_rng_state(saved["rng"]))
+    try:
+        state.model.load_state_dict(saved["model"])
+        if state.classifier is not None:
+            state.classifier.load_state_dict(saved["classifier"])
+        state.optimizer.load_state_dict(saved["optimizer"])
+        state.scheduler.load_state_dict(saved["scheduler"])
+        state.scaler.load_state_dict(saved["scaler"])
+        checkpoints.set_rng_state(rank_rng_state(saved["rng"]))
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as error:
+        raise TrainingFailed(f"{checkpoint_path} does not fit this run's model and optimizer ({error}); it was "
+                             "edited or damaged: start a new run in another folder") from None
     state.step, state.epoch, state.next_batch = saved["step"], saved["epoch"], saved["next_batch"]
     state.best, state.seconds_before = saved["best"], saved["training_seconds"]
 

@@ -122,19 +122,26 @@ class SentenceModel(nn.Module):
         embedding (D,); any iterable of str -> (n, D), rows in its order; as `convert_output` says.
         normalize_embeddings: scale each to unit length (a model ending in Normalize always does).
         show_progress_bar: None shows a progress line from PROGRESS_MIN_TEXTS texts on.
-        dtype: the precision the encoder computes in (precision.py); embeddings are float32 anyway.
+        dtype: the precision the encoder computes in (precision.py); embeddings are float32 anyway (or
+        the weights' dtype, where the network itself was cast: `model.half()`, `.bfloat16()`, `.double()`).
         fast: None follows the model (its fast path, if it has one); False runs the plain encoder on
         one text at a time. Either way a text gets the same embedding whatever batch it is in."""
         one_sentence = isinstance(sentences, str)
         id_lists = self.tokenizer.token_ids([sentences] if one_sentence else sentences)
-        embeddings = torch.empty((len(id_lists), self.dimension), dtype=torch.float32,
+        # float32, or the parameters' own dtype where the network was cast (model.half(), .double()):
+        # a network of float16 weights gives float16 embeddings, as sentence-transformers' does.
+        embeddings = torch.empty((len(id_lists), self.dimension), dtype=self.parameters_dtype(),
                                  device=self.device if convert_to_tensor else "cpu")  # (n, D)
         for rows, batch in self.batches(id_lists, batch_size, show_progress_bar, dtype, fast):
-            batch_embeddings = self(batch, fast=fast)  # (B, D), float32
+            batch_embeddings = self(batch, fast=fast)  # (B, D)
             if normalize_embeddings:
                 batch_embeddings = normalize(batch_embeddings)
             embeddings[rows] = batch_embeddings.to(embeddings.device)  # back to input order
         return convert_output(embeddings, one_sentence, convert_to_numpy, convert_to_tensor)
+
+    def parameters_dtype(self) -> torch.dtype:
+        """The dtype of the network's weights: float32 unless it was cast (`.half()`, `.double()`)."""
+        return self.encoder.embeddings.word_embeddings.weight.dtype
 
     def batches(self, id_lists: list, batch_size: int, show_progress_bar, dtype: str, fast):
         """Yield (rows, padded batch on the model's device), the model in eval mode and computing in
@@ -157,14 +164,16 @@ class SentenceModel(nn.Module):
         progress = Progress(n, "encoded", "texts",
                             show=n >= PROGRESS_MIN_TEXTS if show_progress_bar is None else show_progress_bar)
         was_training = self.training
-        self.eval()
+        if was_training:  # switching walks every submodule: a short query's encode() would pay for it
+            self.eval()
         try:
             with memory, computing:
                 for rows in row_lists:
                     yield rows, {k: t.to(self.device) for k, t in self.tokenizer.pad([id_lists[i] for i in rows]).items()}  # (B, T)
                     progress.update(len(rows))
         finally:
-            self.train(was_training)
+            if was_training:
+                self.train()
             progress.close()
 
     def save(self, path) -> None:
@@ -183,7 +192,7 @@ class SentenceModel(nn.Module):
         tokenizer = Tokenizer.from_dir(layout.transformer_dir, limit, uses_token_types=encoder.config.type_vocab_size > 0)
         check_vocabulary(tokenizer, encoder, layout.transformer_dir)
         model = cls(encoder, tokenizer, layout.pooling, layout.dense, layout.normalize_embeddings,
-                    layout.transformer_dir, fast_path)
+                    layout.transformer_dir, fast_path=fast_path)
         return model.to(device if device is not None else default_device()).eval()
 
 
@@ -203,8 +212,8 @@ def convert_output(embeddings: torch.Tensor, one_text: bool, convert_to_numpy: b
     both False, a list of (D,) tensors. For one text (one_text) its row alone."""
     if convert_to_tensor:
         result = embeddings
-    elif convert_to_numpy:
-        result = embeddings.cpu().numpy()
+    elif convert_to_numpy:  # numpy has no bfloat16: float32 holds its every value
+        result = (embeddings.float() if embeddings.dtype == torch.bfloat16 else embeddings).cpu().numpy()
     else:
         result = list(embeddings)
     return result[0] if one_text else result

@@ -9,7 +9,8 @@ query leaves out (`query_ids`, `corpus_ids`: BEIR's self-matches) are dropped af
 
 A corpus searched again and again is best prepared once (`prepare_corpus`: checked, unit rows for
 cosine, on a CPU an int8 copy to screen a few queries with, held as its `int8_copy`). `load_corpus` checks a saved one's
-rows again, so a file damaged or edited elsewhere is refused, naming it:
+rows again and their SHA-256, kept in the file's metadata, so a file damaged or edited elsewhere is
+refused, naming it:
 
     corpus = prepare_corpus(model.encode(documents))      # score="cosine"
     corpus.save("corpus.safetensors")
@@ -36,7 +37,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from . import retrieval
-from .fast import device, retrieval as fast
+from .fileio import DIGEST_KEY, check_digest
+from .fast import device, retrieval as fast, span_product
 from .fast.int8_blocks import int8_blocks_exact, int8_blocks_pay
 from .fast.int8_rows import int8_product_runs
 from .fast.tuning import DEVICE_BLOCK_ENTRIES, FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS
@@ -139,21 +141,25 @@ def choose_way(inputs: SearchInputs, forced: str | None = None) -> str:
 
 def explain_way(inputs: SearchInputs, forced: str | None = None) -> WayChoice:
     """`choose_way`'s choice with the facts it was made by (`WayChoice`)."""
-    forced = forced or os.environ.get(WAY_VARIABLE) or None
+    # Where a forced way came from, for the error that names it: the argument, or the variable.
+    source, remedy = "", "leave way out"
+    if not forced and os.environ.get(WAY_VARIABLE):
+        forced, source, remedy = os.environ[WAY_VARIABLE], f" (from {WAY_VARIABLE})", f"unset {WAY_VARIABLE}"
+    forced = forced or None
     passed_over = []
     for name, can_run, taken, _ in WAYS:
         if name == forced:
             if not can_run(inputs):
-                raise ValueError(f"the search way {forced!r} cannot run here (a CPU, an exact int8 product, "
+                raise ValueError(f"the search way {forced!r}{source} cannot run here (a CPU, an exact int8 product, "
                                  "prepare_corpus(..., screen=True), its query count or a prepared cosine corpus on the "
-                                 "device is missing); leave way out")
+                                 f"device is missing); {remedy}")
             return WayChoice(name, True, (), _facts(inputs))
         if forced is None:
             runs = can_run(inputs)
             if runs and taken(inputs):
                 return WayChoice(name, False, tuple(passed_over), _facts(inputs))
             passed_over.append((name, "not taken" if runs else "cannot run"))
-    raise ValueError(f"unknown search way {forced!r}; choose one of {list(WAY_NAMES)}")
+    raise ValueError(f"unknown search way {forced!r}{source}; choose one of {list(WAY_NAMES)}, or {remedy}")
 
 
 def _facts(s: SearchInputs) -> str:
@@ -225,6 +231,7 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
         if name not in REMOVED_ARGUMENTS:
             raise TypeError(f"search() got an unexpected keyword argument {name!r}")
         raise ValueError(f"search() no longer takes {name}=: {REMOVED_ARGUMENTS[name]}")
+    span_product.refuse_removed_variable()  # on every path, not only where a span product runs
     inputs = check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, device)
     excluded = _excluded_pairs(query_ids, corpus_ids, inputs.queries.shape[0], inputs.corpus.shape[0], inputs.device)
     k = inputs.k
@@ -251,6 +258,7 @@ def _excluded_pairs(query_ids: Sequence[Hashable] | None, corpus_ids: Sequence[H
         return None
     if query_ids is None or corpus_ids is None:
         raise ValueError("pass both query_ids and corpus_ids, or neither")
+    query_ids, corpus_ids = _id_values(query_ids, "query_ids"), _id_values(corpus_ids, "corpus_ids")
     if len(query_ids) != num_queries or len(corpus_ids) != num_docs:
         raise ValueError(f"got {len(query_ids)} query_ids for {num_queries} queries and {len(corpus_ids)} "
                          f"corpus_ids for {num_docs} corpus rows; pass one id per row")
@@ -260,6 +268,29 @@ def _excluded_pairs(query_ids: Sequence[Hashable] | None, corpus_ids: Sequence[H
     pairs = [(query_row, doc_row) for doc_row, doc_id in enumerate(corpus_ids)
              for query_row in rows_of_query_id.get(doc_id, ())]
     return torch.tensor(pairs, dtype=torch.long, device=device).reshape(-1, 2)
+
+
+def _id_values(ids, name: str) -> list:
+    """The ids as values that compare as they read: a tensor's or a numpy array's elements (and 0-d
+    tensors or numpy scalars in a list) become Python numbers; a tensor element compares by identity,
+    so left as it is, no row would ever match. Anything else unhashable is refused, naming it."""
+    if hasattr(ids, "tolist") and hasattr(ids, "ndim"):  # a torch tensor or a numpy array
+        if ids.ndim != 1:
+            raise ValueError(f"{name} must hold one id per row (a 1-D sequence); got shape {tuple(ids.shape)}")
+        return ids.tolist()
+    values = []
+    for position, value in enumerate(ids):
+        if hasattr(value, "item") and hasattr(value, "ndim"):  # a 0-d tensor or a numpy scalar
+            if value.ndim != 0:
+                raise ValueError(f"{name}[{position}] holds {tuple(value.shape)} values, not one id")
+            value = value.item()
+        try:
+            hash(value)
+        except TypeError:
+            raise ValueError(f"{name}[{position}] is a {type(value).__name__}, which cannot be an id; pass "
+                             "strings or integers") from None
+        values.append(value)
+    return values
 
 
 def _without(excluded: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, k: int, num_docs: int):
@@ -274,7 +305,7 @@ def _without(excluded: torch.Tensor, values: torch.Tensor, indices: torch.Tensor
 
 
 # Formats 1 and 2 kept other norm terms ("sizes", "norm_terms"); their rows are read, the norms made again.
-OLD_FORMATS = ("minisbert prepared corpus 1", "minisbert prepared corpus 2")
+OLD_FORMATS = ("minisbert prepared corpus 1", "minisbert prepared corpus 2", "minisbert prepared corpus 3")
 # A unit row rounded to float32 has a norm within d·2^-24 of 1 (each entry moves by 2^-24 of itself);
 # rows that formats 1 and 2 divided in float32 by float32 norms, within 2·d·2^-24. Twice that is allowed.
 UNIT_SLACK = 4 * 2.0**-24
@@ -323,6 +354,10 @@ def load_corpus(path: str | Path, screen: bool | None = None) -> PreparedCorpus:
         raise ValueError(f"{path}: row {row} has norm {float(norms[row]):.9g}, not 1: a cosine corpus holds unit "
                          f"rows; {damaged}")
     saved = tensors.get("norms", torch.empty(0))  # `PreparedCorpus.save` writes the rows' float64 norms
-    if metadata["format"] == CORPUS_FORMAT and not (saved.dtype == torch.float64 and torch.equal(saved, norms)):
+    if metadata["format"] in (CORPUS_FORMAT, OLD_FORMATS[-1]) and not (saved.dtype == torch.float64 and
+                                                                     torch.equal(saved, norms)):
         raise ValueError(f"{path}: its 'norms' ({saved.dtype}) do not match its rows' float64 norms; {damaged}")
+    if metadata["format"] == CORPUS_FORMAT and metadata.get(DIGEST_KEY) is None:
+        raise ValueError(f"{path}: a prepared corpus of format {CORPUS_FORMAT!r} without its SHA-256; {damaged}")
+    check_digest(path, metadata, tensors)
     return PreparedCorpus(rows, norms, score, fast.int8_copy(rows, score, screen))

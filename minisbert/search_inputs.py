@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from .fileio import atomic_write
+from .fileio import DIGEST_KEY, atomic_write, tensors_digest
 from .similarity import exact_scores, row_norms, unit_rows
 
 SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
@@ -25,7 +25,7 @@ DEFAULT_QUERY_CHUNK_SIZE = 1024  # a (1024, 8192) float32 block is 32 MB
 DEFAULT_CORPUS_CHUNK_SIZE = 8192
 LARGEST_SCORE = torch.finfo(torch.float32).max / 2  # a factor 2 to spare for rounding
 SETTLE_PIECE = 1024  # candidates scored exactly at once: 3 MB of float64 for d = 384, kept in the cache
-CORPUS_FORMAT = "minisbert prepared corpus 3"  # what `PreparedCorpus.save` writes (search.py's `load_corpus` reads it)
+CORPUS_FORMAT = "minisbert prepared corpus 4"  # what `PreparedCorpus.save` writes (search.py's `load_corpus` reads it)
 
 
 @dataclass(eq=False)
@@ -41,12 +41,13 @@ class PreparedCorpus:
     half_copy: object = None  # fast/device.py's HalfRows (float16 rows), made at the first "device, half" search
 
     def save(self, path) -> None:
-        """Write the rows, their norms and the score to one safetensors file, atomically. The fast
-        copies are not written: they are made again from the rows (`load_corpus`, the first device
-        search), so no file can carry a copy that disagrees with them."""
+        """Write the rows, their norms, the score and the tensors' SHA-256 (which `load_corpus`
+        checks) to one safetensors file, atomically. The fast copies are not written: they are made
+        again from the rows (`load_corpus`, the first device search), so no file can carry a copy that
+        disagrees with them."""
         tensors = {"rows": self.rows.contiguous().cpu(), "norms": self.norms.contiguous().cpu()}
-        atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata={"format": CORPUS_FORMAT,
-                                                                                   "score": self.score}))
+        metadata = {"format": CORPUS_FORMAT, "score": self.score, DIGEST_KEY: tensors_digest(tensors)}
+        atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
 def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,9 +187,20 @@ def merge_top_k(scores, indices, other_scores, other_indices, k: int, largest: b
 
 
 def as_embedding_matrix(embeddings, name: str) -> torch.Tensor:
-    embeddings = torch.from_numpy(embeddings) if isinstance(embeddings, np.ndarray) else embeddings
+    """`embeddings` as a detached torch tensor, checked to be a 2-D floating-point matrix. A numpy array
+    of any byte order and strides is taken (torch reads only native order and non-negative strides:
+    such an array is copied to one it reads, the same values)."""
+    if isinstance(embeddings, np.ndarray):
+        if embeddings.dtype.kind == "f" and not embeddings.dtype.isnative:
+            embeddings = embeddings.astype(embeddings.dtype.newbyteorder("="))
+        if any(stride < 0 for stride in embeddings.strides):
+            embeddings = np.ascontiguousarray(embeddings)
+        embeddings = torch.from_numpy(embeddings)
     if not isinstance(embeddings, torch.Tensor):
         raise ValueError(f"{name} must be a torch tensor or numpy array, got {type(embeddings).__name__}")
+    if embeddings.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: it has a shape but no values to search; "
+                         "move it to a real device (or load its values) first")
     if embeddings.ndim != 2 or not embeddings.is_floating_point():
         raise ValueError(f"{name} must be a 2-D (rows, dim) floating-point matrix, got shape "
                          f"{tuple(embeddings.shape)} {embeddings.dtype}; for a single vector pass v[None, :]")

@@ -32,7 +32,9 @@ from .st_directory import read_st_config, write_layout
 class SentenceTransformer(SentenceModel):
     def __init__(self, *network, similarity_fn_name: str = "cosine", truncate_dim: int | None = None,
                  prompts: dict | None = None, default_prompt_name: str | None = None, **network_options):
-        """network, network_options: SentenceModel's arguments (encoder, tokenizer, pooling, ...)."""
+        """network, network_options: SentenceModel's arguments (encoder, tokenizer, pooling, ...). Built
+        in memory it runs the plain network unless given fast_path=minisbert.default_fast_path(), the
+        path `minisbert.load` plugs in: with it, it gives the very bits of the same model saved and loaded."""
         super().__init__(*network, **network_options)
         self.similarity_fn_name = similarity_fn_name  # how `similarity` compares embeddings
         self.truncate_dim = truncate_dim  # keep the first truncate_dim dimensions of each embedding (None: all)
@@ -129,18 +131,20 @@ class SentenceTransformer(SentenceModel):
         """SentenceModel.save, with the similarity function and the prompts in config_sentence_transformers.json."""
         settings = {"similarity_fn_name": self.similarity_fn_name, "prompts": self.prompts,
                     "default_prompt_name": self.default_prompt_name}
+        if self.truncate_dim is not None:  # as sentence-transformers writes it: only where set
+            settings["truncate_dim"] = self.truncate_dim
         write_dir(Path(path), lambda folder: write_layout(folder, self, settings))
 
     @classmethod
     def from_dir(cls, model_dir, device=None, fast_path=None, truncate_dim: int | None = None,
                  prompts: dict | None = None, default_prompt_name: str | None = None,
                  similarity_fn_name: str | None = None) -> "SentenceTransformer":
-        """SentenceModel.from_dir, with sentence-transformers' constructor arguments: truncate_dim, and
+        """SentenceModel.from_dir, with sentence-transformers' constructor arguments: truncate_dim,
         prompts, default_prompt_name and similarity_fn_name given here win over the directory's."""
         model = super().from_dir(model_dir, device, fast_path)
-        saved_similarity, saved_prompts, saved_default = read_st_config(Path(model_dir))
+        saved_similarity, saved_prompts, saved_default, saved_truncate_dim = read_st_config(Path(model_dir))
         model.similarity_fn_name = similarity_fn_name if similarity_fn_name is not None else saved_similarity
-        model.truncate_dim = truncate_dim
+        model.truncate_dim = checked_truncate_dim(truncate_dim if truncate_dim is not None else saved_truncate_dim)
         model.prompts = model_prompts(prompts, saved_prompts)
         default_prompt_name = default_prompt_name if default_prompt_name is not None else saved_default
         check_default_prompt_name(model.prompts, default_prompt_name)

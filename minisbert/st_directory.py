@@ -25,7 +25,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from .fileio import atomic_write, read_json, write_json
+from .fileio import DIGEST_KEY, atomic_write, check_digest, read_json, tensors_digest, write_json
 from .pooling import POOLING_MODES, Dense
 from .similarity import SIMILARITY_FUNCTIONS
 from .weights import check_finite, open_safetensors, refuse_pickle, save_encoder
@@ -96,7 +96,8 @@ def read_modules(model_dir: Path, modules: list, layout: Layout) -> None:
 
 def read_st_config(model_dir: Path) -> tuple:
     """config_sentence_transformers.json's `similarity_fn_name` (cosine where the file or the name is
-    missing, or null, as in sentence-transformers), `prompts` ({}) and `default_prompt_name` (None)."""
+    missing, or null, as in sentence-transformers), `prompts` ({}), `default_prompt_name` (None) and
+    `truncate_dim` (None: every dimension)."""
     path = model_dir / "config_sentence_transformers.json"
     config = read_json(path, {})
     if not isinstance(config, dict):
@@ -104,7 +105,10 @@ def read_st_config(model_dir: Path) -> tuple:
     name = config.get("similarity_fn_name") or "cosine"
     if name not in SIMILARITY_FUNCTIONS:
         raise ValueError(f"{path}: similarity_fn_name {name!r} is not one of {SIMILARITY_FUNCTIONS}")
-    return name, config.get("prompts") or {}, config.get("default_prompt_name")
+    truncate_dim = config.get("truncate_dim")
+    if truncate_dim is not None and (isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim <= 0):
+        raise ValueError(f"{path}: truncate_dim {truncate_dim!r} is not a positive integer or null")
+    return name, config.get("prompts") or {}, config.get("default_prompt_name"), truncate_dim
 
 
 def read_pooling(config_path: Path) -> str:
@@ -141,7 +145,9 @@ def read_dense(folder: Path) -> Dense:
             refuse_pickle(folder / "pytorch_model.bin")
         raise FileNotFoundError(f"no model.safetensors in {folder}")
     with open_safetensors(weights) as f:
-        state = {key: f.get_tensor(key).float() for key in f.keys()}
+        state = {key: f.get_tensor(key) for key in f.keys()}
+        check_digest(weights, f.metadata(), state)
+    state = {key: tensor.float() for key, tensor in state.items()}
     expected = set(dense.linear.state_dict())
     found = {key.removeprefix("linear.") for key in state}
     if found != expected:
@@ -155,7 +161,8 @@ def read_dense(folder: Path) -> Dense:
 
 def write_layout(folder: Path, model, st_config: dict | None = None) -> None:
     """Write `model` (a SentenceModel) into the empty `folder` in the classic layout; st_config, when
-    given, as config_sentence_transformers.json (similarity_fn_name, prompts, default_prompt_name)."""
+    given, as config_sentence_transformers.json (similarity_fn_name, prompts, default_prompt_name and,
+    where set, truncate_dim)."""
     save_encoder(model.encoder, folder)
     model.tokenizer.save(folder)
     if model.tokenizer_dir is not None:
@@ -183,8 +190,8 @@ def write_layout(folder: Path, model, st_config: dict | None = None) -> None:
         })
         tensors = {f"linear.{k}": v.detach().float().cpu().contiguous()
                    for k, v in linear.state_dict().items()}
-        atomic_write(folder / "2_Dense" / "model.safetensors",
-                     lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+        metadata = {"format": "pt", DIGEST_KEY: tensors_digest(tensors)}
+        atomic_write(folder / "2_Dense" / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
         modules.append(("2_Dense", "Dense"))
     if model.normalize_embeddings:
         modules.append((f"{len(modules)}_Normalize", "Normalize"))

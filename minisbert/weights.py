@@ -33,7 +33,7 @@ from safetensors.torch import save_file
 
 from .config import FAMILIES, EncoderConfig
 from .encoder import Encoder
-from .fileio import atomic_write, read_json, write_json
+from .fileio import DIGEST_KEY, atomic_write, check_digest, read_json, tensors_digest, write_json
 
 # minisbert name                  BERT (and RoBERTa)                     DistilBERT
 EMBEDDING_NAMES = [
@@ -227,6 +227,8 @@ def load_encoder_weights(encoder: Encoder, path) -> None:
         for parameter in parameters.values():
             parameter.fill_(float("nan"))
         with open_safetensors(path) as checkpoint:
+            if DIGEST_KEY in (checkpoint.metadata() or {}):  # written by minisbert: the bytes as written?
+                check_digest(path, checkpoint.metadata(), {key: checkpoint.get_tensor(key) for key in checkpoint.keys()})
             for key in checkpoint.keys():
                 name = normalise_key(key)
                 if name is None:
@@ -264,7 +266,8 @@ def save_encoder_weights(encoder: Encoder, path) -> None:
     parameters = dict(encoder.named_parameters())
     tensors = {theirs: parameters[ours].detach().float().cpu().contiguous()
                for theirs, ours in table.items()}
-    atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    metadata = {"format": "pt", DIGEST_KEY: tensors_digest(tensors)}  # transformers reads "format" only
+    atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
 def load_encoder(model_dir) -> Encoder:

@@ -89,6 +89,10 @@ ROOMS = {
     "metrics": (("minisbert/metrics.py", "minisbert/correlation.py"), ("tests/test_metrics.py",)),
     "significance": (("minisbert/significance.py",), ("tests/test_significance.py",)),  # scipy's numbers
     "tokenizer": (("minisbert/tokenizer.py",), ("tests/test_tokenizer.py",)),  # Hugging Face's ids
+    # the fast encoder: its products and attention against the plain encoder, a text's bits in any batch,
+    # the calls each kernel gets, the machine's checks of its kernels
+    "fast encoder": (("minisbert/fast/encoder.py", "minisbert/fast/linear.py", "minisbert/fast/encode.py"),
+                     ("tests/test_encoder_fast.py", "tests/test_fast_linear.py", "tests/test_batch_invariance.py")),
     # the plain loop against its definition and brute force; every fast way against the plain loop; the
     # bounds against exact sums; the device way's proof and counts
     "search": (("minisbert/retrieval.py", "minisbert/search_inputs.py", "minisbert/search_bounds.py"),

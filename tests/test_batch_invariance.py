@@ -14,8 +14,10 @@ to one token, equals it alone. No tolerance here: anything but equality fails.
 The fast path holds this by construction, not by luck of the kernels (fast/linear.py): no kernel
 is called with a shape that depends on the batch. A CPU whose kernels happen to give a row the same
 bits at any row count would pass the property test even with that broken, so the construction is
-checked too, by watching every call: each product gets one tile of TILE_ROWS rows, each attention
-call one text, the Dense layer one tile. And two processes on one machine, the first of them
+checked too, by watching every call: each product gets whole tiles, stacked only where the
+machine's check found the kernel keeps a tile's bits in a stack (a kernel planted to fail that check
+is run a tile a call), each attention call the number of texts its length decides. And
+two processes on one machine, the first of them
 timing the kernels while the machine is loaded (as a user's process does; the test session itself
 times nothing: tests/conftest.py), give the same bits: the kernel chosen for each product is kept
 per machine (fast/machine.py).
@@ -40,6 +42,7 @@ from minisbert import cpu
 from minisbert.config import EncoderConfig
 from minisbert.encoder import Encoder
 from minisbert.fast import encode as fast_encode
+from minisbert.fast import encoder as fast_encoder
 from minisbert.fast import linear as fast_linear
 from minisbert.fast import machine
 from minisbert.fast.encode import FAST_PATH
@@ -138,27 +141,63 @@ def test_the_forward_pass_of_one_text_equals_it_in_a_padded_batch(model, texts, 
 
 @pytest.mark.parametrize("dtype, kernel", ways(fast_linear.BACKENDS))
 def test_no_kernel_is_called_with_a_shape_that_depends_on_the_batch(model, texts, dtype, kernel, monkeypatch):
+    """Each product gets whole tiles, aligned, at most STACK_TILES of them a call, and only where this
+    machine's kernel keeps a tile's bits in a stack (else one a call); each attention call gets the
+    number of texts its length decides; the Dense layer is one of the products."""
     monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, kernel)
-    products, attention, dense = [], [], []
+    model.encode(texts[:2], dtype=dtype)  # the machine's facts are known before the calls are watched
+    products, attention = [], []
     for backend, product in list(fast_linear.PRODUCTS.items()):
         def watched(x, weights, gelu, out, product=product):
-            products.append((x.shape[0], out.shape[0], x.is_contiguous() and x.data_ptr() % 64 == 0))
+            products.append((x.shape[0], out.shape[0], x.is_contiguous() and x.data_ptr() % 64 == 0, x.shape[1]))
             return product(x, weights, gelu, out)
 
         monkeypatch.setitem(fast_linear.PRODUCTS, backend, watched)
     sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, *rest: attention.append(q.shape[0]) or sdpa(q, *rest))
-    hook = model.dense.register_forward_pre_hook(lambda module, inputs: dense.append(inputs[0].shape[0]))
-    many = (sorted(texts, key=len)[:8] * fast_linear.TILE_ROWS)[:fast_linear.TILE_ROWS + 1]  # short ones
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, *rest: attention.append((q.shape[0], q.shape[2])) or sdpa(q, *rest))
+    many = (sorted(texts, key=len)[:8] * 32)[:33]  # short ones: more texts than a tile has rows
     monkeypatch.setattr(fast_encode, "CPU_TOKENS_PER_FORWARD", len(many) * LONGEST)
-    try:
-        model.encode(texts[:17], batch_size=5, dtype=dtype)  # batches of 5, 5, 5 and 2 texts
-        model.encode(many, batch_size=len(many), dtype=dtype)  # one batch of more texts than a tile has rows
-    finally:
-        hook.remove()
-    assert products and set(products) == {(fast_linear.TILE_ROWS, fast_linear.TILE_ROWS, True)}  # rows in, rows out, aligned
-    assert len(attention) == 17 + len(many) and set(attention) == {1}  # one text a call (the model is one block deep)
-    assert len(dense) == 4 + 2 and set(dense) == {fast_linear.TILE_ROWS}  # four batches of one tile, one of two
+    model.encode(texts[:17], batch_size=5, dtype=dtype)  # batches of 5, 5, 5 and 2 texts
+    model.encode(many, batch_size=len(many), dtype=dtype)
+    model.encode(texts * 4, batch_size=128, dtype=dtype)  # one batch of more rows than a call gets
+    tile = fast_linear.tile_rows(products_of(model), getattr(torch, dtype))
+    assert products and all(rows == written and rows % tile == 0 and aligned and rows <= fast_linear.STACK_ROWS
+                            for rows, written, aligned, _ in products)  # whole tiles in, as many out, aligned
+    stacked = all(fast_linear.keeps_tiles(kernel, layers, gelu, getattr(torch, dtype), tile)
+                  for layers, gelu in products_of(model))
+    calls = {rows for rows, _, _, _ in products}
+    assert max(calls) == (fast_linear.STACK_ROWS if stacked else tile) and (len(calls) > 2 or not stacked)
+    width = MINILM_WIDTHS["hidden_size"]
+    assert sum(1 for rows, _, _, fan_in in products if fan_in == width and rows <= 2 * tile) >= 6  # short batches
+    assert attention and all(count == max(1, fast_encoder.ATTENTION_TOKENS // length) for count, length in attention)
+
+
+def products_of(model) -> list:
+    """(layers, gelu) of each product the fast path makes with `model`: the four of each block, the Dense layer."""
+    return fast_encoder.products(model.encoder.layers[0], model.encoder.config.activation) + [([model.dense.linear], None)]
+
+
+def test_a_kernel_that_gives_a_tile_other_bits_in_a_stack_gets_one_tile_a_call(model, texts, monkeypatch, timed_probes):
+    """keeps_tiles compares, bit for bit, each stack of tiles up to STACK_ROWS rows with its tiles alone:
+    a kernel whose tiles' bits depend on the stack (planted here: the last bit of every result moves in
+    stacks of more than half that many rows only) is found out at every tile size, run a tile a call, and encode() keeps its
+    promise with it."""
+    monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, "torch")
+    product = fast_linear.PRODUCTS["torch"]
+
+    def stack_dependent(x, weights, gelu, out):
+        result = product(x, weights, gelu, out)
+        if x.shape[0] > fast_linear.STACK_ROWS // 2:  # only large stacks: the check must try them
+            result.view(torch.int32).bitwise_xor_(1)
+        return result
+
+    monkeypatch.setitem(fast_linear.PRODUCTS, "torch", stack_dependent)
+    for layers, gelu in products_of(model):
+        assert not any(fast_linear.keeps_tiles("torch", layers, gelu, torch.float32, tile) for tile in fast_linear.TILE_SIZES)
+    assert fast_linear.tile_rows(products_of(model), torch.float32) == fast_linear.TILE_SIZES[-1]
+    alone = torch.stack([model.encode(text, convert_to_tensor=True) for text in texts[:8]])
+    assert torch.equal(model.encode(texts[:8] * 40, batch_size=320, convert_to_tensor=True)[:8], alone)
 
 
 ENCODE_IN_A_PROCESS = """
@@ -205,7 +244,7 @@ def test_two_processes_one_of_them_under_load_give_the_same_bits(model, texts, t
             process.wait()
     measured = kernel_facts()
     choosing = [dtype for dtype in dtypes if all(fast_linear.runs(b, getattr(torch, dtype)) for b in fast_linear.BACKENDS)]
-    assert len(measured) == 4 * len(choosing), measured  # Q/K/V, attention output, feed-forward in and out
+    assert len(measured) == 5 * len(choosing), measured  # Q/K/V, attention output, feed-forward in and out, Dense
     encode_in_a_process("idle")
     assert kernel_facts() == measured  # read back, not measured again
     for dtype in dtypes:

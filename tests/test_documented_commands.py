@@ -162,6 +162,8 @@ COMMANDS = {
     "MINISBERT_PEER_PYTHON=/path/to/peer-env/bin/python python bench/encode.py --limit 320 --rounds 3":
         Run(BENCH, slow=True, data=True, needs="peer"),
     "python bench/encode.py --limit 320 --plain --gemm-variants": Run(BENCH, slow=True, data=True),
+    "python bench/encode.py --limit 320 --before ../minisbert-2874f26": Run(f"{BENCH} --query-rounds 1", slow=True,
+                                                                             data=True),
     "python bench/tile_rows.py": Run("--tiles 32 --rounds 1", slow=True, data=True),
     "python bench/tile_rows.py --tiles 32 64 --kernels onednn torch --threads 1": Run("--rounds 1", slow=True, data=True),
     "python bench/gpu.py --model runs/x/final --corpus-rows 8841823 --dim 768": Run("--corpus-rows 10000",
@@ -204,7 +206,7 @@ COMMANDS = {
 PLACEHOLDERS = {"PEER/bin/python": "$PEER_PYTHON", "/path/to/peer-env/bin/python": "$PEER_PYTHON",
                 "~/stsbenchmark": "$MINISBERT_DATA_MIRROR/stsb", "--data DIR": f"--data {REPO / 'data' / 'example'}",
                 "--nproc_per_node 8": "--nproc_per_node 2", "runs/mnrl8/final": "runs/x/final",
-                "../minisbert-7aae6dc": str(REPO)}  # a checkout of an earlier commit: this one stands in
+                "../minisbert-7aae6dc": str(REPO), "../minisbert-2874f26": str(REPO)}  # an earlier commit's checkout: this one stands in
 COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:\.venv/bin/)?(?:python3? |torchrun |\$PEER_PYTHON |peer/bin/)")
 
 

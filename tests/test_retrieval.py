@@ -1107,3 +1107,61 @@ def test_util_semantic_search_is_the_fast_search_written_out(num_queries, small_
         assert [[hit["score"] for hit in row] for row in hits] == scores.tolist()
         # Plain Python numbers, as sentence-transformers' hits hold (f"{score:.3f}", json.dumps).
         assert all(type(hit["corpus_id"]) is int and type(hit["score"]) is float for row in hits for hit in row)
+
+
+ID_FORMS = {"list": list, "tuple": tuple, "numpy array": np.array, "tensor": torch.tensor,
+            "list of 0-d tensors": lambda ids: [torch.tensor(i) for i in ids],
+            "list of numpy integers": lambda ids: [np.int64(i) for i in ids]}
+
+
+@pytest.mark.parametrize("form", ID_FORMS)
+def test_ids_in_any_sequence_leave_out_the_same_rows(form):
+    """A tensor's elements compare by identity, not value: left as they are, no row would ever be left out."""
+    corpus = torch.randn(30, 8, generator=torch.Generator().manual_seed(3))
+    queries = corpus[[2, 7, 7, 11]]
+    as_list = search_module.search(queries, corpus, 4, query_ids=[2, 7, 7, 11], corpus_ids=list(range(30)))
+    given = search_module.search(queries, corpus, 4, query_ids=ID_FORMS[form]([2, 7, 7, 11]),
+                                 corpus_ids=ID_FORMS[form](list(range(30))))
+    assert all(torch.equal(a, b) for a, b in zip(as_list, given))
+    assert not (given[1] == torch.tensor([[2], [7], [7], [11]])).any()  # each query's own row is left out
+
+
+@pytest.mark.parametrize("ids, message", [([[0, 1]] * 30, r"corpus_ids\[0\] is a list"),
+                                          (torch.zeros(30, 2), r"corpus_ids must hold one id per row")])
+def test_ids_that_are_no_ids_are_refused_naming_them(ids, message):
+    corpus = torch.randn(30, 8)
+    with pytest.raises(ValueError, match=message):
+        search_module.search(corpus[:2], corpus, 3, query_ids=[0, 1], corpus_ids=ids)
+
+
+def test_numpy_inputs_of_any_byte_order_and_strides_are_searched_as_their_values():
+    generator = np.random.default_rng(5)
+    corpus, queries = generator.standard_normal((40, 8)).astype(np.float32), generator.standard_normal((3, 8))
+    expected = search_module.search(queries.astype(np.float32), corpus, 5)
+    for form in (corpus.astype(">f4"), corpus[::-1][::-1], np.flip(np.flip(corpus, 0), 0)):
+        assert all(np.array_equal(a, b) for a, b in zip(search_module.search(queries.astype(">f8"), form, 5), expected))
+    flipped = search_module.search(queries, corpus[::-1], 5)[1]  # rows numbered as given: reversed
+    assert np.array_equal(39 - flipped, expected[1])
+
+
+def test_a_meta_tensor_is_refused_naming_it():
+    with pytest.raises(ValueError, match="corpus is on the meta device"):
+        search_module.search(torch.randn(2, 8), torch.empty(10, 8, device="meta"), 3)
+
+
+def test_the_search_way_variable_is_named_in_its_errors(monkeypatch):
+    corpus = torch.randn(30, 8)
+    monkeypatch.setenv(search_module.WAY_VARIABLE, "fastest")
+    with pytest.raises(ValueError, match=r"'fastest' \(from MINISBERT_SEARCH_WAY\).*unset MINISBERT_SEARCH_WAY"):
+        search_module.search(corpus[:2], corpus, 3)
+    monkeypatch.setenv(search_module.WAY_VARIABLE, "device, half")
+    with pytest.raises(ValueError, match=r"'device, half' \(from MINISBERT_SEARCH_WAY\) cannot run here.*unset"):
+        search_module.search(corpus[:2], corpus, 3)
+
+
+@pytest.mark.parametrize("queries, way", [(5, None), (300, None), (5, "plain")])
+def test_the_removed_span_product_variable_is_refused_on_every_path(queries, way, monkeypatch):
+    monkeypatch.setenv(span_product.REMOVED_VARIABLE, "onednn")
+    corpus = torch.randn(50, 8)
+    with pytest.raises(ValueError, match="MINISBERT_SPAN_PRODUCT no longer forces"):
+        search_module.search(torch.randn(queries, 8), corpus, 3, way=way)

@@ -301,3 +301,55 @@ def test_the_constructor_takes_similarity_fn_name_and_settings_that_change_embed
     truncated = model_fingerprint(model)
     model.truncate_dim, model.prompts["query"], model.default_prompt_name = None, "query: ", "query"
     assert len({plain, truncated, model_fingerprint(model)}) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a porting user met minisbert parting from sentence-transformers
+
+
+def test_truncate_dim_is_saved_and_read_back_as_sentence_transformers_does(st, tmp_path):
+    _, facts = st
+    model = SentenceTransformer(resolve("all-MiniLM-L6-v2"), device="cpu", truncate_dim=128)
+    model.save(tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config_sentence_transformers.json").read_text())
+    assert saved.get("truncate_dim") == facts["truncate_saved_config"]["truncate_dim"] == 128
+    assert SentenceTransformer(tmp_path / "m", device="cpu").truncate_dim == facts["truncate_reloaded"]
+    assert SentenceTransformer(tmp_path / "m", device="cpu", truncate_dim=32).truncate_dim == \
+        facts["truncate_reloaded_overridden"]
+    assert SentenceTransformer(tmp_path / "m", device="cpu").encode("a text").shape == (128,)
+
+
+# A network cast to float16 or bfloat16 rounds every hidden state to 11 or 8 significant bits: two
+# such computations of 6 blocks (sentence-transformers', and minisbert's other kernels) part by a few
+# roundings of that size, |a - b| ~ 1e-3 (float16) and 1e-2 (bfloat16) for unit vectors, so a cosine
+# of 1 - |a - b|^2 / 2 above 0.9999 and 0.999. float64 agrees as float32 does (ATOL).
+CAST_COSINE = {"half": 0.9999, "bfloat16": 0.999}
+
+
+@pytest.mark.parametrize("cast", ["half", "bfloat16", "double"])
+def test_a_cast_network_encodes_as_sentence_transformers_does(st, cast):
+    tensors, facts = st
+    model = getattr(SentenceTransformer(resolve("all-MiniLM-L6-v2"), device="cpu"), cast)()
+    as_numpy = model.encode(facts["sentences"][:2])
+    as_tensor = model.encode(facts["sentences"][:2], convert_to_tensor=True)
+    assert str(as_numpy.dtype) == facts["cast"][cast]["numpy_dtype"]
+    assert str(as_tensor.dtype) == facts["cast"][cast]["tensor_dtype"]
+    theirs = tensors[f"cast_{cast}"]
+    if cast == "double":
+        assert (as_tensor.float() - theirs).abs().max() <= ATOL
+    else:
+        cosine = torch.nn.functional.cosine_similarity(as_tensor.float(), theirs, dim=1)
+        assert cosine.min() >= CAST_COSINE[cast]
+
+
+def test_a_model_built_in_memory_gives_the_bits_of_the_same_model_saved_and_loaded(tmp_path):
+    """sentence-transformers' own test_safetensors: a model with a Dense layer built from its modules,
+    saved and loaded, encodes "Hello, World!" to the same vector. Built with the path load() plugs in."""
+    from minisbert.sentence_transformer import SentenceTransformer as Network
+
+    parts = SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu")
+    built = Network(parts.encoder, parts.tokenizer, parts.pooling, parts.dense, parts.normalize_embeddings,
+                    tokenizer_dir=parts.tokenizer_dir, fast_path=minisbert.default_fast_path()).eval()
+    built.save(tmp_path / "m")
+    loaded = minisbert.load(tmp_path / "m", device="cpu")
+    assert np.array_equal(built.encode("Hello, World!"), loaded.encode("Hello, World!"))

@@ -1,5 +1,5 @@
 """The fast path that `minisbert.load(..., fast=True)` plugs into a SentenceModel: the fast encoder,
-the Dense layer tile by tile, and encode()'s batches cut to a token budget.
+the Dense layer on whole tiles, and encode()'s batches cut to a token budget.
 
 SentenceModel (model.py) is the plain network and never imports this. It runs whatever fast path it
 was given (`FAST_PATH` here) in three places: the encoder's forward pass (fast/encoder.py), the Dense
@@ -17,12 +17,14 @@ any batch_size, order, token budget or company of other texts, and one string or
 float32 and in bfloat16 where the CPU multiplies it natively. Texts in a batch never interact in the
 mathematics, and here, by construction, not in the arithmetic either: a kernel may choose how to
 compute by the shape it is given, so none is ever given a shape that the batch decides. Every
-product runs one tile of TILE_ROWS rows a call (fast/linear.py), attention one text a call, at its
-own length (fast/encoder.py), and the Dense layer one tile a call (here); mean pooling sums a text's
-tokens and then its padding's zeros, which change no bit. tests/test_batch_invariance.py watches
-those calls and checks the bits with every kernel this CPU runs, and that two processes, one of them
-on a loaded machine, give the same bits (the products' kernel is a fact kept per machine,
-fast/machine.py). The fast path's embeddings agree with the plain path's to float32 rounding, not to
+product gets its rows as a stack of whole tiles, where this machine's kernel gives each tile of such
+a stack the bits it gives the tile alone (checked once per machine, bit for bit), else a tile a call
+(fast/linear.py); attention gets texts of one length, a fixed number of
+them a call for each length (fast/encoder.py); the Dense layer's product is one of the products.
+Mean pooling sums a text's tokens and then its padding's zeros, which change no bit.
+tests/test_batch_invariance.py watches those calls and checks the bits with every kernel this CPU
+runs, and that two processes, one of them on a loaded machine, give the same bits (the products'
+kernel is a fact kept per machine, fast/machine.py). The fast path's embeddings agree with the plain path's to float32 rounding, not to
 the bit: tests/test_encoder_fast.py.
 """
 
@@ -42,13 +44,14 @@ class FastPath:
         return fast_encoder.forward(encoder, input_ids, attention_mask, token_type_ids)  # (B, T, H)
 
     def dense(self, dense, embeddings):
-        """The Dense layer on pooled embeddings (B, H) -> (B, D): without autograd on a CPU, one tile
-        of TILE_ROWS rows at a time, so that its product and its activation see the same shape
-        whatever B is."""
+        """The Dense layer on pooled embeddings (B, H) -> (B, D): without autograd on a CPU, its product
+        on whole tiles as the encoder's are (fast/linear.py), and its activation on those whole tiles,
+        so that an element-wise pass never ends a row in its scalar tail whatever B is."""
         if torch.is_grad_enabled() or embeddings.device.type != "cpu":
             return dense(embeddings)  # (B, D)
-        tiles = linear.whole_tiles(embeddings).split(linear.TILE_ROWS)  # (TILE_ROWS, H) each
-        return torch.cat([dense(tile) for tile in tiles])[: embeddings.shape[0]]  # (B, D)
+        tile = linear.tile_rows([([dense.linear], None)], linear.computing_dtype(embeddings))
+        tiles = linear.linear(linear.whole_tiles(embeddings, tile), [dense.linear], tile=tile)  # (B', D)
+        return dense.activation(tiles)[: embeddings.shape[0]]  # (B, D)
 
     def batching(self, longest_first: list, id_lists: list, batch_size: int, device) -> tuple:
         """encode()'s batches: (the batches' row lists, a context reusing memory between them)."""

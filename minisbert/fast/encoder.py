@@ -8,8 +8,8 @@ time goes, and what is done about it:
 - Padding is never computed. Short sentences padded to the batch's longest are typically a third to
   a half padding, so the real tokens of a batch are packed into one (N, H) matrix and every layer
   except attention works on that matrix token by token. Attention alone needs each sentence's tokens
-  side by side: it runs on one text at a time, (1, heads, length, head size), at the text's own
-  length with no mask, and writes its output back into the pack.
+  side by side: texts of one length are gathered from the pack into a (texts, heads, length, head
+  size) stack, attended with no mask, and written back into the pack.
 - PyTorch's fused kernels replace the written-out formulas: `F.layer_norm`, `F.gelu` and
   `F.scaled_dot_product_attention` compute the same functions in fewer passes over memory.
 - Q, K and V come from one (N, H) x (H, 3H) product of the three weight matrices side by side,
@@ -20,14 +20,14 @@ time goes, and what is done about it:
   the two widest products written into memory reused from one call to the next (`reusing_memory`).
 A text's tokens are computed the same way whatever else is in the batch, by construction: each call
 to a kernel that may choose its method by the shape it is given gets a shape that the text alone
-decides. Attention is
-called on the one text, at its own length: padded to a longer text's length it would get other bits
-(the kernel blocks its sums by position), and beside other texts of its length it would meet a
-kernel free to choose its method by how many there are (PyTorch's CPU flash attention decides
-whether to repack keys and values for AMX by the batch size, for one). Each product runs tile by
-tile (fast/linear.py, TILE_ROWS; without autograd the pack is padded here, once, with zero rows to
-whole tiles). Every other step (the embeddings' sums, layer norms, residual sums) computes each row
-alone. So encode() gives a text the same embedding in any batch: tests/test_batch_invariance.py.
+decides. Products get whole tiles of rows (fast/linear.py; without autograd the pack is padded
+here, once, with zero rows to whole tiles). Attention gets a text at its own length: padded to a
+longer text's length it would get other bits (the kernel blocks its sums by position). And it gets
+it beside a number of texts of that length that the length alone decides (`attention_calls`),
+never as many as the batch happens to hold: PyTorch's CPU flash attention, for one, decides whether
+to repack keys and values for AMX by the batch size. Every other step (the embeddings' sums, layer
+norms, residual sums) computes each row alone. So encode() gives a text the same embedding in any
+batch: tests/test_batch_invariance.py.
 
 Checked equal to the plain encoder (embeddings to 1e-6, training gradients too) in
 tests/test_encoder_fast.py, and against Hugging Face transformers in tests/test_encoder.py.
@@ -39,9 +39,14 @@ import torch
 import torch.nn.functional as F
 
 from ..encoder_inputs import additive_attention_mask, position_ids
-from .linear import linear, whole_tiles
+from .linear import computing_dtype, linear, tile_rows, whole_tiles
 
 GELU_APPROXIMATION = {"gelu": "none", "gelu_new": "tanh"}  # EncoderConfig.activation -> F.gelu's name
+# Tokens of the texts one attention call gets (see `attention_calls`): texts shorter than half of this
+# share a call, whose fixed cost then weighs less; a text of this many tokens or more is a call alone.
+# A call's empty texts (a short query alone pads up to 6) cost a query nothing measurable at 64; at 256
+# they cost it a fifth. bench/README.md, "Encoding".
+ATTENTION_TOKENS = 64
 
 
 def to_grid(packed, token_positions, batch_size, seq_len):
@@ -83,22 +88,43 @@ def text_rows(attention_mask) -> list:
     return [(start, length) for start, length in zip(starts, lengths) if length > 0]
 
 
-def attention(module, x, texts, attention_mask, token_positions):
+def attention_calls(texts) -> list:
+    """The calls attention makes: (length, texts per call, first rows of the texts in it). Texts of one
+    length go ATTENTION_TOKENS // length to a call (at least one); a call with fewer is padded with
+    empty texts up to that count. So a call's shape, (texts per call, heads, length, head size),
+    is decided by the length alone, never by the batch."""
+    by_length = {}
+    for start, length in texts:
+        by_length.setdefault(length, []).append(start)
+    calls = []
+    for length, starts in by_length.items():
+        per_call = max(1, ATTENTION_TOKENS // length)
+        calls += [(length, per_call, starts[i:i + per_call]) for i in range(0, len(starts), per_call)]
+    return calls
+
+
+def attention(module, x, texts, attention_mask, token_positions, tile):
     """The plain `SelfAttention` module's output for packed tokens: (N, H) -> (N, H).
     texts: `text_rows`'s; the context of rows in none of them (tile padding) is zeros."""
     H, nh, hs = x.shape[-1], module.num_heads, module.head_size
-    qkv = linear(x, [module.query, module.key, module.value], keep_as="qkv")  # (N, 3H)
+    qkv = linear(x, [module.query, module.key, module.value], keep_as="qkv", tile=tile)  # (N, 3H)
     dropout = module.attention_dropout.p if module.attention_dropout.training else 0.0
     if dropout:  # training: the padded (B, T) grid, so that dropout draws its masks as the plain encoder does
         return padded_attention(module, qkv, attention_mask, token_positions, dropout)
     context = qkv.new_zeros(x.shape[0], H)  # (N, H)
-    for start, length in texts:
-        # One text a call, at its own length: the kernel sees the same call for it in any batch.
-        rows = slice(start, start + length)
-        q, k, v = qkv[rows].view(1, length, 3, nh, hs).permute(2, 0, 3, 1, 4)  # 3 x (1, nh, L, hs): views
-        out = F.scaled_dot_product_attention(q, k, v)  # (1, nh, L, hs)
-        context[rows] = out.transpose(1, 2).reshape(length, H)  # (L, H)
-    return linear(context, [module.output])  # (N, H)
+    for length, per_call, starts in attention_calls(texts):
+        first, count = starts[0], len(starts)
+        if count == per_call and starts == list(range(first, first + count * length, length)):
+            rows = slice(first, first + count * length)  # side by side in the pack (encode sorts by length)
+            group = qkv[rows]  # (G L, 3H): a view
+        else:
+            rows = torch.cat([torch.arange(start, start + length) for start in starts])  # (n L,)
+            group = qkv.new_zeros(per_call * length, 3 * H)  # (G L, 3H): empty texts past the n given
+            group[: rows.numel()] = qkv[rows]
+        q, k, v = group.view(per_call, length, 3, nh, hs).permute(2, 0, 3, 1, 4)  # 3 x (G, nh, L, hs): views
+        out = F.scaled_dot_product_attention(q, k, v)  # (G, nh, L, hs)
+        context[rows] = out.transpose(1, 2).reshape(per_call * length, H)[: count * length]  # (n L, H)
+    return linear(context, [module.output], tile=tile)  # (N, H)
 
 
 def padded_attention(module, qkv, attention_mask, token_positions, dropout: float):
@@ -114,10 +140,17 @@ def padded_attention(module, qkv, attention_mask, token_positions, dropout: floa
     return linear(context, [module.output])  # (N', H)
 
 
-def feed_forward(module, x, activation: str):
+def feed_forward(module, x, activation: str, tile):
     """The plain `FeedForward` module's output for packed tokens: (N, H) -> (N, H)."""
-    h = linear(x, [module.intermediate], gelu=GELU_APPROXIMATION[activation], keep_as="feed-forward")  # (N, I)
-    return linear(h, [module.output])  # (N, H)
+    h = linear(x, [module.intermediate], gelu=GELU_APPROXIMATION[activation], keep_as="feed-forward", tile=tile)  # (N, I)
+    return linear(h, [module.output], tile=tile)  # (N, H)
+
+
+def products(block, activation: str) -> list:
+    """(layers, gelu) of the four products of a block, as `linear` gets them."""
+    attention, ffn = block.attention, block.ffn
+    return [([attention.query, attention.key, attention.value], None), ([attention.output], None),
+            ([ffn.intermediate], GELU_APPROXIMATION[activation]), ([ffn.output], None)]
 
 
 def forward(encoder, input_ids, attention_mask, token_type_ids=None):
@@ -126,13 +159,15 @@ def forward(encoder, input_ids, attention_mask, token_type_ids=None):
     # (N,) positions of the real tokens in the B*T grid; None when there is no padding to skip.
     token_positions = None if bool(attention_mask.all()) else attention_mask.flatten().nonzero().squeeze(1)
     x = embed(encoder.embeddings, input_ids, token_type_ids, token_positions)  # (N, H)
-    tokens = x.shape[0]
-    if not torch.is_grad_enabled():
-        x = whole_tiles(x)  # (N', H): padded once here, so that no product pads (fast/linear.py)
+    tokens, tile = x.shape[0], None
+    if not torch.is_grad_enabled() and x.device.type == "cpu":
+        # Every block's products have the first one's shapes, and the machine's facts are by shape.
+        tile = tile_rows(products(encoder.layers[0], encoder.config.activation), computing_dtype(x))
+        x = whole_tiles(x, tile)  # (N', H): padded once here, so that no product pads (fast/linear.py)
     texts = text_rows(attention_mask)
     for block in encoder.layers:
-        h = attention(block.attention, x, texts, attention_mask, token_positions)  # (N', H)
+        h = attention(block.attention, x, texts, attention_mask, token_positions, tile)  # (N', H)
         x = layer_norm(x + block.dropout(h), block.attention_norm)
-        h = feed_forward(block.ffn, x, encoder.config.activation)  # (N', H)
+        h = feed_forward(block.ffn, x, encoder.config.activation, tile)  # (N', H)
         x = layer_norm(x + block.dropout(h), block.output_norm)
     return to_grid(x[:tokens], token_positions, B, T)  # (B, T, H)

@@ -121,7 +121,7 @@ def int8_blocks_exact(dim: int) -> bool:
     [-MANY_LEVELS, MANY_LEVELS], 64 and 1,024 query rows against a transposed chunk of 512 rows."""
     if dim * MANY_LEVELS**2 >= 2**31:
         return False
-    return fact(f"int8 blocks exact, d = {dim}", lambda: _int8_blocks_exact(dim))
+    return fact(f"int8 blocks exact, d = {dim}", lambda: _int8_blocks_exact(dim), kind=bool)
 
 
 def _int8_blocks_exact(dim: int) -> bool:
@@ -135,7 +135,7 @@ def int8_blocks_pay(dim: int) -> bool:
     of the time of the float32 product it replaces."""
     if not int8_blocks_exact(dim):
         return False
-    return fact(f"int8 blocks pay against float32, d = {dim}", lambda: _int8_blocks_ratio(dim) < INT8_BLOCKS_RATIO)
+    return fact(f"int8 blocks pay against float32, d = {dim}", lambda: _int8_blocks_ratio(dim) < INT8_BLOCKS_RATIO, kind=bool)
 
 
 def _int8_blocks_ratio(dim: int) -> float:

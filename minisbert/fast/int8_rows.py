@@ -142,7 +142,7 @@ def int8_product_runs(dim: int, device: torch.device, num_queries: int = 1) -> b
     if device.type != "cpu" or dim * LEVELS**2 >= 2**24:
         return False
     columns = query_columns(num_queries)
-    return fact(f"int8 product of {columns} query columns exact, d = {dim}", lambda: _int8_product_runs(dim, columns))
+    return fact(f"int8 product of {columns} query columns exact, d = {dim}", lambda: _int8_product_runs(dim, columns), kind=bool)
 
 
 def _int8_product_runs(dim: int, columns: int = 1) -> bool:
@@ -172,7 +172,7 @@ def int8_screen_pays(dim: int) -> bool:
     """Whether one query's int8 product over PROBE_BYTES of rows takes under INT8_ROWS_RATIO of float32's."""
     if not int8_product_runs(dim, torch.device("cpu")):
         return False
-    return fact(f"int8 rows pay for one query, d = {dim}", lambda: _int8_time_ratio(dim) < INT8_ROWS_RATIO)
+    return fact(f"int8 rows pay for one query, d = {dim}", lambda: _int8_time_ratio(dim) < INT8_ROWS_RATIO, kind=bool)
 
 
 def _int8_time_ratio(dim: int) -> float:

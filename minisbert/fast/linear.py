@@ -20,18 +20,20 @@ The environment variable MINISBERT_GEMM=torch or =onednn skips the measurement a
 
 A row's bits never depend on the other rows, by construction. oneDNN and MKL choose how to block a
 product, and which micro-kernel runs it, by its shape: the same row can get other bits in a product
-of 5 rows than in one of 64, and on some CPUs at multiples of 16 rows too (bench/README.md, "Batch
-invariance" and "Batch invariance by construction"). So without autograd on a CPU `linear` never hands a kernel the caller's rows: it cuts
-them into tiles of TILE_ROWS rows, the last one padded with zero rows (`whole_tiles`; the fast encoder
-pads its tokens once, so that its products never copy), and calls the kernel once per tile, each tile
-contiguous and starting at an address aligned to 64 bytes, writing into that tile's rows of the
-result; GELU runs on each tile as it comes out. Every call a kernel sees then has the same shape
-whatever the batch, so it chooses the same way for every batch, on any CPU, without anyone measuring
-what it does with other shapes. What is left is a row's place in its tile, and a kernel computes
-every row of a call alike (each blocks rows only to reuse the weights it has loaded; a row moved
-through every place of a tile kept its bits on every kernel tried: bench/README.md). That is what
-lets encode() promise the same vector for the same text in any batch; tests/test_batch_invariance.py
-watches the calls and checks the bits.
+of 5 rows than in one of 64, and on some CPUs at some multiples of 16 rows too (bench/README.md,
+"Batch invariance"). So without autograd on a CPU a kernel never sees the caller's rows: they are cut
+into tiles of a fixed number of rows, the last one padded with zero rows (`whole_tiles`; the fast
+encoder pads its tokens once, so that its products never copy), contiguous, from an address aligned
+to 64 bytes, and the kernel gets them as a stack of whole tiles, up to STACK_ROWS rows a call. What a
+tile gets from such a call is the kernel's business, so it is not assumed: the first time a machine
+meets a product, a kernel, a dtype and a tile size, it checks, bit for bit, that each tile of every
+stack up to STACK_ROWS rows gets what the tile gets alone (`keeps_tiles`). That is a fact about the
+machine (fast/machine.py), found by comparing bits, not by timing, so every process on the machine
+finds the same. A forward pass takes the smallest tile at which all its products keep their tiles'
+bits (`tile_rows`); a kernel that keeps them at no size gets one tile a call, each call the same
+shape whatever the batch. Either way a text's rows get the same bits in any batch, which is what lets
+encode() promise the same vector for the same text; tests/test_batch_invariance.py forces each
+kernel and checks the bits.
 
 Where the choice applies: on a CPU without autograd (oneDNN's ops have no backward pass, so training
 uses torch's kernel), in float32, and in bfloat16 under `torch.autocast` (inputs cast to bfloat16,
@@ -50,9 +52,7 @@ no bit.
 
 import contextlib
 import contextvars
-import math
 import os
-import time
 import weakref
 
 import torch
@@ -63,15 +63,17 @@ from . import machine
 
 BACKENDS = ("torch", "onednn")
 BACKEND_VARIABLE = "MINISBERT_GEMM"  # "torch" or "onednn" forces that kernel; unset or "auto" measures
-PROBE_ROWS = 1024  # tokens in the inputs the kernels are timed on (an encode batch holds up to 2,048)
-PROBE_ROUNDS = 3  # timed rounds per kernel, after one untimed round
-# Rows each kernel call gets without autograd (see above). A short text pays for the padding (a
-# query of 10 tokens computes a whole tile), a long batch for the calls (a product of 2,048 tokens
-# makes 2,048 / TILE_ROWS of them, each with a fixed cost). Of 16 to 256 rows, 32 encoded 1,000
-# sentences within a tenth of the quickest (64) and a short query in 0.7 of 64's time (bench/README.md,
-# "Batch invariance").
-TILE_ROWS = 32
-
+PROBE_ROWS = 1024  # rows of the batch the kernels are timed on (an encode batch holds up to 2,048)
+# Rows of a tile (see above), the candidates smallest first: a forward pass takes the smallest at which
+# every one of its products keeps a tile's bits in a stack (`tile_rows`), else the largest. The kernel
+# gets a product's tiles in stacks, so a tile's size only decides the padding a text pays: a query of
+# 9 tokens computes a whole tile. On a Xeon with AMX a row got other bits at some multiples of 16 rows,
+# not of 32 (bench/README.md, "Batch invariance").
+TILE_SIZES = (16, 32)
+# The most rows one call gets: an encode batch's tokens (fast/encode.py's CPU_TOKENS_PER_FORWARD),
+# in one call (calls of 512 rows took 18% longer to encode documents: bench/README.md, "Encoding").
+# `keeps_tiles` checks every stack of tiles up to it; a product of more rows runs in calls of this many.
+STACK_ROWS = 2048
 # The memory kept by `reusing_memory()`: a dict from (name, dtype) to a flat tensor, or None
 # outside it. A context variable, so each thread (and each asyncio task) has its own.
 _scratch = contextvars.ContextVar("minisbert_scratch", default=None)
@@ -98,36 +100,61 @@ def reusing_memory():
         _scratch.reset(token)
 
 
-def linear(x, layers, gelu: str = None, keep_as: str = None):
+def linear(x, layers, gelu: str = None, keep_as: str = None, tile: int = TILE_SIZES[-1]):
     """x through the nn.Linear `layers` side by side: (N, in) -> (N, out_1 + out_2 + ...). One wide
     product keeps the cores busier than several narrow ones.
 
     gelu: None, or F.gelu's `approximate` ("none" or "tanh") to apply GELU to the product.
     keep_as: the name under which `reusing_memory()` keeps the product's memory (see there).
+    tile: the rows of a tile without autograd on a CPU (`tile_rows` chooses it for a forward pass).
     """
     if torch.is_grad_enabled() or x.device.type != "cpu":
         weight, bias = _stacked(layers)
         y = F.linear(x, weight, bias)  # (N, out)
         return y if gelu is None else F.gelu(y, approximate=gelu)
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+    dtype = computing_dtype(x)
     backend = _backend(layers, gelu, keep_as, dtype)
-    return on_tiles(backend, x.to(dtype), _prepare(layers, backend, dtype), gelu, keep_as)  # (N, out)
+    weights = _prepare(layers, backend, dtype)
+    tiles_a_call = STACK_ROWS // tile if keeps_tiles(backend, layers, gelu, dtype, tile) else 1
+    return on_tiles(backend, x.to(dtype), weights, gelu, keep_as, tile, tiles_a_call)  # (N, out)
 
 
-def on_tiles(backend, x, weights, gelu, keep_as):
-    """`backend`'s product of x (N, in) with `weights`, one tile of TILE_ROWS rows at a time: (N, out)."""
-    rows, x = x.shape[0], whole_tiles(x)  # (N', in)
+def computing_dtype(x) -> torch.dtype:
+    """The dtype `linear` multiplies x in: autocast's on a CPU where it is on, else x's."""
+    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+
+
+def tile_rows(products, dtype) -> int:
+    """The rows of a tile for a forward pass whose products are `products` ((layers, gelu) pairs): the
+    smallest of TILE_SIZES at which each, on its kernel, keeps a tile's bits in a stack; else the
+    largest (where a kernel that does not keep them gets one tile a call)."""
+    for tile in TILE_SIZES[:-1]:
+        if all(keeps_tiles(_backend(layers, gelu, None, dtype), layers, gelu, dtype, tile) for layers, gelu in products):
+            return tile
+    return TILE_SIZES[-1]
+
+
+def on_tiles(backend, x, weights, gelu, keep_as, tile, tiles_a_call):
+    """`backend`'s product of x (N, in) with `weights`: (N, out). x is cut into tiles of `tile` rows,
+    and the kernel gets `tiles_a_call` of them a call (the last call fewer)."""
+    rows, x = x.shape[0], whole_tiles(x, tile)  # (N', in)
     out = _kept_memory(keep_as, x.shape[0], weights[1].shape[0], x.dtype)  # (N', out)
-    for tile in range(0, x.shape[0], TILE_ROWS):
-        PRODUCTS[backend](x[tile:tile + TILE_ROWS], weights, gelu, out[tile:tile + TILE_ROWS])
+    step = tiles_a_call * tile
+    if x.shape[0] <= step:  # one call: its result is the product, wherever the kernel wrote it
+        return PRODUCTS[backend](x, weights, gelu, out)[:rows]
+    for start in range(0, x.shape[0], step):
+        piece = out[start:start + step]
+        result = PRODUCTS[backend](x[start:start + step], weights, gelu, piece)
+        if result.data_ptr() != piece.data_ptr():
+            piece.copy_(result)
     return out[:rows]  # (N, out)
 
 
-def whole_tiles(x):
+def whole_tiles(x, tile: int):
     """x (N, ...) as tiles are cut from it: contiguous, from an address aligned to 64 bytes (the widest
-    vector, and a cache line), with zero rows added up to a multiple of TILE_ROWS rows. x itself where
+    vector, and a cache line), with zero rows added up to a multiple of `tile` rows. x itself where
     it is so already (the fast encoder pads its tokens once, so that its products never copy)."""
-    missing = -x.shape[0] % TILE_ROWS
+    missing = -x.shape[0] % tile
     if missing == 0 and x.is_contiguous() and x.data_ptr() % 64 == 0:
         return x
     padded = x.new_zeros(x.shape[0] + missing, *x.shape[1:])  # (N', ...): a fresh tensor, aligned
@@ -135,28 +162,53 @@ def whole_tiles(x):
     return padded
 
 
+def keeps_tiles(backend, layers, gelu, dtype, tile: int) -> bool:
+    """Whether `backend` gives each tile of `tile` rows in a stack the bits it gives the tile alone,
+    for this product on this machine (a kept fact, see the module docstring): checked on inputs drawn
+    from a generator of its own, for every stack of 1 tile to STACK_ROWS rows, against each tile
+    multiplied alone. Stacks are for float32 and native bfloat16, the dtypes whose speed matters."""
+    if not (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu.native_bfloat16())):
+        return False  # a dtype this CPU only emulates (a network cast by .half(), .double()): a tile a call
+    product = f"{layers[0].in_features} x {sum(layer.out_features for layer in layers)}"
+    product += f" then GELU ({gelu})" if gelu else ""
+    name = f"keeps a tile's bits in a stack, {tile}-row tiles, {backend}, {product}, {str(dtype).removeprefix('torch.')}"
+
+    def check() -> bool:
+        weights = _prepare(layers, backend, dtype)
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(STACK_ROWS, layers[0].in_features, generator=generator).to(dtype)
+        alone = on_tiles(backend, x, weights, gelu, None, tile, 1)  # (N, out): a tile a call
+        return all(torch.equal(on_tiles(backend, x[:rows], weights, gelu, None, tile, STACK_ROWS // tile), alone[:rows])
+                   for rows in range(tile, STACK_ROWS + 1, tile))
+
+    return machine.fact(name, check, kind=bool)
+
+
 def _stacked(layers):
-    """The layers' weight matrices one above the other (out, in), and their biases (out,)."""
-    if len(layers) == 1:
+    """The layers' weight matrices one above the other (out, in), and their biases (out,); a layer
+    without bias (a Dense layer may have none) adds zeros."""
+    if len(layers) == 1 and layers[0].bias is not None:
         return layers[0].weight, layers[0].bias
-    return torch.cat([layer.weight for layer in layers]), torch.cat([layer.bias for layer in layers])
+    biases = [layer.weight.new_zeros(layer.out_features) if layer.bias is None else layer.bias for layer in layers]
+    return torch.cat([layer.weight for layer in layers]), torch.cat(biases)
 
 
 def _torch_product(x, weights, gelu, out):
-    """One tile (TILE_ROWS, in) through torch's kernel into `out` (TILE_ROWS, out)."""
+    """Whole tiles (N, in) through torch's kernel, written into `out` (N, out)."""
     weight, bias = weights
     torch.addmm(bias, x, weight.T, out=out)
     if gelu is not None:  # nothing else reads the product: GELU overwrites it
         torch.ops.aten.gelu_(out, approximate=gelu)
+    return out
 
 
 def _onednn_product(x, weights, gelu, out):
-    """One tile (TILE_ROWS, in) through oneDNN's kernel, GELU fused, copied into `out` (TILE_ROWS, out)."""
+    """Whole tiles (N, in) through oneDNN's kernel, GELU fused: a new (N, out) tensor (the kernel
+    writes into no given memory; `out` is left alone)."""
     packed, bias = weights
     if gelu is None:
-        out.copy_(torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""))
-    else:
-        out.copy_(torch.ops.mkldnn._linear_pointwise(x, packed, bias, "gelu", [], gelu))
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "gelu", [], gelu)
 
 
 PRODUCTS = {"torch": _torch_product, "onednn": _onednn_product}
@@ -176,7 +228,7 @@ def _kept_memory(keep_as, rows, width, dtype):
 def _prepare(layers, backend, dtype):
     """The stacked weight, as `backend` reads it, and bias, both in `dtype`: made once, kept while
     none of the layers' parameters changes (version counter and storage, checked at each call)."""
-    parameters = [p for layer in layers for p in (layer.weight, layer.bias)]
+    parameters = [p for layer in layers for p in (layer.weight, layer.bias) if p is not None]
     stamp = tuple((p._version, p.data_ptr()) for p in parameters)
     kept = _prepared.setdefault(layers[0], {})
     key = (tuple(map(id, layers)), backend, dtype)
@@ -218,28 +270,31 @@ def _backend(layers, gelu, keep_as, dtype) -> str:
     product = f"{layers[0].in_features} x {sum(layer.out_features for layer in layers)}"
     product += f" then GELU ({gelu})" if gelu else ""
     name = f"quicker product kernel, {product}, {str(dtype).removeprefix('torch.')}"
-    return machine.fact(name, lambda: _quickest(candidates, layers, gelu, keep_as, dtype))
+    return machine.fact(name, lambda: _quickest(candidates, layers, gelu, keep_as, dtype), choices=candidates)
 
 
 def _quickest(candidates, layers, gelu, keep_as, dtype) -> str:
-    """Time each kernel on this product, in turn, and return the quicker; forget the other's weights
-    (with timing off, fast/machine.py: the first candidate, torch's kernel, untimed). Each is timed
-    as `linear` runs it, tile by tile."""
+    """Time each kernel on this product at the two sizes users run, in turn: one tile (a short query)
+    and PROBE_ROWS rows in one call (a batch). Keep the kernel whose larger slowdown against the
+    quicker at each size is the smaller, and forget the other's weights (with timing off,
+    fast/machine.py: the first candidate, torch's kernel, untimed). One kernel serves both sizes: a
+    kernel chosen by the batch's size would give a text other bits in another batch."""
     if not machine.timing():
         return candidates[0]
-    best = dict.fromkeys(candidates, math.inf)
     # Inputs from a generator of its own: drawing from torch's global one would change the dropout
     # masks a training run draws next, depending on when (in which process) a shape is first met.
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(PROBE_ROWS, layers[0].in_features, dtype=dtype, generator=generator)  # (N, in)
-    for round_number in range(PROBE_ROUNDS + 1):
-        for backend in candidates:
-            weights = _prepare(layers, backend, dtype)
-            start = time.perf_counter()
-            on_tiles(backend, x, weights, gelu, keep_as)
-            if round_number > 0:  # the first round only warms up
-                best[backend] = min(best[backend], time.perf_counter() - start)
-    quickest = min(best, key=best.get)
+    tile = TILE_SIZES[0]
+    calls = {}
+    for backend in candidates:
+        weights = _prepare(layers, backend, dtype)
+        calls[(backend, "tile")] = lambda b=backend, w=weights: on_tiles(b, x[:tile], w, gelu, keep_as, tile, 1)
+        calls[(backend, "batch")] = lambda b=backend, w=weights: on_tiles(b, x, w, gelu, keep_as, tile, STACK_ROWS // tile)
+    best = machine.best_times(calls)
+    slowdown = {backend: max(best[(backend, size)] / min(best[(other, size)] for other in candidates)
+                             for size in ("tile", "batch")) for backend in candidates}
+    quickest = min(candidates, key=slowdown.get)
     for backend in candidates:
         if backend != quickest:
             _prepared[layers[0]].pop((tuple(map(id, layers)), backend, dtype))

@@ -30,6 +30,7 @@ import math
 import os
 import platform
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,28 +63,48 @@ _asked: set[str] = set()  # the facts this process has asked for
 
 
 def known() -> dict:
-    """Every fact kept for this machine so far, name -> value (and "machine": what it describes)."""
+    """Every fact kept for this machine so far, name -> value (and "machine": what it describes). A
+    file that is not a JSON object describing this machine is set aside, with a warning naming it:
+    its facts are measured again."""
     global _kept
     if _kept is None:
         path = machine_file()
         try:
             _kept = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except FileNotFoundError:
+            _kept = {}
+        except (OSError, ValueError) as error:
+            warnings.warn(f"the machine facts file {path} cannot be read ({error}); its facts are measured again")
+            _kept = {}
+        if not isinstance(_kept, dict):
+            warnings.warn(f"the machine facts file {path} holds no JSON object; its facts are measured again")
             _kept = {}
         if _kept.get("machine") != describe():
             _kept = {"machine": describe()}
     return dict(_kept)
 
 
-def fact(name: str, measure: Callable[[], object]):
+def fact(name: str, measure: Callable[[], object], choices=None, kind=None):
     """The kept value of fact `name`, measuring it with `measure()` (JSON-able) if none is kept yet.
+    A kept value that is not one of `choices`, or not of type `kind` (a file written by another
+    version, or edited), is measured again, with a warning naming the file.
     The first value written wins: the file is read again and written under a lock, so a process that
     measured at the same time as another takes the other's value, and every process on the machine
     uses the same one. (The measuring runs outside the lock: it may need other facts.)"""
     global _kept
     _asked.add(name)
-    if name in known():
+
+    def usable(value) -> bool:
+        return (choices is None or value in choices) and (kind is None or isinstance(value, kind))
+
+    if _kept is not None and name in _kept and usable(_kept[name]):  # asked for at every product: no copy
         return _kept[name]
+    kept = known()
+    if name in kept:
+        if usable(kept[name]):
+            return kept[name]
+        warnings.warn(f"the machine facts file {machine_file()} holds {kept[name]!r} for {name!r}, which this "
+                      "version cannot use; it is measured again")
     value = json.loads(json.dumps(measure()))
     path = machine_file()
     try:
@@ -96,7 +117,7 @@ def fact(name: str, measure: Callable[[], object]):
         fcntl.flock(lock, fcntl.LOCK_EX)
         _kept = None
         facts = known()
-        if name not in facts:
+        if name not in facts or not usable(facts[name]):
             facts[name] = value
             atomic_write(path, lambda tmp: tmp.write_text(json.dumps(facts, indent=1, sort_keys=True)))
             _kept = facts

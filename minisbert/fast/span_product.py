@@ -54,17 +54,23 @@ def runs(name: str, device: torch.device) -> bool:
                                  and "avx2" in cpu.flags())
 
 
-def way(factor_rows: int, dim: int, device: torch.device) -> str:
-    """The way to multiply `factor_rows` rows of `dim` numbers with spans of rows: the quickest as
-    measured once on this machine."""
+def refuse_removed_variable() -> None:
+    """MINISBERT_SPAN_PRODUCT once forced the kernel: a setting that now does nothing is refused, naming it."""
     if REMOVED_VARIABLE in os.environ:
         raise ValueError(f"{REMOVED_VARIABLE} no longer forces the span product: the kernel is a fact of the "
                          "machine (minisbert/fast/machine.py), and search(..., way=NAME) is the one knob that "
                          f"forces a way of the search; unset {REMOVED_VARIABLE}")
+
+
+def way(factor_rows: int, dim: int, device: torch.device) -> str:
+    """The way to multiply `factor_rows` rows of `dim` numbers with spans of rows: the quickest as
+    measured once on this machine."""
+    refuse_removed_variable()
     if device.type != "cpu":
         return "rows"
     rounded = 2 ** math.ceil(math.log2(max(1, factor_rows)))
-    return fact(f"span product of {rounded} rows, d = {dim}", lambda: _quickest(rounded, dim, device))
+    return fact(f"span product of {rounded} rows, d = {dim}", lambda: _quickest(rounded, dim, device),
+                choices=[name for name in WAYS if runs(name, device)])
 
 
 def _quickest(factor_rows: int, dim: int, device: torch.device) -> str:
