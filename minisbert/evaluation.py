@@ -22,13 +22,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from . import datasets
 from . import distributed, metrics
 from .lexical import BM25, Jaccard
 from .correlation import pearson, spearman
 from .search import search
-from .fileio import atomic_write, file_label, home_folder
+from .fileio import DIGEST_KEY, atomic_write, file_label, home_folder, tensors_digest
 from .similarity import pairwise_cosine
 
 CACHE_DIR = Path(os.environ.get("MINISBERT_CACHE") or home_folder(".cache"))
@@ -66,37 +68,38 @@ def encode_cached(model, texts, batch_size: int = 32, cache_dir: Path = None, dt
     if cache_dir is None:
         return model.encode(texts, batch_size=batch_size, dtype=dtype)
     texts = list(texts)
-    path = Path(cache_dir) / f"{model_fingerprint(model)}-{dtype}-{texts_fingerprint(texts)}.npy"
+    path = Path(cache_dir) / f"{model_fingerprint(model)}-{dtype}-{texts_fingerprint(texts)}.safetensors"
     if path.is_file():
         cached, problem = read_cache_entry(path, len(texts), model.dimension)
         if problem is None:
             return cached
         warnings.warn(f"cached embeddings {path} {problem}; encoding the texts again")
     embeddings = model.encode(texts, batch_size=batch_size, dtype=dtype)
-
-    def save(tmp: Path):
-        with open(tmp, "wb") as file:  # a file, not a name: np.save would append ".npy" to the name
-            np.save(file, embeddings)
-
-    atomic_write(path, save)
+    tensors = {"embeddings": torch.from_numpy(np.ascontiguousarray(embeddings))}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={DIGEST_KEY: tensors_digest(tensors)}))
     return embeddings
 
 
 def read_cache_entry(path: Path, rows: int, dimension: int):
     """(the cached embeddings, None), or (None, why they cannot be used): an entry is used only if it
-    is one float32 row per text, of the model's dimension, all finite. A file cut short, damaged or
-    written by something else would otherwise give metrics over a misaligned corpus."""
+    is the bytes that were written (its SHA-256, kept in its metadata), one float32 row per text, of
+    the model's dimension, all finite. A file cut short, damaged or written by something else would
+    otherwise give metrics over a misaligned corpus, or over wrong values."""
     try:
-        embeddings = np.load(path)  # allow_pickle is off: a cache file cannot run code
-    except (ValueError, OSError, EOFError) as error:
+        with safe_open(str(path), framework="pt") as opened:
+            metadata, tensors = opened.metadata() or {}, {name: opened.get_tensor(name) for name in opened.keys()}
+    except (OSError, SafetensorError) as error:
         return None, f"cannot be read ({error})"
-    if not isinstance(embeddings, np.ndarray) or embeddings.shape != (rows, dimension):
-        return None, f"have shape {getattr(embeddings, 'shape', None)}, not ({rows}, {dimension})"
-    if embeddings.dtype != np.float32:
-        return None, f"are {embeddings.dtype}, not float32"
-    if not np.isfinite(embeddings).all():
+    embeddings = tensors.get("embeddings")
+    if embeddings is None or tuple(embeddings.shape) != (rows, dimension):
+        return None, f"have shape {None if embeddings is None else tuple(embeddings.shape)}, not ({rows}, {dimension})"
+    if embeddings.dtype != torch.float32:
+        return None, f"are {str(embeddings.dtype).removeprefix('torch.')}, not float32"
+    if metadata.get(DIGEST_KEY) != tensors_digest(tensors):
+        return None, "are not the ones written (their SHA-256 differs from the one saved with them, or none was)"
+    if not torch.isfinite(embeddings).all():
         return None, "hold values that are not finite"
-    return embeddings, None
+    return embeddings.numpy(), None
 
 
 def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine", batch_size: int = 32,

@@ -16,7 +16,8 @@ is called with a shape that depends on the batch. A CPU whose kernels happen to 
 bits at any row count would pass the property test even with that broken, so the construction is
 checked too, by watching every call: each product gets whole tiles, stacked only where the
 machine's check found the kernel keeps a tile's bits in a stack (a kernel planted to fail that check
-is run a tile a call), each attention call the number of texts its length decides. And
+is run a tile a call), each attention call one text or a fixed number of texts of one length, only at
+lengths where the machine's check found the kernel keeps a text's bits among them. And
 two processes on one machine, the first of them
 timing the kernels while the machine is loaded (as a user's process does; the test session itself
 times nothing: tests/conftest.py), give the same bits: the kernel chosen for each product is kept
@@ -170,12 +171,39 @@ def test_no_kernel_is_called_with_a_shape_that_depends_on_the_batch(model, texts
     assert max(calls) == (fast_linear.STACK_ROWS if stacked else tile) and (len(calls) > 2 or not stacked)
     width = MINILM_WIDTHS["hidden_size"]
     assert sum(1 for rows, _, _, fan_in in products if fan_in == width and rows <= 2 * tile) >= 6  # short batches
-    assert attention and all(count == max(1, fast_encoder.ATTENTION_TOKENS // length) for count, length in attention)
+    # Attention: a text alone, or among ATTENTION_TEXTS of its length where the machine's check allows it.
+    assert attention and {count for count, _ in attention} <= {1, fast_encoder.ATTENTION_TEXTS}
+    heads, head_size = model.encoder.config.num_heads, model.encoder.config.head_size
+    assert all(count == 1 or fast_encoder.shares_a_call(length, heads, head_size, getattr(torch, dtype))
+               for count, length in attention)
+    assert fast_encoder.ATTENTION_TEXTS in {count for count, _ in attention}  # `many` has 8 texts of one length
 
 
 def products_of(model) -> list:
     """(layers, gelu) of each product the fast path makes with `model`: the four of each block, the Dense layer."""
     return fast_encoder.products(model.encoder.layers[0], model.encoder.config.activation) + [([model.dense.linear], None)]
+
+
+def test_an_attention_kernel_that_gives_a_text_other_bits_among_others_gets_one_text_a_call(model, texts, monkeypatch,
+                                                                                            timed_probes):
+    """shares_a_call compares, bit for bit, texts of a length among ATTENTION_TEXTS with each alone: a
+    kernel whose bits depend on the number of texts (planted: the last bit moves in calls of several
+    texts of 40 tokens or more) is found out at those lengths, and encode() keeps its promise with it."""
+    sdpa = F.scaled_dot_product_attention
+
+    def count_dependent(q, *rest):
+        out = sdpa(q, *rest)
+        if q.shape[0] > 1 and q.shape[2] >= 40:
+            out.view(torch.int32).bitwise_xor_(1)
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", count_dependent)
+    heads, head_size = model.encoder.config.num_heads, model.encoder.config.head_size
+    assert fast_encoder.shares_a_call(12, heads, head_size, torch.float32)
+    assert not fast_encoder.shares_a_call(40, heads, head_size, torch.float32)
+    same_length = [t for t in texts if len(model.tokenizer.token_ids([t])[0]) > 40][:2]
+    alone = torch.stack([model.encode(text, convert_to_tensor=True) for text in same_length])
+    assert torch.equal(model.encode(same_length * 9, batch_size=18, convert_to_tensor=True)[:2], alone)
 
 
 def test_a_kernel_that_gives_a_tile_other_bits_in_a_stack_gets_one_tile_a_call(model, texts, monkeypatch, timed_probes):

@@ -84,17 +84,10 @@ COMMANDS = {
     "python3 -m venv peer && peer/bin/pip install torch==2.13.0 && peer/bin/pip install sentence-transformers "
     "faiss-cpu \"optimum[onnxruntime]\" datasets accelerate": Run(needs="peer", instead="$PEER_PYTHON -c 'import "
                                                                   "sentence_transformers, faiss, optimum'"),
-    "python bench/encode.py --peer-python PEER/bin/python --limit 320 --rounds 3 --gemm-variants --peer-variants "
-    "\"torch float32\" \"ONNX float32\" \"ONNX int8\"": Run(BENCH, slow=True, data=True, needs="peer"),
-    "python bench/encode.py --peer-python PEER/bin/python --limit 320 --rounds 3 --gemm-variants":
-        Run(BENCH, slow=True, data=True, needs="peer"),
-    "python bench/encode.py --peer-python PEER/bin/python --limit 320 --rounds 3 --gemm-variants --peer-variants "
-    "\"torch float32\" \"torch bfloat16\"": Run(BENCH, slow=True, data=True, needs="peer"),
+    "python bench/encode.py --peer-python PEER/bin/python --limit 160 --rounds 5 --query-rounds 5 --before "
+    "../minisbert-8f8fbbf ../minisbert-2874f26 --peer-variants \"torch float32\" \"ONNX float32\" \"ONNX int8\"":
+        Run(f"{BENCH} --query-rounds 1", slow=True, data=True, needs="peer"),
     "python bench/batch_invariance.py": Run("--threads 1 --rows 96"),
-    "python bench/tile_rows.py --threads 1 --before ../minisbert-7aae6dc --rounds 3":
-        Run("--tiles 32 --rounds 1", slow=True, data=True),
-    "python bench/tile_rows.py --before ../minisbert-7aae6dc --rounds 3 --kernels onednn torch --tiles 32 64":
-        Run("--tiles 32 --rounds 1", slow=True, data=True),
     "python bench/int8.py --limit 320 --rounds 3": Run(BENCH, slow=True, data=True),
     "python bench/int8.py --limit 64 --rounds 1 --ndcg": Run(f"{BENCH} {SMALL_CORPUS}"),
     "python bench/retrieval.py --peer-python PEER/bin/python": SMALL_SEARCH,
@@ -206,7 +199,7 @@ COMMANDS = {
 PLACEHOLDERS = {"PEER/bin/python": "$PEER_PYTHON", "/path/to/peer-env/bin/python": "$PEER_PYTHON",
                 "~/stsbenchmark": "$MINISBERT_DATA_MIRROR/stsb", "--data DIR": f"--data {REPO / 'data' / 'example'}",
                 "--nproc_per_node 8": "--nproc_per_node 2", "runs/mnrl8/final": "runs/x/final",
-                "../minisbert-7aae6dc": str(REPO), "../minisbert-2874f26": str(REPO)}  # an earlier commit's checkout: this one stands in
+                "../minisbert-2874f26": str(REPO), "../minisbert-8f8fbbf": str(REPO)}  # an earlier commit's checkout: this one stands in
 COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:\.venv/bin/)?(?:python3? |torchrun |\$PEER_PYTHON |peer/bin/)")
 
 

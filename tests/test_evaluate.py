@@ -328,7 +328,7 @@ def test_second_run_reads_corpus_embeddings_from_the_cache(tmp_path, monkeypatch
 
     first = evaluate_to_json(tmp_path / "first.json", "--model", TINY)
     assert any(a_document in texts for texts in encoded)
-    assert len(list(cache_dir.glob("*.npy"))) == 1
+    assert len(list(cache_dir.glob("*.safetensors"))) == 1
 
     encoded.clear()
     second = evaluate_to_json(tmp_path / "second.json", "--model", TINY)
@@ -341,24 +341,39 @@ def test_second_run_reads_corpus_embeddings_from_the_cache(tmp_path, monkeypatch
     assert any(a_document in texts for texts in encoded)
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (lambda e: (e[:-1]), "have shape"),  # a stale entry: one row short
-    (lambda e: (e[:, :-1]), "have shape"),
-    (lambda e: (e.astype(np.float16)), "are float16, not float32"),
-    (lambda e: (np.where(np.arange(len(e))[:, None] == 2, np.nan, e).astype(np.float32)), "hold values that are not finite"),
-    (lambda e: e, "cannot be read"),  # the file cut in half (below)
+def flip_a_sign(e):
+    e = e.copy()
+    e[2, 3] = -e[2, 3]
+    return e
+
+
+@pytest.mark.parametrize("damage, problem, digest", [
+    (lambda e: (e[:-1]), "have shape", True),  # a stale entry: one row short
+    (lambda e: (e[:, :-1]), "have shape", True),
+    (lambda e: (e.astype(np.float16)), "are float16, not float32", True),
+    (lambda e: (np.where(np.arange(len(e))[:, None] == 2, np.nan, e).astype(np.float32)), "are not the ones written", True),
+    (lambda e: (np.where(np.arange(len(e))[:, None] == 2, np.nan, e).astype(np.float32)), "hold values that are not finite",
+     "kept"),  # written with a digest of its own: the values themselves are checked too
+    (flip_a_sign, "are not the ones written", False),  # a flipped bit, the digest as saved: caught by it alone
+    (lambda e: e, "cannot be read", None),  # the file cut in half (below)
 ])
-def test_a_cache_entry_that_does_not_fit_is_encoded_again_with_a_warning(damage, problem, tmp_path, cache_dir):
+def test_a_cache_entry_that_does_not_fit_is_encoded_again_with_a_warning(damage, problem, digest, tmp_path, cache_dir):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
     first = evaluate_to_json(tmp_path / "first.json", "--model", TINY)
-    [entry] = cache_dir.glob("*.npy")
+    [entry] = cache_dir.glob("*.safetensors")
     good = entry.read_bytes()
-    embeddings = np.load(entry)
+    with safe_open(str(entry), framework="np") as opened:
+        metadata, embeddings = opened.metadata(), opened.get_tensor("embeddings")
     damaged = damage(embeddings)
-    if damaged is embeddings:
+    if digest is None:
         entry.write_bytes(good[: len(good) // 2])
     else:
-        with open(entry, "wb") as file:
-            np.save(file, damaged)
+        tensors = {"embeddings": torch.from_numpy(np.ascontiguousarray(damaged))}
+        if digest == "kept":
+            metadata = {evaluation.DIGEST_KEY: evaluation.tensors_digest(tensors)}
+        save_file(tensors, str(entry), metadata=metadata if digest is not True else {})
     with pytest.warns(UserWarning, match=f"cached embeddings {re.escape(str(entry))} {problem}.*encoding the texts again"):
         second = evaluate_to_json(tmp_path / "second.json", "--model", TINY)
     assert second == first
@@ -374,7 +389,7 @@ def test_a_changed_corpus_misses_the_cache(tmp_path, monkeypatch, cache_dir):
     encoded = spy_on_encode(monkeypatch)
     evaluate_to_json(tmp_path / "second.json", "--model", TINY, "--data", str(tmp_path / "changed"))
     assert any(changed["bread-01"] in texts for texts in encoded)
-    assert len(list(cache_dir.glob("*.npy"))) == 2
+    assert len(list(cache_dir.glob("*.safetensors"))) == 2
 
 
 def test_a_saved_model_loads_and_only_a_different_one_misses_the_cache(tmp_path, monkeypatch, cache_dir):
@@ -396,7 +411,7 @@ def test_a_saved_model_loads_and_only_a_different_one_misses_the_cache(tmp_path,
     first_run, = tmp_path.glob("first-*.trec")
     changed_run, = tmp_path.glob("changed-*.trec")
     assert datasets.read_trec_run(changed_run) != datasets.read_trec_run(first_run)
-    assert len(list(cache_dir.glob("*.npy"))) == 2
+    assert len(list(cache_dir.glob("*.safetensors"))) == 2
 
 
 def test_the_cache_key_covers_everything_that_changes_embeddings():

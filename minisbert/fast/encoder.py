@@ -23,9 +23,10 @@ to a kernel that may choose its method by the shape it is given gets a shape tha
 decides. Products get whole tiles of rows (fast/linear.py; without autograd the pack is padded
 here, once, with zero rows to whole tiles). Attention gets a text at its own length: padded to a
 longer text's length it would get other bits (the kernel blocks its sums by position). And it gets
-it beside a number of texts of that length that the length alone decides (`attention_calls`),
-never as many as the batch happens to hold: PyTorch's CPU flash attention, for one, decides whether
-to repack keys and values for AMX by the batch size. Every other step (the embeddings' sums, layer
+it alone or among a fixed number of texts of its length (`attention_calls`), never among as many as
+the batch happens to hold: PyTorch's CPU flash attention, for one, decides whether to repack keys
+and values for AMX by the number of texts. Sharing a call is done only at lengths where this
+machine's kernel was checked to give a text the same bits there as alone (`shares_a_call`). Every other step (the embeddings' sums, layer
 norms, residual sums) computes each row alone. So encode() gives a text the same embedding in any
 batch: tests/test_batch_invariance.py.
 
@@ -39,14 +40,14 @@ import torch
 import torch.nn.functional as F
 
 from ..encoder_inputs import additive_attention_mask, position_ids
+from . import machine
 from .linear import computing_dtype, linear, tile_rows, whole_tiles
 
 GELU_APPROXIMATION = {"gelu": "none", "gelu_new": "tanh"}  # EncoderConfig.activation -> F.gelu's name
-# Tokens of the texts one attention call gets (see `attention_calls`): texts shorter than half of this
-# share a call, whose fixed cost then weighs less; a text of this many tokens or more is a call alone.
-# A call's empty texts (a short query alone pads up to 6) cost a query nothing measurable at 64; at 256
-# they cost it a fifth. bench/README.md, "Encoding".
-ATTENTION_TOKENS = 64
+# Texts of one length that share an attention call where this machine's kernel gives each of them
+# the bits it gives the text alone (`shares_a_call`); the rest go one a call. Sharing a call saved 8%
+# of encoding SciFact documents, most of which are cut to the same 256 tokens (bench/README.md, "Encoding").
+ATTENTION_TEXTS = 8
 
 
 def to_grid(packed, token_positions, batch_size, seq_len):
@@ -88,19 +89,46 @@ def text_rows(attention_mask) -> list:
     return [(start, length) for start, length in zip(starts, lengths) if length > 0]
 
 
-def attention_calls(texts) -> list:
-    """The calls attention makes: (length, texts per call, first rows of the texts in it). Texts of one
-    length go ATTENTION_TOKENS // length to a call (at least one); a call with fewer is padded with
-    empty texts up to that count. So a call's shape, (texts per call, heads, length, head size),
-    is decided by the length alone, never by the batch."""
+def attention_calls(texts, shares_a_call) -> list:
+    """The calls attention makes: (length, first rows of the texts in it). Texts of one length go
+    ATTENTION_TEXTS to a call where `shares_a_call(length)`, and the texts left over one a call. So a
+    text meets one of two calls, (ATTENTION_TEXTS or 1, heads, length, head size), and gets the same
+    bits in either (`shares_a_call` says so, checked for this machine), whatever the batch."""
     by_length = {}
     for start, length in texts:
         by_length.setdefault(length, []).append(start)
     calls = []
     for length, starts in by_length.items():
-        per_call = max(1, ATTENTION_TOKENS // length)
-        calls += [(length, per_call, starts[i:i + per_call]) for i in range(0, len(starts), per_call)]
+        shared = len(starts) // ATTENTION_TEXTS * ATTENTION_TEXTS if len(starts) >= ATTENTION_TEXTS else 0
+        if shared and not shares_a_call(length):
+            shared = 0
+        calls += [(length, starts[i:i + ATTENTION_TEXTS]) for i in range(0, shared, ATTENTION_TEXTS)]
+        calls += [(length, [start]) for start in starts[shared:]]
     return calls
+
+
+def shares_a_call(length: int, num_heads: int, head_size: int, dtype) -> bool:
+    """Whether `F.scaled_dot_product_attention` gives each of ATTENTION_TEXTS texts of `length` tokens in
+    one call the bits it gives the text alone, on this machine (a fact kept per machine: fast/machine.py),
+    checked on inputs laid out as `attention` lays them out, drawn from a generator of their own. A
+    kernel may choose its method by the number of texts (PyTorch's CPU flash attention decides whether to
+    repack keys and values for AMX by it), so this is not assumed."""
+    name = (f"attention keeps a text's bits among {ATTENTION_TEXTS} of its length, {length} tokens, "
+            f"{num_heads} heads of {head_size}, {str(dtype).removeprefix('torch.')}")
+
+    def check() -> bool:
+        generator = torch.Generator().manual_seed(length)
+        qkv = torch.randn(ATTENTION_TEXTS * length, 3 * num_heads * head_size, generator=generator).to(dtype)
+        q, k, v = qkv.view(ATTENTION_TEXTS, length, 3, num_heads, head_size).permute(2, 0, 3, 1, 4)
+        together = F.scaled_dot_product_attention(q, k, v)  # (G, nh, L, hs)
+        for text in range(ATTENTION_TEXTS):
+            rows = qkv[text * length:(text + 1) * length]  # (L, 3H): a text alone, as `attention` gives it
+            q, k, v = rows.view(1, length, 3, num_heads, head_size).permute(2, 0, 3, 1, 4)
+            if not torch.equal(F.scaled_dot_product_attention(q, k, v)[0], together[text]):
+                return False
+        return True
+
+    return machine.fact(name, check, kind=bool)
 
 
 def attention(module, x, texts, attention_mask, token_positions, tile):
@@ -112,18 +140,17 @@ def attention(module, x, texts, attention_mask, token_positions, tile):
     if dropout:  # training: the padded (B, T) grid, so that dropout draws its masks as the plain encoder does
         return padded_attention(module, qkv, attention_mask, token_positions, dropout)
     context = qkv.new_zeros(x.shape[0], H)  # (N, H)
-    for length, per_call, starts in attention_calls(texts):
+    for length, starts in attention_calls(texts, lambda length: shares_a_call(length, nh, hs, qkv.dtype)):
         first, count = starts[0], len(starts)
-        if count == per_call and starts == list(range(first, first + count * length, length)):
+        if starts == list(range(first, first + count * length, length)):
             rows = slice(first, first + count * length)  # side by side in the pack (encode sorts by length)
-            group = qkv[rows]  # (G L, 3H): a view
+            group = qkv[rows]  # (n L, 3H): a view
         else:
             rows = torch.cat([torch.arange(start, start + length) for start in starts])  # (n L,)
-            group = qkv.new_zeros(per_call * length, 3 * H)  # (G L, 3H): empty texts past the n given
-            group[: rows.numel()] = qkv[rows]
-        q, k, v = group.view(per_call, length, 3, nh, hs).permute(2, 0, 3, 1, 4)  # 3 x (G, nh, L, hs): views
-        out = F.scaled_dot_product_attention(q, k, v)  # (G, nh, L, hs)
-        context[rows] = out.transpose(1, 2).reshape(per_call * length, H)[: count * length]  # (n L, H)
+            group = qkv[rows]  # (n L, 3H): gathered
+        q, k, v = group.view(count, length, 3, nh, hs).permute(2, 0, 3, 1, 4)  # 3 x (n, nh, L, hs): views
+        out = F.scaled_dot_product_attention(q, k, v)  # (n, nh, L, hs)
+        context[rows] = out.transpose(1, 2).reshape(count * length, H)  # (n L, H)
     return linear(context, [module.output], tile=tile)  # (N, H)
 
 
