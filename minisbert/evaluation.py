@@ -23,14 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from . import datasets
 from . import distributed, metrics
 from .lexical import BM25, Jaccard
 from .correlation import pearson, spearman
 from .search import search
-from .fileio import DIGEST_KEY, atomic_write, file_label, home_folder, tensors_digest
+from .fileio import DIGEST_KEY, file_label, home_folder, tensors_digest, write_safetensors
 from .similarity import pairwise_cosine
 
 CACHE_DIR = Path(os.environ.get("MINISBERT_CACHE") or home_folder(".cache"))
@@ -75,8 +74,7 @@ def encode_cached(model, texts, batch_size: int = 32, cache_dir: Path = None, dt
             return cached
         warnings.warn(f"cached embeddings {path} {problem}; encoding the texts again")
     embeddings = model.encode(texts, batch_size=batch_size, dtype=dtype)
-    tensors = {"embeddings": torch.from_numpy(np.ascontiguousarray(embeddings))}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={DIGEST_KEY: tensors_digest(tensors)}))
+    write_safetensors(path, {"embeddings": torch.from_numpy(np.ascontiguousarray(embeddings))}, {})
     return embeddings
 
 

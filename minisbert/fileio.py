@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import save as safetensors_bytes
 
 
 def home_folder(name: str) -> Path:
@@ -90,6 +91,18 @@ def tensors_digest(tensors: dict) -> str:
         digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
     return digest.hexdigest()
+
+
+def write_safetensors(path: Path, tensors: dict, metadata: dict) -> None:
+    """Write `tensors` to a safetensors file, atomically, with `metadata` and the tensors' SHA-256
+    (DIGEST_KEY) in its header, and the header's keys in sorted order: safetensors writes its metadata
+    in a hash map's order, which changes from one process to the next, and the same tensors should
+    give the same bytes."""
+    data = safetensors_bytes(tensors, {**metadata, DIGEST_KEY: tensors_digest(tensors)})
+    length = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8:8 + length]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # the tensors' bytes start 8-byte aligned, as safetensors keeps them
+    atomic_write(Path(path), lambda tmp: tmp.write_bytes(len(header).to_bytes(8, "little") + header + data[8 + length:]))
 
 
 def check_digest(path: Path, metadata: dict, tensors: dict) -> None:

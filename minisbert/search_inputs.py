@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from .fileio import DIGEST_KEY, atomic_write, tensors_digest
+from .fileio import write_safetensors
 from .similarity import exact_scores, row_norms, unit_rows
 
 SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
@@ -46,8 +45,7 @@ class PreparedCorpus:
         again from the rows (`load_corpus`, the first device search), so no file can carry a copy that
         disagrees with them."""
         tensors = {"rows": self.rows.contiguous().cpu(), "norms": self.norms.contiguous().cpu()}
-        metadata = {"format": CORPUS_FORMAT, "score": self.score, DIGEST_KEY: tensors_digest(tensors)}
-        atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+        write_safetensors(Path(path), tensors, {"format": CORPUS_FORMAT, "score": self.score})
 
 
 def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int) -> tuple[torch.Tensor, torch.Tensor]:

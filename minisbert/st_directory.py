@@ -23,9 +23,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors.torch import save_file
 
-from .fileio import DIGEST_KEY, atomic_write, check_digest, read_json, tensors_digest, write_json
+from .fileio import check_digest, read_json, write_json, write_safetensors
 from .pooling import POOLING_MODES, Dense
 from .similarity import SIMILARITY_FUNCTIONS
 from .weights import check_finite, open_safetensors, refuse_pickle, save_encoder
@@ -190,8 +189,7 @@ def write_layout(folder: Path, model, st_config: dict | None = None) -> None:
         })
         tensors = {f"linear.{k}": v.detach().float().cpu().contiguous()
                    for k, v in linear.state_dict().items()}
-        metadata = {"format": "pt", DIGEST_KEY: tensors_digest(tensors)}
-        atomic_write(folder / "2_Dense" / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+        write_safetensors(folder / "2_Dense" / "model.safetensors", tensors, {"format": "pt"})
         modules.append(("2_Dense", "Dense"))
     if model.normalize_embeddings:
         modules.append((f"{len(modules)}_Normalize", "Normalize"))

@@ -29,11 +29,10 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from .config import FAMILIES, EncoderConfig
 from .encoder import Encoder
-from .fileio import DIGEST_KEY, atomic_write, check_digest, read_json, tensors_digest, write_json
+from .fileio import DIGEST_KEY, check_digest, read_json, write_json, write_safetensors
 
 # minisbert name                  BERT (and RoBERTa)                     DistilBERT
 EMBEDDING_NAMES = [
@@ -266,8 +265,7 @@ def save_encoder_weights(encoder: Encoder, path) -> None:
     parameters = dict(encoder.named_parameters())
     tensors = {theirs: parameters[ours].detach().float().cpu().contiguous()
                for theirs, ours in table.items()}
-    metadata = {"format": "pt", DIGEST_KEY: tensors_digest(tensors)}  # transformers reads "format" only
-    atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    write_safetensors(Path(path), tensors, {"format": "pt"})  # transformers reads "format" only
 
 
 def load_encoder(model_dir) -> Encoder:
