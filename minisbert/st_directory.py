@@ -19,6 +19,7 @@ Checked against sentence-transformers, reading its directories and having it rea
 tests/test_model.py.
 """
 
+import hashlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,8 @@ from pathlib import Path
 from .fileio import check_digest, read_json, write_json, write_safetensors
 from .pooling import POOLING_MODES, Dense
 from .similarity import SIMILARITY_FUNCTIONS
-from .weights import check_finite, open_safetensors, refuse_pickle, save_encoder
+from .weights import (check_finite, check_saved_files, open_safetensors, refuse_pickle, save_encoder_config,
+                      save_encoder_weights)
 
 ST_MODULE = "sentence_transformers.models."
 ST_ACTIVATIONS = {  # sentence-transformers names the class; we name the function
@@ -55,6 +57,7 @@ def read_layout(model_dir) -> Layout:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
+    check_saved_files(model_dir)  # before any of them is read
     layout = Layout(model_dir, "mean", None, False, 0)
     if (model_dir / "modules.json").is_file():
         read_modules(model_dir, read_json(model_dir / "modules.json"), layout)
@@ -162,7 +165,7 @@ def write_layout(folder: Path, model, st_config: dict | None = None) -> None:
     """Write `model` (a SentenceModel) into the empty `folder` in the classic layout; st_config, when
     given, as config_sentence_transformers.json (similarity_fn_name, prompts, default_prompt_name and,
     where set, truncate_dim)."""
-    save_encoder(model.encoder, folder)
+    save_encoder_config(model.encoder, folder)
     model.tokenizer.save(folder)
     if model.tokenizer_dir is not None:
         for name in TOKENIZER_FILES:
@@ -197,3 +200,7 @@ def write_layout(folder: Path, model, st_config: dict | None = None) -> None:
         {"idx": i, "name": str(i), "path": p, "type": ST_MODULE + kind}
         for i, (p, kind) in enumerate(modules)
     ])
+    # The weights last, keeping every other file's SHA-256 (`check_saved_files` reads them back).
+    files = {path.relative_to(folder).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+             for path in sorted(folder.rglob("*")) if path.is_file()}
+    save_encoder_weights(model.encoder, folder / "model.safetensors", files)

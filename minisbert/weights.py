@@ -25,6 +25,8 @@ Command line: `python -m minisbert.weights fetch NAME [--dir weights/]` (see hub
 Checked in tests/test_weights.py.
 """
 
+import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -259,13 +261,19 @@ def load_encoder_weights(encoder: Encoder, path) -> None:
     assert not never_written, f"parameters {never_written[:5]} were never written from {path}"
 
 
-def save_encoder_weights(encoder: Encoder, path) -> None:
-    """Write `encoder` as a Hugging Face base-model checkpoint (no prefix), atomically."""
+FILES_KEY = "minisbert files sha256"  # model.safetensors's metadata: the SHA-256 of the directory's other files
+
+
+def save_encoder_weights(encoder: Encoder, path, files: dict | None = None) -> None:
+    """Write `encoder` as a Hugging Face base-model checkpoint (no prefix), atomically. files: the
+    SHA-256 of the model directory's other files (path -> digest), kept in the metadata (FILES_KEY)
+    so that loading can tell they are the ones written with these weights."""
     table = name_table(encoder.config)
     parameters = dict(encoder.named_parameters())
     tensors = {theirs: parameters[ours].detach().float().cpu().contiguous()
                for theirs, ours in table.items()}
-    write_safetensors(Path(path), tensors, {"format": "pt"})  # transformers reads "format" only
+    metadata = {"format": "pt"} if files is None else {"format": "pt", FILES_KEY: json.dumps(files, sort_keys=True)}
+    write_safetensors(Path(path), tensors, metadata)  # transformers reads "format" only
 
 
 def load_encoder(model_dir) -> Encoder:
@@ -283,11 +291,43 @@ def load_encoder(model_dir) -> Encoder:
     return encoder
 
 
-def save_encoder(encoder: Encoder, model_dir) -> None:
+def save_encoder_config(encoder: Encoder, model_dir) -> None:
+    """config.json, in Hugging Face's names; the weights beside it: `save_encoder_weights`."""
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     write_json(model_dir / "config.json", config_to_hf(encoder.config))
-    save_encoder_weights(encoder, model_dir / "model.safetensors")
+
+
+def save_encoder(encoder: Encoder, model_dir) -> None:
+    """A Hugging Face model directory: config.json and model.safetensors."""
+    save_encoder_config(encoder, model_dir)
+    save_encoder_weights(encoder, Path(model_dir) / "model.safetensors")
+
+
+def check_saved_files(model_dir: Path) -> None:
+    """Refuse a model directory whose files are not the ones written beside its weights: each file
+    whose SHA-256 the weights' metadata keeps (FILES_KEY; written by minisbert) must be there, with that
+    digest. A directory from another tool keeps none: nothing to check."""
+    weights = Path(model_dir) / "model.safetensors"
+    if not weights.is_file():
+        return
+    with open_safetensors(weights) as opened:
+        kept = (opened.metadata() or {}).get(FILES_KEY)
+    if kept is None:
+        return
+    try:
+        digests = json.loads(kept)
+    except ValueError:
+        digests = None
+    if not isinstance(digests, dict):
+        raise ValueError(f"{weights}: its record of the model's files is damaged; save or download the model again")
+    for name, digest in sorted(digests.items()):
+        path = Path(model_dir) / name
+        if not path.is_file():
+            raise ValueError(f"{path} is missing: the model was saved with it; save or copy the model again")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            raise ValueError(f"{path} is not the file saved with the model's weights (its SHA-256 differs): it was "
+                             "damaged or edited after it was saved; save or copy the model again")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 message naming it, or read back as it was written.
 
 "Correct" means, for each file kind (a prepared corpus, a saved model's weights, its Dense layer's
-weights, a training checkpoint, the machine facts file): seeded single-bit flips anywhere in the file,
+weights, its configuration and tokenizer files, a training checkpoint, the machine facts file; the
+evaluation cache has its own test in tests/test_evaluate.py): seeded single-bit flips anywhere in the file,
 truncations at every structural boundary (the safetensors header's length, its JSON header, each
 tensor's first byte; a zip's entries) and at seeded places, and edits of values (a tensor entry made
 another number, a count made a string) give, each one, either a ValueError whose message names the
@@ -11,7 +12,7 @@ file only speeds things up: a damaged one is set aside with a warning naming it,
 measured again; the results of the work are the same.
 
 The checks that make this hold: a SHA-256 of the tensors in each safetensors file's own metadata
-(minisbert/fileio.py), the checkpoint's own zip checks and its values' checks
+(minisbert/fileio.py), and of a saved model's other files in its weights' metadata (minisbert/weights.py), the checkpoint's own zip checks and its values' checks
 (minisbert/checkpoints.py), the facts file's shape and values (minisbert/fast/machine.py).
 """
 
@@ -50,26 +51,26 @@ def safetensors_boundaries(data: bytes) -> list:
     return sorted(cut for cut in cuts if cut < len(data))
 
 
-def damaged_copies(path: Path, boundaries: list, seed: str):
+def damaged_copies(path: Path, boundaries: list, seed: str, flips: int = FLIPS):
     """(what was done, bytes) for each damage: bit flips, cuts at the boundaries and at random places."""
     data = path.read_bytes()
     draw = random.Random(seed)
-    for _ in range(FLIPS):
+    for _ in range(flips):
         position, bit = draw.randrange(len(data)), draw.randrange(8)
         damaged = bytearray(data)
         damaged[position] ^= 1 << bit
         yield f"bit {bit} of byte {position} flipped", bytes(damaged)
-    for cut in boundaries + [draw.randrange(1, len(data)) for _ in range(CUTS)]:
+    for cut in boundaries + [draw.randrange(1, len(data)) for _ in range(CUTS if flips == FLIPS else 1)]:
         yield f"cut at byte {cut} of {len(data)}", data[:cut]
 
 
-def check_each_damage(path: Path, boundaries: list, read, seed: str):
+def check_each_damage(path: Path, boundaries: list, read, seed: str, flips: int = FLIPS):
     """Each damaged copy of `path`, written in its place, is refused naming it or reads as the original."""
     original_bytes = path.read_bytes()
     expected = read()
     outcomes = {"refused": 0, "same": 0}
     try:
-        for what, damaged in damaged_copies(path, boundaries, seed):
+        for what, damaged in damaged_copies(path, boundaries, seed, flips):
             path.write_bytes(damaged)
             try:
                 got = read()
@@ -133,6 +134,25 @@ def test_damaged_model_weights_are_refused_or_read_as_saved(tmp_path):
     dense = tmp_path / "model" / "2_Dense" / "model.safetensors"
     check_each_damage(dense, safetensors_boundaries(dense.read_bytes()),
                       lambda: read_dense(dense.parent).state_dict(), "dense")
+
+
+def test_a_saved_models_other_files_damaged_are_refused_or_read_as_saved(tmp_path):
+    """config.json, the tokenizer's files, the sentence-transformers layout's JSON files: their SHA-256
+    is kept in the weights' metadata, so a digit flipped in a config (a layer norm's eps, a pooling
+    mode, a length) is refused, not computed with."""
+    folder, _, info = reference("tiny_st_dense")
+    SentenceModel.from_dir(folder, device="cpu").save(tmp_path / "model")
+
+    def read():
+        model = SentenceModel.from_dir(tmp_path / "model", device="cpu")
+        return {"embeddings": model.encode(info["sentences"], convert_to_tensor=True), **model.state_dict()}
+
+    names = sorted(path for path in (tmp_path / "model").rglob("*") if path.is_file() and path.suffix != ".safetensors")
+    assert {"config.json", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json"} <= \
+        {path.relative_to(tmp_path / "model").as_posix() for path in names}
+    for path in names:
+        data = path.read_bytes()
+        check_each_damage(path, sorted({0, len(data) // 2, len(data) - 1}), read, path.name, flips=6)
 
 
 def test_a_damaged_or_edited_checkpoint_is_refused_or_reads_as_saved(tmp_path):

@@ -135,7 +135,12 @@ def test_similarity_uses_the_function_the_directory_names(tmp_path):
     assert again.similarity_fn_name == "euclidean"
     assert torch.allclose(again.similarity(a, b), -torch.cdist(torch.from_numpy(a), torch.from_numpy(b)),
                           rtol=0, atol=apart)
+    # Edited by hand, the file is refused as not the one saved; the same content in a directory that
+    # another tool wrote (no record of its files: here, the fixture's weights) is read, and its value checked.
     (tmp_path / "m" / "config_sentence_transformers.json").write_text('{"similarity_fn_name": "cosine_sim"}')
+    with pytest.raises(ValueError, match="config_sentence_transformers.json is not the file saved"):
+        SentenceTransformer.from_dir(tmp_path / "m", device="cpu")
+    shutil.copyfile(folder / "model.safetensors", tmp_path / "m" / "model.safetensors")
     with pytest.raises(ValueError, match="similarity_fn_name 'cosine_sim' is not one of"):
         SentenceTransformer.from_dir(tmp_path / "m", device="cpu")
     (tmp_path / "m" / "config_sentence_transformers.json").write_text('["cosine"]')
@@ -230,7 +235,7 @@ def test_save_failure_leaves_previous_model(tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("minisbert.st_directory.save_encoder", disk_full)
+    monkeypatch.setattr("minisbert.st_directory.save_encoder_weights", disk_full)
     with pytest.raises(OSError, match="No space left"):
         model.save(tmp_path / "m")
     assert (tmp_path / "m" / "model.safetensors").read_bytes() == before
