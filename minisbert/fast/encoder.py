@@ -26,9 +26,10 @@ longer text's length it would get other bits (the kernel blocks its sums by posi
 it alone or among a fixed number of texts of its length (`attention_calls`), never among as many as
 the batch happens to hold: PyTorch's CPU flash attention, for one, decides whether to repack keys
 and values for AMX by the number of texts. Sharing a call is done only at lengths where this
-machine's kernel was checked to give a text the same bits there as alone (`shares_a_call`). Every other step (the embeddings' sums, layer
-norms, residual sums) computes each row alone. So encode() gives a text the same embedding in any
-batch: tests/test_batch_invariance.py.
+machine's kernel was checked to give a text the same bits there as alone (`shares_a_call`; on a
+GPU, where nothing is promised bit for bit, texts share calls unchecked). Every other step (the
+embeddings' sums, layer norms, residual sums) computes each row alone. So encode() gives a text the
+same embedding in any batch on a CPU: tests/test_batch_invariance.py.
 
 Checked equal to the plain encoder (embeddings to 1e-6, training gradients too) in
 tests/test_encoder_fast.py, and against Hugging Face transformers in tests/test_encoder.py.
@@ -140,7 +141,10 @@ def attention(module, x, texts, attention_mask, token_positions, tile):
     if dropout:  # training: the padded (B, T) grid, so that dropout draws its masks as the plain encoder does
         return padded_attention(module, qkv, attention_mask, token_positions, dropout)
     context = qkv.new_zeros(x.shape[0], H)  # (N, H)
-    for length, starts in attention_calls(texts, lambda length: shares_a_call(length, nh, hs, qkv.dtype)):
+    def shared(length: int) -> bool:
+        return qkv.device.type != "cpu" or shares_a_call(length, nh, hs, qkv.dtype)
+
+    for length, starts in attention_calls(texts, shared):
         first, count = starts[0], len(starts)
         if starts == list(range(first, first + count * length, length)):
             rows = slice(first, first + count * length)  # side by side in the pack (encode sorts by length)
