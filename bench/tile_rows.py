@@ -5,7 +5,8 @@
 
 Without autograd every product of the fast encoder gets whole tiles of rows, so that no kernel ever
 sees a shape the batch decides (in stacks, where the machine's kernel keeps a tile's bits in them;
-else a tile a call). A small tile pads a short text little; a tile a call pays each call's fixed cost. This times all-MiniLM-L6-v2's encode() in
+else a tile a call). A small tile pads a short text little; a tile a call pays each call's fixed
+cost. This times all-MiniLM-L6-v2's encode() in
 float32 and (where the CPU has it) bfloat16 on three loads: 1,000 STS-B sentences (both columns of
 sts-dev, in order), one short query (30 calls, the mean) and 32 SciFact documents (256 tokens).
 

@@ -209,8 +209,8 @@ def test_an_attention_kernel_that_gives_a_text_other_bits_among_others_gets_one_
 def test_a_kernel_that_gives_a_tile_other_bits_in_a_stack_gets_one_tile_a_call(model, texts, monkeypatch, timed_probes):
     """keeps_tiles compares, bit for bit, each stack of tiles up to STACK_ROWS rows with its tiles alone:
     a kernel whose tiles' bits depend on the stack (planted here: the last bit of every result moves in
-    stacks of more than half that many rows only) is found out at every tile size, run a tile a call, and encode() keeps its
-    promise with it."""
+    stacks of more than half that many rows only) is found out at every tile size, run a tile a call,
+    and encode() keeps its promise with it."""
     monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, "torch")
     product = fast_linear.PRODUCTS["torch"]
 
