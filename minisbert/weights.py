@@ -228,8 +228,10 @@ def load_encoder_weights(encoder: Encoder, path) -> None:
         for parameter in parameters.values():
             parameter.fill_(float("nan"))
         with open_safetensors(path) as checkpoint:
+            stored = None  # a file with a digest is read whole once, to check it; others a tensor at a time
             if DIGEST_KEY in (checkpoint.metadata() or {}):  # written by minisbert: the bytes as written?
-                check_digest(path, checkpoint.metadata(), {key: checkpoint.get_tensor(key) for key in checkpoint.keys()})
+                stored = {key: checkpoint.get_tensor(key) for key in checkpoint.keys()}
+                check_digest(path, checkpoint.metadata(), stored)
             for key in checkpoint.keys():
                 name = normalise_key(key)
                 if name is None:
@@ -242,7 +244,7 @@ def load_encoder_weights(encoder: Encoder, path) -> None:
                 ours = table[name]
                 if ours in written:
                     raise ValueError(f"tensor for {ours!r} appears twice in {path} (last: {key!r})")
-                tensor = checkpoint.get_tensor(key)
+                tensor = checkpoint.get_tensor(key) if stored is None else stored[key]
                 target = parameters[ours]
                 if tensor.dtype not in LOADABLE_DTYPES:
                     raise ValueError(f"tensor {key!r} in {path} has dtype {tensor.dtype}; "

@@ -67,8 +67,8 @@ PROBE_ROWS = 1024  # rows of the batch the kernels are timed on (an encode batch
 # Rows of a tile (see above), the candidates smallest first: a forward pass takes the smallest at which
 # every one of its products keeps a tile's bits in a stack (`tile_rows`), else the largest. The kernel
 # gets a product's tiles in stacks, so a tile's size only decides the padding a text pays: a query of
-# 9 tokens computes a whole tile. On a Xeon with AMX a row got other bits at some multiples of 16 rows,
-# not of 32 (bench/README.md, "Batch invariance").
+# 9 tokens computes a whole tile. 32 is the fallback: on one CPU kind a row got other bits at some
+# multiples of 16 rows (bench/README.md, "Batch invariance by construction").
 TILE_SIZES = (16, 32)
 # The most rows one call gets: an encode batch's tokens (fast/encode.py's CPU_TOKENS_PER_FORWARD),
 # in one call (calls of 512 rows took 18% longer to encode documents: bench/README.md, "Encoding").
