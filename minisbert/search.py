@@ -4,8 +4,9 @@ Every way returns the plain loop's answer (minisbert/retrieval.py says what a sc
 each ends in the same exact rescoring and differs only in how it finds the candidates. `WAYS`
 chooses, first match wins, from facts about the call and the machine (an exact and quicker int8
 product, measured once per machine: fast/machine.py). `way=NAME` or MINISBERT_SEARCH_WAY=NAME forces
-one (way="plain": the plain loop); each search logs the way it took and why (`WayChoice`). Rows a
-query leaves out (`query_ids`, `corpus_ids`: BEIR's self-matches) are dropped after any way (`_without`).
+one (way="plain": the plain loop); each search logs the way it took, why, and how many queries it
+could not prove and left to the plain loop (`WayChoice`). Rows a query leaves out (`query_ids`,
+`corpus_ids`: BEIR's self-matches) are dropped after any way (`_without`).
 
 A corpus searched again and again is best prepared once (`prepare_corpus`: checked, unit rows for
 cosine, on a CPU an int8 copy to screen a few queries with, held as its `int8_copy`). `load_corpus` checks a saved one's
@@ -85,6 +86,11 @@ def _int8_blocks_pay(s: SearchInputs) -> bool:
     return s.score != "euclidean" and int8_blocks_pay(s.queries.shape[1])
 
 
+def _plain(inputs: SearchInputs):
+    """The plain loop, as a way: its values and indices, and no query answered by another."""
+    return (*retrieval.chunked_search(inputs), 0)
+
+
 def _settled(way):
     """A fast way, its top-K scored exactly (`fast.finish`); the plain loop where that proves nothing (ties)."""
     return _completed(lambda inputs: fast.finish(inputs, *way(inputs)))
@@ -92,20 +98,22 @@ def _settled(way):
 
 def _completed(way):
     """A way that returns exact values, indices and the queries it cannot prove them for; the plain
-    loop for those (one wait for the device: `unproved.any()`)."""
+    loop for those (one wait for the device: `unproved.any()`). Returns the values, the indices and
+    how many queries fell back: each is a failure of speed (`WayChoice.fell_back`)."""
     def run(inputs: SearchInputs):
         values, indices, unproved = way(inputs)
-        if unproved.any():  # the same search for those queries
-            rest = replace(inputs, queries=inputs.queries[unproved], query_norms=inputs.query_norms[unproved])
-            values[unproved], indices[unproved] = retrieval.chunked_search(rest)
-        return values, indices
+        if not unproved.any():
+            return values, indices, 0
+        rest = replace(inputs, queries=inputs.queries[unproved], query_norms=inputs.query_norms[unproved])
+        values[unproved], indices[unproved] = retrieval.chunked_search(rest)  # the same search for those queries
+        return values, indices, int(unproved.sum())
     return run
 
 
 # The ways, first match wins. A forced way runs where "can run" holds, else it is refused.
 WAYS = (
     # name               can run          taken when          runs
-    ("plain",            lambda s: True,  lambda s: False,    retrieval.chunked_search),
+    ("plain",            lambda s: True,  lambda s: False,    _plain),
     # Never chosen until bench/gpu.py has run it on a GPU (its CUDA product is untried): way= forces it.
     ("device, half",     device.half_screen_runs, lambda s: False, _completed(device.search_device_half)),
     ("device",           lambda s: True,  lambda s: not _on_cpu(s), _completed(device.search_device)),
@@ -127,11 +135,13 @@ class WayChoice:
     forced: bool
     passed_over: tuple  # ((way, "cannot run" or "not taken"), ...) in the order of WAYS
     facts: str  # the inputs the table read: queries, rows, dimension, score, corpus form, device
+    fell_back: int | None = None  # once the search ran: queries the way could not prove, answered by the plain loop
 
     def __str__(self):
         how = "forced" if self.forced else "chosen; passed over: " + (
             ", ".join(f"{name} ({why})" for name, why in self.passed_over) or "none")
-        return f"way {self.name!r} ({how}) for {self.facts}"
+        fell_back = "" if not self.fell_back else f"; {self.fell_back:,} queries fell back to the plain loop"
+        return f"way {self.name!r} ({how}) for {self.facts}{fell_back}"
 
 
 def choose_way(inputs: SearchInputs, forced: str | None = None) -> str:
@@ -239,13 +249,13 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
         most = int(excluded[:, 0].bincount().max()) if excluded.numel() else 0
         inputs = replace(inputs, k=min(k + most, inputs.corpus.shape[0]))
     choice = explain_way(inputs, way)
-    log.info(choice)
     name = choice.name
     if name.startswith("device") and corpus_chunk_size is None:  # a device's blocks: up to DEVICE_BLOCK_ENTRIES scores
         rows = max(1, min(inputs.query_chunk_size, inputs.queries.shape[0]))
         inputs = replace(inputs, corpus_chunk_size=max(DEFAULT_CORPUS_CHUNK_SIZE, DEVICE_BLOCK_ENTRIES // rows))
     with exact_products():  # TF32 or bfloat16 products would void the bounds
-        values, indices = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
+        values, indices, fell_back = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
+    log.info(replace(choice, fell_back=fell_back))
     if excluded is not None:
         values, indices = _without(excluded, values, indices, k, inputs.corpus.shape[0])
     return inputs.results(values, indices)

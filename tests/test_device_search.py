@@ -31,7 +31,7 @@ from minisbert.search_inputs import check_inputs
 VIEWS = {"aten::" + name for name in ("slice", "select", "numpy_T", "t", "transpose", "flatten", "unflatten",
                                         "unsqueeze", "squeeze", "expand", "expand_as", "view", "as_strided",
                                         "alias", "detach", "detach_", "lift_fresh", "empty", "permute", "unbind",
-                                        "_unsafe_view", "reshape")}
+                                        "_unsafe_view", "reshape", "split")}
 WAITS = {"aten::" + name for name in ("item", "_local_scalar_dense", "is_nonzero", "nonzero", "masked_select")}
 DIM = 384  # all-MiniLM-L6-v2's: the exact scores' fixed-order float64 sum takes ceil(log2 384) = 9 additions
 LEVELS = math.ceil(math.log2(DIM))
@@ -156,3 +156,24 @@ def test_on_cuda_a_device_search_waits_for_the_host_once(one_thread):
             searched = corpus if form == "as given" else prepare_corpus(corpus, score, screen=False)
             waits = device.host_waits(forced_run(queries, searched, score, way))
             assert len(waits) == 1, (num_queries, score, form, way, waits)
+
+
+@pytest.mark.parametrize("way", ["device", "device, half"])
+def test_at_k_equal_to_n_the_exact_scoring_is_done_in_pieces(way, monkeypatch):
+    """k = N keeps every row of every query. Scored all at once, the exact scores would take
+    Q x N x d float64 numbers (96 queries over 70,000 rows of d = 384: 20 GB); the device way
+    scores DEVICE_RESCORE_ENTRIES of them at a time. Here that budget is made small (2^16, where the
+    whole would be 16 x 2,000 x 384 = 12.3M), each scoring is held to it, and the answer is the plain
+    loop's bits."""
+    monkeypatch.setattr(device, "DEVICE_RESCORE_ENTRIES", 2**16)
+    largest = []
+    exact_scores = device.exact_scores
+    monkeypatch.setattr(device, "exact_scores", lambda q, rows, score: largest.append(rows.numel())
+                        or exact_scores(q, rows, score))
+    generator = torch.Generator().manual_seed(3)
+    corpus, queries = torch.randn(2000, DIM, generator=generator), torch.randn(16, DIM, generator=generator)
+    prepared = prepare_corpus(corpus, "cosine", screen=False)
+    scores, indices = search(queries, prepared, corpus.shape[0], way=way)
+    plain_scores, plain_indices = search(queries, prepared, corpus.shape[0], way="plain")
+    assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
+    assert largest and max(largest) <= 2**16, max(largest)

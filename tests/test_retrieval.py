@@ -944,11 +944,12 @@ def small_spans(monkeypatch):
     """Spans and pieces of a few rows, so that the few-query search crosses many of both on a
     test's small corpus (at the real sizes a span holds up to 524,224 rows): a first span of one
     group, then spans of three, reached by growing when the search screens; the span product's
-    pieces are of 40 rows for one query (two factor rows), 5 for 16 queries, and a way measured
+    pieces are of 40 rows for one query padded to two factor rows (80 as given), 5 for 16 queries, and a way measured
     meanwhile is timed on a probe as small (64 KB), in pieces as small."""
     monkeypatch.setattr(fast_retrieval, "FIRST_SPAN_ROWS", 64)
     monkeypatch.setattr(span_product, "PIECE_ENTRIES", 80)
     monkeypatch.setattr(span_product, "PROBE_BYTES", 2**16)
+    monkeypatch.setattr(span_product.cpu, "last_level_cache_bytes", lambda: 0)  # no cache to read past
     monkeypatch.setattr(fast_retrieval, "SPAN_ROWS", 3 * 64)
     monkeypatch.setattr(fast_retrieval, "PIECE_BYTES", 64 * 4 * 24)
 
@@ -1019,6 +1020,7 @@ def test_every_way_of_multiplying_spans_finds_what_brute_force_finds(way, score,
 
 def test_the_way_of_multiplying_spans_is_measured_once_per_machine(monkeypatch, timed_probes):
     monkeypatch.setattr(span_product, "PROBE_BYTES", 2**20)  # a small probe: only the count matters here
+    monkeypatch.setattr(span_product.cpu, "last_level_cache_bytes", lambda: 0)
     measured = []
     quickest = span_product._quickest
     monkeypatch.setattr(span_product, "_quickest", lambda *shape: measured.append(shape) or quickest(*shape))
@@ -1029,7 +1031,8 @@ def test_the_way_of_multiplying_spans_is_measured_once_per_machine(monkeypatch, 
     search(torch.randn(3, 24), corpus, 5, score="dot", way="spans")
     assert measured == [(4, 24, torch.device("cpu")), (8, 24, torch.device("cpu"))]
     kept = machine.known()
-    assert {kept["span product of 4 rows, d = 24"], kept["span product of 8 rows, d = 24"]} <= set(span_product.WAYS)
+    assert {kept["span product of 4 rows from memory, d = 24"],
+            kept["span product of 8 rows from memory, d = 24"]} <= set(span_product.WAYS)
     machine.forget()
 
 

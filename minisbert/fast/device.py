@@ -32,7 +32,7 @@ from ..search_bounds import (LARGEST_RAW_SCORE, RAW_NORM_SLACK, ROUGH, SMALLEST_
                              linear_error)
 from ..search_inputs import SearchInputs
 from ..similarity import exact_scores, unit_rows
-from .tuning import HALF_KEPT_BEYOND_K, KEPT_BEYOND_K
+from .tuning import DEVICE_RESCORE_ENTRIES, HALF_KEPT_BEYOND_K, KEPT_BEYOND_K
 
 
 def search_device(inputs: SearchInputs):
@@ -99,16 +99,24 @@ def _merged(blocks: list, kept: int):
 
 def _rescored(inputs: SearchInputs, rows: slice, columns: torch.Tensor, k: int):
     """The (Qc, k) exact values (negated distances for euclidean) and rows of the best of the (Qc, K)
-    kept `columns`: exact scores, equal ones by lower row."""
+    kept `columns`: exact scores, equal ones by lower row. Scored DEVICE_RESCORE_ENTRIES numbers at a
+    time (a piece of every query's kept rows), so that memory stays bounded at any k up to N."""
     columns = columns.sort(dim=1).values  # (Qc, K), ascending: a stable sort by score keeps ties in row order
-    docs = _rows_as_scored(inputs, columns.flatten()).unflatten(0, columns.shape)  # (Qc, K, d)
-    queries = inputs.queries[rows].double()[:, None, :].expand_as(docs)  # (Qc, K, d), each query's row read K times
-    exact = exact_scores(queries, docs, inputs.score)  # (Qc, K)
+    queries = inputs.queries[rows].double()[:, None, :]  # (Qc, 1, d)
+    width = max(1, DEVICE_RESCORE_ENTRIES // (columns.shape[0] * queries.shape[2]))  # kept rows scored at once
+    pieces = [_exact(inputs, queries, part) for part in columns.split(width, dim=1)]
+    exact = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (Qc, K)
     if inputs.score == "euclidean":
         exact = -exact
     # + 0.0 makes -0.0 equal to 0.0 for every sort (a radix sort tells them apart); the values keep their sign.
     order = (exact + 0.0).sort(dim=1, descending=True, stable=True).indices[:, :k]  # (Qc, k)
     return exact.gather(1, order), columns.gather(1, order)
+
+
+def _exact(inputs: SearchInputs, queries: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """(Qc, w) exact scores of the (Qc, 1, d) float64 queries with their (Qc, w) corpus rows."""
+    docs = _rows_as_scored(inputs, columns.flatten()).unflatten(0, columns.shape)  # (Qc, w, d)
+    return exact_scores(queries.expand_as(docs), docs, inputs.score)  # each query's row read w times
 
 
 def _rows_as_scored(inputs: SearchInputs, indices: torch.Tensor) -> torch.Tensor:

@@ -27,8 +27,9 @@ import torch
 from .machine import fact, time_ratio
 from ..search_bounds import int8_copy_terms, int8_rows_coefficients
 from .screen import Chunk
+from . import span_product
 from .span_product import SpanProduct
-from .tuning import INT8_COPY_PIECE_ROWS, INT8_ROWS_RATIO, MOST_CANDIDATES, PROBE_BYTES
+from .tuning import INT8_COPY_PIECE_ROWS, INT8_ROWS_RATIO, MOST_CANDIDATES
 
 LEVELS = 63  # int8 copies hold integers in [-LEVELS, LEVELS]: see the module docstring
 SMALLEST_ENTRY = 2.0**-30  # rows (and queries) whose largest entry lies outside this range
@@ -169,14 +170,15 @@ def exact_product(left: torch.Tensor, right: torch.Tensor) -> bool:
 
 
 def int8_screen_pays(dim: int) -> bool:
-    """Whether one query's int8 product over PROBE_BYTES of rows takes under INT8_ROWS_RATIO of float32's."""
+    """Whether one query's int8 product over rows read from memory (`probe_rows`) takes under
+    INT8_ROWS_RATIO of float32's."""
     if not int8_product_runs(dim, torch.device("cpu")):
         return False
-    return fact(f"int8 rows pay for one query, d = {dim}", lambda: _int8_time_ratio(dim) < INT8_ROWS_RATIO, kind=bool)
+    return fact(f"int8 rows pay for one query from memory, d = {dim}", lambda: _int8_time_ratio(dim) < INT8_ROWS_RATIO, kind=bool)
 
 
 def _int8_time_ratio(dim: int) -> float:
-    probe_rows = PROBE_BYTES // (4 * dim) // 64 * 64 + 32  # + 32: no power-of-two row count
+    probe_rows = span_product.probe_rows(1, dim)  # rows from memory, as a search reads them
     rows = torch.full((probe_rows, dim), 0.5)
     values = torch.ones((probe_rows, dim), dtype=torch.int8)
     query, query_values = torch.full((1, dim), 0.25), torch.ones((dim, 1), dtype=torch.int8)

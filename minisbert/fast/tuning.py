@@ -14,6 +14,9 @@ KEPT_BEYOND_K = 16  # a fast way keeps its top k + this many: the rows past the 
 HALF_KEPT_BEYOND_K = 48  # ... the float16 screen, whose error is 2^13 times float32's: more rows, fewer unproved
 
 DEVICE_BLOCK_ENTRIES = 2**28  # a device block's (Qc, n) float32 scores: 1 GB. bench: "GPUs"
+# Kept rows' numbers a device scores exactly at once (256 MB a float64 copy): one piece for 1,024 queries
+# keeping up to 85 rows of d = 384, pieces for k near N (without them, Q x N x d numbers).
+DEVICE_RESCORE_ENTRIES = 2**25
 
 # Spans of the few-query search (fast/retrieval.py's `search_spans`).
 GROUP_SIZE = 64  # corpus rows per group of the coarse filter: one group maximum opens or skips 64 scores
