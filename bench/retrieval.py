@@ -11,7 +11,8 @@ random L2-normalised float32 data (fixed seed):
         cosine: checked and normalised once, with the copies its screens read where they pay),
         minisbert.util.semantic_search (sentence-transformers' call, over the search), and, if
         asked for, score="dot" with way="plain" (the plain loop)
-    the floor, if asked for: the float32 product of the queries and every row, and the exact scores
+    the floor, if asked for: the float32 product of the queries and every row (by the machine's
+        quickest kernel, timed at that size and named), and the exact scores
         of each query's k best rows (found beforehand), the two steps no way of minisbert's that
         multiplies in float32 can leave out (`floor`); and the floor with norms, if asked for: that
         and each row's float32 norm taken while the rows are in the cache, which a search over rows
@@ -393,7 +394,8 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
         score = method.split("-")[1]
         return (lambda q: search(q, corpus, k, score=score)[1]), way(corpus, score=score), 0.0
     if method in ("floor", "floor-norms"):
-        return floor(queries, corpus, k, norms=method == "floor-norms"), "each query's k rows chosen before the timing", 0.0
+        search_fn, kernel = floor(queries, corpus, k, norms=method == "floor-norms")
+        return search_fn, f"each query's k rows chosen before the timing; product: {kernel}", 0.0
     if method in ("plain", "plain-cosine"):
         if corpus.device.type == "cpu":
             budget_gb = args.plain_budget_gb
@@ -434,18 +436,22 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
 
 def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int, norms: bool = False):
     """A function q -> (Q, k) indices doing the two steps that a search returning minisbert's scores
-    from float32 products cannot leave out: the product of q and every row, by the search's own kernels
-    (for a few queries its span product, the quickest measured here, a span at a time; else torch's, in
-    blocks of 8,192 rows laid out (rows, queries)), and the exact scores (minisbert/retrieval.py) of
-    each query's k best rows, found before the timing. It chooses nothing and checks no row, so no way
-    of minisbert's that multiplies in float32 is quicker (a screen's int8 product can be). q is
-    `queries` or its first rows (the warm-up).
+    from float32 products cannot leave out: the product of q and every row, and the exact scores
+    (minisbert/retrieval.py) of each query's k best rows, found before the timing; and which product
+    it uses, in words. It chooses nothing and checks no row, so no way of minisbert's that multiplies
+    in float32 is quicker (a screen's int8 product can be). q is `queries` or its first rows (the
+    warm-up).
+
+    The product is the machine's quickest at this size, not the search's choice: for a few queries
+    each kernel torch offers here (fast/span_product.py's WAYS: torch's product as given, the one
+    a one-liner runs; padded to two rows; oneDNN's) is timed over these rows, a span at a time, and
+    the quickest kept; for many, torch's product in blocks of 8,192 rows laid out (rows, queries).
 
     norms: also each row's float32 norm, taken piece by piece right after the piece's product, while
     it is in the cache (NORM_PIECE_ROWS rows a piece for a few queries, as the search takes them): what
     a search over rows as given needs besides (their error bound, and cosine's q·c / |c|), so no way
     over rows as given is quicker."""
-    from minisbert.fast.span_product import SpanProduct
+    from minisbert.fast import span_product
     from minisbert.fast.tuning import FEW_QUERIES, NORM_PIECE_ROWS, SPAN_ENTRIES
     from minisbert.search import search
     from minisbert.search_inputs import SETTLE_PIECE
@@ -457,8 +463,8 @@ def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int, norms: bool = Fal
     norm_buffer = torch.empty(height, device=corpus.device)
     piece_rows = NORM_PIECE_ROWS if norms and few else height  # rows a product (then their norms) at once
 
-    def product_and_exact_scores(q):
-        span_product = SpanProduct(q, height) if few else None
+    def products(q, kernel):
+        span_product_of_q = span_product.SpanProduct(q, height, forced=kernel) if few else None
         for start in range(0, corpus.shape[0], height):
             rows, out = corpus[start : start + height], buffer[: min(height, corpus.shape[0] - start) * q.shape[0]]
             scores = out.view(q.shape[0], rows.shape[0]) if few else out.view(rows.shape[0], q.shape[0]).T  # (Q, n)
@@ -466,17 +472,35 @@ def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int, norms: bool = Fal
             for first in range(0, rows.shape[0], piece_rows):
                 piece = slice(first, first + piece_rows)
                 if few:
-                    span_product(rows[piece], scores[:, piece])
+                    span_product_of_q(rows[piece], scores[:, piece])
                 else:
                     torch.mm(rows[piece], q.T, out=scores[:, piece].T)
                 if norms:
                     torch.linalg.vector_norm(rows[piece], dim=1, out=row_norms[piece])
+
+    kernel, described = None, "torch's, blocks of 8,192 rows"
+    if few:  # the quickest kernel here, timed at this size: best of three passes each, in turn
+        kernels = [name for name in span_product.WAYS if span_product.runs(name, corpus.device)]
+        seconds = dict.fromkeys(kernels, float("inf"))
+        for _ in range(3):
+            for name in kernels:
+                _synchronize(corpus.device)
+                start = time.perf_counter()
+                products(queries, name)
+                _synchronize(corpus.device)
+                seconds[name] = min(seconds[name], time.perf_counter() - start)
+        kernel = min(seconds, key=seconds.get)
+        described = f"{kernel!r}, the quickest here (" + ", ".join(
+            f"{name} {value * 1e3:.1f} ms" for name, value in seconds.items()) + ")"
+
+    def product_and_exact_scores(q):
+        products(q, kernel)
         pairs = torch.arange(q.shape[0], device=q.device).repeat_interleave(best.shape[1]), best[: q.shape[0]].flatten()
         for start in range(0, pairs[0].numel(), SETTLE_PIECE):
             piece = slice(start, start + SETTLE_PIECE)
             exact_scores(q.index_select(0, pairs[0][piece]), corpus.index_select(0, pairs[1][piece]), "dot")
         return best[: q.shape[0]]
-    return product_and_exact_scores
+    return product_and_exact_scores, described
 
 
 def make_data(size: int, dim: int, num_queries: int, device: torch.device):

@@ -13,9 +13,9 @@ products by the norms, q·c / |c|, rather than the rows.
 
 Many queries (`search_blocks`): the product is compute-bound, so choosing the k best must add little.
 Scores are cut into groups of GROUP_SIZE rows, and only groups whose maximum reaches the query's
-floor are opened; blocks are laid out (corpus rows, queries), the work between products on one
-thread (`_one_thread`). Where the CPU has a cheaper product, a screen proposes the candidates
-(fast/screen.py). A block or span met with nothing kept yet gives its own top K (`_keep_top`).
+floor are opened; blocks are laid out (corpus rows, queries). Where the CPU has a cheaper product,
+a screen proposes the candidates (fast/screen.py). A block or span met with nothing kept yet gives
+its own top K (`_keep_top`).
 
 On a GPU the search is fast/device.py's `search_device`.
 
@@ -24,7 +24,6 @@ proved in minisbert/search_bounds.py); a row too small or large to measure so se
 search's checks, which raise where the plain search raises.
 """
 
-import contextlib
 import math
 from functools import partial
 
@@ -81,14 +80,13 @@ def search_spans(inputs: SearchInputs, screen: bool = False, one_span: bool = Fa
         width = -(-rows // GROUP_SIZE) * GROUP_SIZE
         block = block_buffer[: num_queries * width].view(num_queries, width)  # (Q, W)
         reach = max(reach, _score_span(inputs, start, rows, product, block[:, :rows]))
-        with _one_thread(device):
-            if start == 0:  # nothing kept yet: the span's own top K
-                _keep_top(block[:, :rows], top_values, top_indices)
-                continue
-            block[:, rows:] = -math.inf
-            kth = _threshold(inputs, slice(None), top_values, reach)
-            found = _block_candidates(block, kth)
-            merge_candidates(found[2], found[:2], start, top_values, top_indices)
+        if start == 0:  # nothing kept yet: the span's own top K
+            _keep_top(block[:, :rows], top_values, top_indices)
+            continue
+        block[:, rows:] = -math.inf
+        kth = _threshold(inputs, slice(None), top_values, reach)
+        found = _block_candidates(block, kth)
+        merge_candidates(found[2], found[:2], start, top_values, top_indices)
     return top_values, top_indices, reach
 
 
@@ -236,9 +234,8 @@ def search_blocks(inputs: SearchInputs, screen: bool = False):
     screened = Screen(queries, Int8Blocks(queries, query_chunk_size, height)) if screen else None
     reach = 0.0
     for doc_start in range(0, num_docs, corpus_chunk_size):
-        with _one_thread(device):
-            chunk = _block_chunk(inputs, doc_start, min(corpus_chunk_size, num_docs - doc_start), unit_buffer,
-                                 screened is not None)
+        chunk = _block_chunk(inputs, doc_start, min(corpus_chunk_size, num_docs - doc_start), unit_buffer,
+                             screened is not None)
         reach = max(reach, chunk.largest_norm)
         if screened is not None:
             screened.load_chunk(chunk)
@@ -259,9 +256,8 @@ def search_blocks(inputs: SearchInputs, screen: bool = False):
                 chunk_height = -(-chunk.rows.shape[0] // GROUP_SIZE) * GROUP_SIZE  # whole groups, no more
                 block = block_buffer[: chunk_height * (rows.stop - rows.start)].view(chunk_height, -1)  # (H, Qc)
                 _score_rows(chunk, queries[rows], score, block[: chunk.rows.shape[0]])  # (Nc, d) @ (d, Qc)
-                with _one_thread(device):
-                    block[chunk.rows.shape[0] :] = -math.inf
-                    found = _block_candidates(block.T, kth)
+                block[chunk.rows.shape[0] :] = -math.inf
+                found = _block_candidates(block.T, kth)
             merge_candidates(found[2], found[:2], doc_start, top_values[rows], top_indices[rows])
     return top_values, top_indices, reach
 
@@ -302,17 +298,3 @@ def _own_floor(inputs: SearchInputs, rows: slice, kth: torch.Tensor, reach: floa
     which no row can reach the top k, given the (Qc,) lowest float32 score of k rows of the block
     that a screen picked: the query's k-th best is no lower, as if they were kept."""
     return torch.where(torch.isneginf(kth), _below_floor(inputs, rows, reach, lowest), kth)
-
-
-@contextlib.contextmanager
-def _one_thread(device: torch.device):
-    """Run the dozen small operations between two products on one CPU thread (bench/README.md, "Search")."""
-    threads = torch.get_num_threads()
-    if device.type != "cpu" or threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
