@@ -10,7 +10,8 @@ random L2-normalised float32 data (fixed seed):
         score="dot" unscreened (way "spans" or "blocks"), a corpus prepared once (prepare_corpus,
         cosine: checked and normalised once, with the copies its screens read where they pay),
         minisbert.util.semantic_search (sentence-transformers' call, over the search), and, if
-        asked for, score="dot" with way="plain" (the plain loop)
+        asked for, score="dot" with way="plain" (the plain loop); and with --ways, each way named
+        forced, over rows as given (dot) and a prepared corpus (cosine): whether a way of WAYS pays
     the floor, if asked for: the float32 product of the queries and every row (by the machine's
         quickest kernel, timed at that size and named), and the exact scores
         of each query's k best rows (found beforehand), the two steps no way of minisbert's that
@@ -106,6 +107,23 @@ SAME_SCORE_AS = {
     "semantic_search": "minisbert-cosine",
     "faiss": "minisbert-dot",
 }
+
+
+def label(method: str) -> str:
+    """A method's name in the tables; a forced way (--ways) is "way NAME, dot" or "way NAME, prepared"."""
+    if method.startswith("minisbert-way:"):
+        _, way, *prepared = method.split(":")
+        return f"minisbert way={way!r}, {'prepared' if prepared else 'dot'}"
+    return LABELS[method]
+
+
+def same_score_as(method: str) -> str:
+    """The method whose top-k this method's must equal."""
+    if method.startswith("minisbert-way:"):
+        return "minisbert-prepared" if method.endswith(":prepared") else "minisbert-dot"
+    return SAME_SCORE_AS[method]
+
+
 MSMARCO_DOCS, MSMARCO_DIM, MSMARCO_QUERIES = 8_841_823, 768, 200
 # Run by the peer environment's Python, in a child process (see Peer).
 PEER_METHODS = ("semantic_search", "faiss")
@@ -132,6 +150,9 @@ def main() -> None:
         "--devices", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     )
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS)
+    parser.add_argument("--ways", nargs="+", default=[], metavar="WAY",
+                        help="also time each of these ways of minisbert/search.py's WAYS, forced, over rows as "
+                             "given (dot) and over a prepared corpus (cosine): whether a way pays for its row")
     add_peer_python_option(parser)
     parser.add_argument("--plain-budget-gb", type=float, default=None,
                         help="largest score matrix the plain method may build "
@@ -171,6 +192,7 @@ def main() -> None:
 def compare(args, size: int, num_queries: int, device: str, memory: bool) -> None:
     print(f"\nN = {size:,} x d = {args.dim}, {num_queries:,} queries per call, k = {args.k}, {device}")
     methods = [m for m in args.methods if device == "cpu" or m not in PEER_METHODS]
+    methods += [f"minisbert-way:{way}{form}" for way in args.ways for form in ("", ":prepared")]
     queries, corpus = make_data(size, args.dim, num_queries, torch.device(device))
     calls = -(-32 // num_queries)  # per round: enough calls for 32 queries at least
     prepared, notes = {}, {}
@@ -185,13 +207,13 @@ def compare(args, size: int, num_queries: int, device: str, memory: bool) -> Non
     peer = None
     wanted = [m for m in methods if m in PEER_METHODS]
     if wanted and args.peer_python is None:
-        print(f"{', '.join(LABELS[m] for m in wanted)}: skipped, no peer environment "
+        print(f"{', '.join(label(m) for m in wanted)}: skipped, no peer environment "
               f"(--peer-python or $MINISBERT_PEER_PYTHON)")
     elif wanted:
         peer = Peer(args, queries, corpus, wanted)
         for method in wanted:
             if method in peer.skipped:
-                print(f"{LABELS[method]:40s} skipped: {peer.skipped[method]}")
+                print(f"{label(method):40s} skipped: {peer.skipped[method]}")
             else:
                 prepared[method], notes[method] = peer.searcher(method, calls), peer.notes[method]
 
@@ -225,13 +247,13 @@ def compare(args, size: int, num_queries: int, device: str, memory: bool) -> Non
     for method, timings in seconds.items():
         throughput[method] = num_queries / min(timings)
         slowest = num_queries / max(timings)
-        reference = indices.get(SAME_SCORE_AS[method])
+        reference = indices.get(same_score_as(method))
         agreement = "" if reference is None else f"{(indices[method] == reference).all(axis=1).mean():.1%}"
         memory_mb = peak_memory_in_subprocess(args, method, size, num_queries, device) if memory else float("nan")
         note = notes[method]
         if isinstance(memory_mb, str):
             memory_mb, note = float("nan"), f"{note} {memory_mb}"
-        print(f"{LABELS[method]:40s} {throughput[method]:10.1f} {slowest:15.1f} {min(timings) * 1e3:8.2f} "
+        print(f"{label(method):40s} {throughput[method]:10.1f} {slowest:15.1f} {min(timings) * 1e3:8.2f} "
               f"{min(timings) / bound:7.2f}x {memory_mb:14.1f}  {agreement:>6s}  {note}")
     ratios = [("minisbert-dot", "faiss"), ("minisbert-cosine", "faiss"), ("minisbert-dot", "plain"),
               ("minisbert-cosine", "plain"), ("minisbert-cosine", "plain-cosine"), ("minisbert-prepared", "plain"),
@@ -389,6 +411,12 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
             unscreened = "spans" if queries.shape[0] <= FEW_QUERIES else "blocks"
             note = way(corpus, score="dot", way=unscreened)
             return (lambda q: search(q, corpus, k, score="dot", way=unscreened)[1]), note, 0.0
+        if method.startswith("minisbert-way:"):
+            _, forced, *prepared = method.split(":")
+            searched = prepare_corpus(corpus) if prepared else corpus
+            score = "cosine" if prepared else "dot"
+            note = way(searched, score=score, way=forced)
+            return (lambda q: search(q, searched, k, score=score, way=forced)[1]), note, 0.0
         if method == "minisbert-plain":
             return (lambda q: search(q, corpus, k, score="dot", way="plain")[1]), "way 'plain' (forced)", 0.0
         score = method.split("-")[1]

@@ -35,8 +35,9 @@ The loop. For each (query chunk, corpus chunk) block it
     3. scores the candidates exactly and merges them into the running top-k (`settle`).
 
 Memory is a few blocks whatever N is; sentence-transformers' `util.semantic_search` is step 1 and
-a top-k. The checks, `settle` and `exact_products` (full float32 products, never TF32) are in
-search_inputs.py, shared with minisbert/fast/; the bounds in search_bounds.py. Tested in
+a top-k. The checks and `settle` are in search_inputs.py, shared with minisbert/fast/; the bounds in
+search_bounds.py (with what TF32 or bfloat16 products add where torch is set to them: the search
+reads that setting and never changes it). Tested in
 tests/test_retrieval.py against brute force, in tests/test_search_property.py against exact
 arithmetic, and every way against this loop; the bounds in tests/test_search_bounds.py.
 """
@@ -46,7 +47,7 @@ import math
 import torch
 
 from .search_bounds import Bounds
-from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, SearchInputs, check_inputs, exact_products, settle
+from .search_inputs import DEFAULT_QUERY_CHUNK_SIZE, SearchInputs, check_inputs, settle
 
 
 def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
@@ -57,7 +58,6 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
     return inputs.results(*chunked_search(inputs))
 
 
-@exact_products()
 def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """The loop on checked inputs: the (Q, k) values (negated distances for euclidean) and indices, best first."""
     queries, k, score = inputs.queries, inputs.k, inputs.score
@@ -71,7 +71,8 @@ def chunked_search(inputs: SearchInputs) -> tuple[torch.Tensor, torch.Tensor]:
                 block = torch.addmm(-(norms**2).float(), queries[chunk], rows.T, alpha=2)  # (Qc, Nc)
             else:
                 block = queries[chunk] @ rows.T  # (Qc, Nc)
-            bounds = Bounds(score, inputs.query_norms[chunk], float(norms.max()), rows.shape[1])
+            bounds = Bounds(score, inputs.query_norms[chunk], float(norms.max()), rows.shape[1],
+                            unit=inputs.product_unit)
             # The k-th best so far, or what the block's own k best guarantee, whichever is higher.
             kth = top_values[chunk, -1].double()
             if block.shape[1] >= k:

@@ -44,7 +44,7 @@ from .fast.int8_blocks import int8_blocks_exact, int8_blocks_pay
 from .fast.int8_rows import int8_product_runs
 from .fast.tuning import DEVICE_BLOCK_ENTRIES, FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS
 from .search_inputs import (CORPUS_FORMAT, DEFAULT_CORPUS_CHUNK_SIZE, DEFAULT_QUERY_CHUNK_SIZE, PreparedCorpus,
-                            SearchInputs, as_embedding_matrix, check_arguments, check_inputs, exact_products,
+                            SearchInputs, as_embedding_matrix, check_arguments, check_inputs,
                             scored_rows)
 
 WAY_VARIABLE = "MINISBERT_SEARCH_WAY"
@@ -161,8 +161,10 @@ def explain_way(inputs: SearchInputs, forced: str | None = None) -> WayChoice:
         if name == forced:
             if not can_run(inputs):
                 raise ValueError(f"the search way {forced!r}{source} cannot run here (a CPU, an exact int8 product, "
-                                 "prepare_corpus(..., screen=True), its query count or a prepared cosine corpus on the "
-                                 f"device is missing); {remedy}")
+                                 "prepare_corpus(..., screen=True), its query count, or a prepared cosine corpus on the "
+                                 "device with float16 products summed in float32 is missing: on a GPU "
+                                 "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False); "
+                                 f"{remedy}")
             return WayChoice(name, True, (), _facts(inputs))
         if forced is None:
             runs = can_run(inputs)
@@ -178,7 +180,8 @@ def _facts(s: SearchInputs) -> str:
         form = f"rows as given ({str(s.corpus.dtype).removeprefix('torch.')})"
     else:
         form = "a prepared corpus" + (" with its int8 copy" if s.prepared.int8_copy is not None else "")
-    return f"{num_queries:,} queries, {num_docs:,} rows of d = {dim}, {s.score}, {form}, on {s.device}"
+    products = "" if not s.product_unit else f", products of inputs rounded by 2^{math.log2(s.product_unit):.0f} (torch's setting)"
+    return f"{num_queries:,} queries, {num_docs:,} rows of d = {dim}, {s.score}, {form}, on {s.device}{products}"
 
 
 class _Collected(logging.Handler):
@@ -253,8 +256,7 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
     if name.startswith("device") and corpus_chunk_size is None:  # a device's blocks: up to DEVICE_BLOCK_ENTRIES scores
         rows = max(1, min(inputs.query_chunk_size, inputs.queries.shape[0]))
         inputs = replace(inputs, corpus_chunk_size=max(DEFAULT_CORPUS_CHUNK_SIZE, DEVICE_BLOCK_ENTRIES // rows))
-    with exact_products():  # TF32 or bfloat16 products would void the bounds
-        values, indices, fell_back = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
+    values, indices, fell_back = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
     log.info(replace(choice, fell_back=fell_back))
     if excluded is not None:
         values, indices = _without(excluded, values, indices, k, inputs.corpus.shape[0])

@@ -73,7 +73,46 @@ def summation_error(dim: int) -> float:
 # is rounded once (u): 1.5 γ_d + 4u in all. Euclidean's key subtracts the float32 norm squared
 # (γ_d + 3u of R²), dot uses no norm. Each lies within E with 2 sums and 4 roundings.
 
+# Products of rounded inputs. torch may compute a float32 product from inputs rounded to fewer bits,
+# as its settings say (`torch.set_float32_matmul_precision("high")`: TF32, 11 significant bits;
+# "medium": bfloat16, 8), still summed in float32. The search reads the setting, never changes it
+# (`product_unit`), and widens E instead. An input x rounds to x + δ, |δ| <= u_p |x| + η (u_p = 2^-11
+# or 2^-8; η = 2^-126 where a number below float32's normal range is flushed to zero), so
+#
+#     |fl(q_i) fl(c_i) - q_i c_i| <= (2 u_p + u_p²) |q_i c_i| + (1 + u_p) η (|q_i| + |c_i|) + η²,
+#
+# and over the d terms (Σ|q_i c_i| <= |q| |c|, Σ|q_i| <= √d |q|): (2 u_p + u_p²) |q| R
+# + (1 + u_p) η √d (|q| + R) + d η². The product of two such inputs is exact in float32 (at most 22
+# significant bits); their float32 sum is off by γ_d of their absolute sum, at most (1 + u_p)² times
+# the exact one's: the terms above taken (1 + γ_d) times cover it. With the 1% (`product_error`):
+#
+#     E_p = 1.01 (1 + γ_d) ((2 u_p + u_p²) reach² + 2 (1 + u_p) η √d (|q| + R) + d η²),   added to E
+#
+# (the 2: euclidean's key multiplies 2 q·c; its 2 |q| R <= (|q| + R)² = reach² there).
+
 ROUGH = {"sums": 2, "roundings": 4}  # the bound of a score made from rows measured in float32 (above)
+PRODUCT_UNITS = {"tf32": 2.0**-11, "bf16": 2.0**-8}  # u_p of each reduced precision torch may multiply in
+FLUSH = 2.0**-126  # η: what rounding an input below float32's normal range may lose (flushed to zero)
+
+
+def product_unit(device: torch.device) -> float:
+    """u_p: how far torch's float32 matrix products on `device` may round each input first, as torch's
+    settings stand now (read, never changed): 0 for full float32 products, else TF32's or bfloat16's."""
+    backend = torch.backends.cuda.matmul if device.type == "cuda" else getattr(torch.backends.mkldnn, "matmul", None)
+    precision = getattr(backend, "fp32_precision", None)
+    if precision is None:  # a torch without per-backend settings: the one setting it has
+        precision = {"high": "tf32", "medium": "bf16"}.get(torch.get_float32_matmul_precision(), "ieee")
+    return PRODUCT_UNITS.get(precision, 0.0)
+
+
+def product_error(dim: int, unit: float, reach_squared, norms_sum):
+    """E_p above: the error a product of inputs rounded by `unit` adds, for reach² and |q| + R (any
+    broadcastable values); 0 where the inputs are not rounded."""
+    if unit == 0.0:
+        return 0.0
+    relative = (2 * unit + unit * unit) * reach_squared
+    return SLACK * (1 + summation_error(dim)) * (relative + 2 * (1 + unit) * FLUSH * dim**0.5 * norms_sum
+                                                   + dim * FLUSH * FLUSH)
 # Rows as given that a fast way measures itself, and where it leaves them to the plain search's checks:
 RAW_NORM_SLACK = 1 + 2.0**-10  # float32 norms are off by less than 2^-10 of themselves (d < 16,000)
 SMALLEST_COSINE_NORM = 2.0**-60  # cosine: rows below this norm (zero rows too) are left to the plain loop
@@ -85,13 +124,15 @@ class Bounds:
     compares float32 scores with."""
 
     def __init__(self, score: str, query_norms: torch.Tensor, largest_norm: float, dim: int, sums: int = 1,
-                 roundings: int = 2):
+                 roundings: int = 2, unit: float = 0.0):
         """query_norms (Qc,) float64; a float32 score made by `sums` sums of d terms and `roundings`
-        roundings, of rows of norm at most `largest_norm`."""
+        roundings, of rows of norm at most `largest_norm`, by a product whose inputs may be rounded by
+        `unit` (`product_unit`)."""
         self.score, self.query_norms = score, query_norms
         reach = query_norms + largest_norm if score == "euclidean" else (query_norms * largest_norm).sqrt()
-        self.error = (SLACK * (sums * summation_error(dim) + roundings * F32_UNIT) * reach**2
-                      + dim * FLUSHED)  # (Qc,)
+        self.error = SLACK * (sums * summation_error(dim) + roundings * F32_UNIT) * reach**2 + dim * FLUSHED  # (Qc,)
+        if unit:  # products of rounded inputs (torch's setting)
+            self.error = self.error + product_error(dim, unit, reach**2, query_norms + largest_norm)
 
     def lower(self, approximate: torch.Tensor) -> torch.Tensor:
         """(Qc,) float64 below which the exact k-th best cannot lie when k float32 scores are >=
@@ -235,6 +276,10 @@ def half_screen_error(dim: int, largest_norm: float) -> tuple[float, float]:
     return SLACK * slope, SLACK * offset
 
 
-def linear_error(dim: int, largest_norm: float, sums: int = 1, roundings: int = 2) -> tuple[float, float]:
-    """(slope, offset): section 1's E for cosine and dot (`Bounds`), slope |q| + offset."""
-    return SLACK * (sums * summation_error(dim) + roundings * F32_UNIT) * largest_norm, dim * FLUSHED
+def linear_error(dim: int, largest_norm: float, sums: int = 1, roundings: int = 2,
+                 unit: float = 0.0) -> tuple[float, float]:
+    """(slope, offset): section 1's E for cosine and dot (`Bounds`), with E_p for inputs rounded by
+    `unit`, as slope |q| + offset (E_p's |q| + R term split between the two)."""
+    slope = SLACK * (sums * summation_error(dim) + roundings * F32_UNIT) * largest_norm
+    return (slope + product_error(dim, unit, largest_norm, 1.0),
+            dim * FLUSHED + product_error(dim, unit, 0.0, largest_norm))

@@ -8,7 +8,6 @@ float32 (|q·c| <= |q| |c|, |q - c|² <= (|q| + |c|)²). A failure raises a Valu
 and the row.
 """
 
-import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from .fileio import write_safetensors
+from .search_bounds import product_unit
 from .similarity import exact_scores, row_norms, unit_rows
 
 SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
@@ -80,6 +80,7 @@ class SearchInputs:
     device: torch.device
     return_numpy: bool  # both inputs were numpy arrays
     prepared: PreparedCorpus | None = None
+    product_unit: float = 0.0  # how far torch's products here may round each input (search_bounds.py's `product_unit`)
 
     def corpus_chunk(self, start: int, size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows start to start + size (default corpus_chunk_size) as scored and checked, and their norms."""
@@ -112,17 +113,6 @@ class SearchInputs:
         return (scores.cpu().numpy(), indices.cpu().numpy()) if self.return_numpy else (scores, indices)
 
 
-@contextlib.contextmanager
-def exact_products():
-    """Full float32 products while a search runs: TF32 or bfloat16 ones would void search_bounds.py's bounds."""
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(precision)
-
-
 def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size, device) -> SearchInputs:
     """The arguments of `minisbert.search.search`, checked (the corpus as it is read: `corpus_chunk`)."""
     prepared = corpus if isinstance(corpus, PreparedCorpus) else None
@@ -138,7 +128,8 @@ def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size,
     device = torch.device(device) if device is not None else corpus.device
     queries, query_norms = scored_rows(queries.to(device), score, "queries", 0)
     inputs = SearchInputs(queries, query_norms, corpus, min(int(k), corpus.shape[0]), score, int(query_chunk_size),
-                          int(corpus_chunk_size or DEFAULT_CORPUS_CHUNK_SIZE), device, return_numpy, prepared)
+                          int(corpus_chunk_size or DEFAULT_CORPUS_CHUNK_SIZE), device, return_numpy, prepared,
+                          product_unit(device))
     if prepared is not None:
         inputs.check_scores_fit(prepared.norms, 0)
     return inputs

@@ -31,6 +31,8 @@ os.environ["MINISBERT_PROBES"] = "off"
 # Parity is judged in exact fp32 arithmetic: no TF32 shortcuts on GPUs that have them.
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
+# ... and float16 products summed in float32, where the search's float16 screen ("device, half") runs.
+torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
 
 
 def reference(name):

@@ -378,56 +378,62 @@ def test_a_removed_argument_is_named_with_what_replaces_it():
 
 
 @pytest.mark.parametrize("precision", ["high", "medium"])
-def test_every_way_multiplies_in_full_float32_whatever_precision_torch_was_set_to(monkeypatch, precision):
-    """TF32 (GPUs) or bfloat16 (oneDNN on CPUs) products lie outside the float32 error bound that
-    decides which rows are rescored, so the search runs its way at "highest" and restores the
-    setting after, also when the way raises."""
+def test_every_way_leaves_torchs_precision_as_set_and_widens_its_bound_instead(monkeypatch, precision):
+    """TF32 or bfloat16 products (torch.set_float32_matmul_precision "high" or "medium": GPUs, and
+    oneDNN on CPUs that have them) round each input first. The search never changes the setting, not
+    even for the length of a call: it reads it (`product_unit`), widens the bound that decides which
+    rows are rescored (search_bounds.py, E_p), says so in the facts it logs, and every way returns the
+    bits it returns at "highest"."""
     seen = []
 
     def recorded(run):
         def wrapper(inputs):
-            seen.append(torch.get_float32_matmul_precision())
-            if inputs.k == 3:
-                raise RuntimeError("a way that fails")
+            seen.append((torch.get_float32_matmul_precision(), inputs.product_unit))
             return run(inputs)
         return wrapper
 
-    monkeypatch.setattr(search_module, "WAYS", tuple((name, can, taken, recorded(run))
-                                                     for name, can, taken, run in search_module.WAYS))
     generator = torch.Generator().manual_seed(3)
     queries, corpus = torch.randn(5, 16, generator=generator), torch.randn(300, 16, generator=generator)
+    expected = {way: search_module.search(queries, corpus, 4, way=way) for way in ("plain", "device", None)}
+    monkeypatch.setattr(search_module, "WAYS", tuple((name, can, taken, recorded(run))
+                                                     for name, can, taken, run in search_module.WAYS))
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
     try:
-        for way in ("plain", "device", None):
-            search_module.search(queries, corpus, 4, way=way)
+        for way, (scores, indices) in expected.items():
+            with search_module.recorded_ways() as choices:
+                got_scores, got_indices = search_module.search(queries, corpus, 4, way=way)
+            assert torch.equal(got_indices, indices) and torch.equal(got_scores, scores), way
+            assert "products of inputs rounded by 2^" in str(choices[-1]), choices[-1]
             assert torch.get_float32_matmul_precision() == precision
-        with pytest.raises(RuntimeError, match="a way that fails"):
-            search_module.search(queries, corpus, 3)
-        assert torch.get_float32_matmul_precision() == precision
     finally:
         torch.set_float32_matmul_precision(before)
-    assert len(seen) == 4 and set(seen) == {"highest"}
+    unit = {"high": 2.0**-11, "medium": 2.0**-8}[precision]
+    assert seen == [(precision, unit)] * 3
 
 
 @pytest.mark.parametrize("precision", ["high", "medium"])
-def test_the_plain_search_called_alone_multiplies_in_full_float32_too(monkeypatch, precision):
-    """minisbert/retrieval.py's `search`, which a reader may call without minisbert.search, runs its
-    loop at "highest" as well, and restores the setting after, also when a corpus chunk is refused."""
+def test_the_plain_search_called_alone_reads_torchs_precision_too(monkeypatch, precision):
+    """minisbert/retrieval.py's `search`, which a reader may call without minisbert.search, leaves the
+    setting as it is too, also when a corpus chunk is refused, and widens its bound instead (every
+    block's candidates are taken within E + E_p of the k-th best)."""
     seen = []
-    settle = retrieval.settle
+    bounds = retrieval.Bounds
 
-    def recorded(*args):
-        seen.append(torch.get_float32_matmul_precision())
-        return settle(*args)
+    def recorded(*args, **kwargs):
+        seen.append((torch.get_float32_matmul_precision(), kwargs.get("unit")))
+        return bounds(*args, **kwargs)
 
-    monkeypatch.setattr(retrieval, "settle", recorded)
+    monkeypatch.setattr(retrieval, "Bounds", recorded)
     generator = torch.Generator().manual_seed(3)
     queries, corpus = torch.randn(5, 16, generator=generator), torch.randn(300, 16, generator=generator)
+    expected = retrieval.search(queries, corpus, 4, corpus_chunk_size=100)
+    seen.clear()
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
     try:
-        retrieval.search(queries, corpus, 4, corpus_chunk_size=100)
+        scores, indices = retrieval.search(queries, corpus, 4, corpus_chunk_size=100)
+        assert torch.equal(scores, expected[0]) and torch.equal(indices, expected[1])
         assert torch.get_float32_matmul_precision() == precision
         corpus[250, 3] = float("nan")  # the third chunk is refused while the loop runs
         with pytest.raises(ValueError, match="corpus row 250 contains NaN"):
@@ -435,7 +441,7 @@ def test_the_plain_search_called_alone_multiplies_in_full_float32_too(monkeypatc
         assert torch.get_float32_matmul_precision() == precision
     finally:
         torch.set_float32_matmul_precision(before)
-    assert len(seen) == 5 and set(seen) == {"highest"}
+    assert seen == [(precision, {"high": 2.0**-11, "medium": 2.0**-8}[precision])] * 5
 
 
 # ---- the plain search of minisbert/retrieval.py, read alone ---------------------------------

@@ -21,7 +21,7 @@ from minisbert.fast import int8_blocks, int8_rows
 from minisbert.fast.device import HalfRows
 from minisbert.fast.screen import Chunk
 from minisbert.search import prepare_corpus
-from minisbert.search_bounds import F32_UNIT, ROUGH, Bounds, half_screen_error, summation_error
+from minisbert.search_bounds import F32_UNIT, PRODUCT_UNITS, ROUGH, Bounds, half_screen_error, summation_error
 
 U = F32_UNIT
 CASES = 150
@@ -123,6 +123,59 @@ def test_the_float32_score_bound_is_nearly_reached(dim):
         assert lowest <= error <= bound
     assert (dim - 2) * U / dot_bound >= (dim - 2) / (1.01 * (dim + 2) * (1 + 2 * dim * U)) > 0.59  # d = 8
     assert (2 * (dim - 1) - 1.01) * U / key_bound > 0.29  # d = 8; 0.49 at d = 384
+
+
+def rounded_inputs(values: np.ndarray, bits: int) -> np.ndarray:
+    """float32 `values` rounded to `bits` significant bits (8: bfloat16, 11: TF32), to nearest, ties
+    to even, then flushed to zero below float32's normal range: what a reduced-precision product
+    does to its inputs at worst (held as float64)."""
+    integers = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    dropped = 24 - bits
+    odd = (integers >> dropped) & 1
+    integers = ((integers + (1 << (dropped - 1)) - 1 + odd) >> dropped) << dropped
+    rounded = integers.astype(np.uint32).view(np.float32).astype(np.float64)
+    return np.where(np.abs(rounded) < 2.0**-126, 0.0, rounded)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_the_bound_of_products_of_rounded_inputs_holds_and_is_nearly_reached(precision):
+    """torch.set_float32_matmul_precision("high") or ("medium") lets a product round its inputs to
+    TF32 or bfloat16 first (search_bounds.py, E_p). Every score, kind of row and order of the float32
+    sum of the rounded inputs' products lies within E + E_p of the exact score. And q = c = (x, ..., x),
+    x just below the midpoint 1 + u_p above 1, rounds every entry down to 1: the sum of d ones is exact,
+    the exact score d x² is off by d (x² - 1), about 2 u_p d: nearly all of E_p."""
+    bits = {"tf32": 11, "bf16": 8}[precision]
+    unit = PRODUCT_UNITS[precision]
+    assert unit == 2.0 ** -bits
+    rng = np.random.default_rng(56)
+    for case in range(CASES):
+        dim, kind, score = int(rng.choice(DIMS)), str(rng.choice(KINDS)), str(rng.choice(SCORES))
+        queries, rows = draw_rows(kind, rng, 3, dim), draw_rows(kind, rng, 20, dim)
+        if score == "cosine":
+            queries, rows = float32_unit_rows(queries), float32_unit_rows(rows)
+        query_norms, row_norms = exact_norms(queries), exact_norms(rows)
+        bound = Bounds(score, torch.from_numpy(query_norms), float(row_norms.max()), dim,
+                       unit=unit).error.numpy()[:, None]
+        exact = exact_dots(queries, rows)
+        for order, sums in float32_sums(rounded_inputs(queries, bits), rounded_inputs(rows, bits)).items():
+            if score == "euclidean":
+                keys = 2 * sums - (row_norms**2).astype(np.float32)[None, :]
+                error = np.abs(keys.astype(np.float64) - (2 * exact - row_norms[None, :] ** 2))
+            else:
+                error = np.abs(sums.astype(np.float64) - exact.astype(np.float32))
+            assert (error <= bound).all(), (f"case {case}: {score}, {kind}, d = {dim}, {order}: off by "
+                                            f"{float((error / bound).max()):.3g} bounds")
+    dim = 384
+    x = 1 + unit - 2.0**-20  # below the midpoint between 1 and the next number of `bits` bits
+    row = np.full((1, dim), np.float32(x), dtype=np.float64)
+    assert (rounded_inputs(row, bits) == 1.0).all()
+    sums = float32_sums(rounded_inputs(row, bits), rounded_inputs(row, bits))["one at a time"]
+    exact = math.fsum(row[0] * row[0])
+    error = abs(float(sums[0, 0]) - float(np.float32(exact)))
+    norm = math.sqrt(exact)
+    bound = float(Bounds("dot", torch.tensor([norm]), norm, dim, unit=unit).error)
+    assert sums[0, 0] == dim and error <= bound
+    assert error / bound > 0.9, error / bound  # about 0.98 for bfloat16 and TF32 at d = 384
 
 
 def test_the_floors_give_up_no_more_than_the_bound_and_a_rounding():

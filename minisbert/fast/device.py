@@ -22,7 +22,6 @@ proved in search_bounds.py, section 4).
 On a CPU both run too, when forced (way="device", "device, half"), so that tests can check them.
 """
 
-import contextlib
 import math
 import warnings
 
@@ -49,9 +48,15 @@ def search_device_half(inputs: SearchInputs):
 
 
 def half_screen_runs(inputs: SearchInputs) -> bool:
-    """A prepared cosine corpus on the device searched: unit rows, every entry within float16's range."""
+    """A prepared cosine corpus on the device searched (unit rows, every entry within float16's range),
+    and on a GPU float16 products summed in float32, as torch is set: cuBLAS may add them in float16
+    (`torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`, on by default), which
+    `half_screen_error` does not cover, and a search reads that setting, never changes it."""
     prepared = inputs.prepared
-    return prepared is not None and prepared.score == "cosine" and prepared.rows.device == inputs.device
+    float32_sums = (inputs.device.type != "cuda"
+                    or not torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
+    return (prepared is not None and prepared.score == "cosine" and prepared.rows.device == inputs.device
+            and float32_sums)
 
 
 def _search(inputs: SearchInputs, screen, beyond: int):
@@ -167,7 +172,8 @@ class _PreparedRows(_Screen):
     def unproved(self, rows: slice, kth: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         if self.inputs.score == "euclidean":
             return _unproved_euclidean(self.inputs, rows, kth, last, self.largest_norm)
-        slope, offset = linear_error(self.inputs.queries.shape[1], self.largest_norm)
+        slope, offset = linear_error(self.inputs.queries.shape[1], self.largest_norm,
+                                     unit=self.inputs.product_unit)
         return _unproved(self.inputs.query_norms[rows], kth, last, slope, offset)
 
 
@@ -200,7 +206,8 @@ class _RowsAsGiven(_Screen):
         inputs = self.inputs
         smallest, largest = self.smallest.min(), self.largest.max()
         if inputs.score == "cosine":  # unit rows made by dividing by float32 norms: norms below RAW_NORM_SLACK
-            slope, offset = linear_error(inputs.queries.shape[1], RAW_NORM_SLACK, **ROUGH)
+            slope, offset = linear_error(inputs.queries.shape[1], RAW_NORM_SLACK, **ROUGH,
+                                         unit=inputs.product_unit)
             unproved = _unproved(inputs.query_norms[rows], kth, last, slope, offset)
             return unproved | ~((smallest >= SMALLEST_COSINE_NORM) & (largest < torch.inf))
         reach = largest.double() * RAW_NORM_SLACK  # a 0-d tensor: no wait for the host
@@ -209,7 +216,7 @@ class _RowsAsGiven(_Screen):
         measurable = largest_score <= LARGEST_RAW_SCORE  # False for a NaN norm too
         if inputs.score == "euclidean":
             return _unproved_euclidean(inputs, rows, kth, last, reach, **ROUGH) | ~measurable
-        slope, offset = linear_error(inputs.queries.shape[1], 1.0, **ROUGH)
+        slope, offset = linear_error(inputs.queries.shape[1], 1.0, **ROUGH, unit=inputs.product_unit)
         return _unproved(inputs.query_norms[rows], kth, last, slope * reach, offset) | ~measurable
 
 
@@ -227,7 +234,8 @@ def _unproved_euclidean(inputs: SearchInputs, rows: slice, kth: torch.Tensor, la
                         **made) -> torch.Tensor:
     """`_unproved` for euclidean keys, whose bound on a distance is not linear (search_bounds.py's
     `Bounds`, rows of norm at most `reach`; `made`: how the keys were made, as Bounds takes it)."""
-    bounds = Bounds(inputs.score, inputs.query_norms[rows], reach, inputs.queries.shape[1], **made)
+    bounds = Bounds(inputs.score, inputs.query_norms[rows], reach, inputs.queries.shape[1], **made,
+                    unit=inputs.product_unit)
     return ~(last < bounds.floor(bounds.lower(kth)))
 
 
@@ -274,8 +282,7 @@ class HalfRows:
         rows = self.rows[start : start + size]  # (n, d)
         if rows.dtype == torch.float32:  # a CPU: the float16 values, multiplied in float32
             return queries @ rows.T
-        with _float32_accumulation():
-            return torch.mm(queries, rows.T, out_dtype=torch.float32)
+        return torch.mm(queries, rows.T, out_dtype=torch.float32)  # summed in float32 (`half_screen_runs`)
 
 
 def half_rows(prepared) -> HalfRows:
@@ -283,19 +290,6 @@ def half_rows(prepared) -> HalfRows:
     if prepared.half_copy is None:
         prepared.half_copy = HalfRows(prepared.rows)
     return prepared.half_copy
-
-
-@contextlib.contextmanager
-def _float32_accumulation():
-    """cuBLAS may add float16 products in float16 (reduced-precision reductions): not while the
-    screen runs, since `half_screen_error` assumes float32 accumulation."""
-    matmul = torch.backends.cuda.matmul
-    reduced = matmul.allow_fp16_reduced_precision_reduction
-    matmul.allow_fp16_reduced_precision_reduction = False
-    try:
-        yield
-    finally:
-        matmul.allow_fp16_reduced_precision_reduction = reduced
 
 
 class _HalfScreen(_Screen):

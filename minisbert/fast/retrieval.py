@@ -115,7 +115,8 @@ def _threshold(inputs: SearchInputs, rows: slice, top_values: torch.Tensor, reac
 def _below_floor(inputs: SearchInputs, rows: slice, reach: float, kth: torch.Tensor) -> torch.Tensor:
     """(Qc,) float32 just below the floor of a k-th best approximate score `kth` (Qc,), for rows of
     norm at most `reach`: rows are kept above it, so that a row at the floor is kept."""
-    bounds = Bounds(inputs.score, inputs.query_norms[rows], reach, inputs.queries.shape[1], **ROUGH)
+    bounds = Bounds(inputs.score, inputs.query_norms[rows], reach, inputs.queries.shape[1], **ROUGH,
+                    unit=inputs.product_unit)
     floor = bounds.floor(bounds.lower(kth))
     return torch.nextafter(floor, floor.new_tensor(-math.inf))
 
@@ -128,7 +129,8 @@ def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Te
     score: where that is below the floor, the kept rows scored exactly (`settle`) are the answer;
     where not (K rows within 2E of the k-th: ties), the query is unproved."""
     k, num_docs = inputs.k, inputs.corpus.shape[0]
-    bounds = Bounds(inputs.score, inputs.query_norms, reach, inputs.queries.shape[1], **ROUGH)
+    bounds = Bounds(inputs.score, inputs.query_norms, reach, inputs.queries.shape[1], **ROUGH,
+                    unit=inputs.product_unit)
     floor = bounds.floor(bounds.lower(top_values[:, k - 1]))  # (Q,)
     unproved = (top_indices[:, -1] >= 0) & ~(top_values[:, -1] < floor)
     if top_values.shape[1] >= num_docs:  # every row is kept
