@@ -78,6 +78,25 @@ def tie_row(dim: int):
 # ---- 1. The float32 score: `Bounds` --------------------------------------------------------------
 
 
+def assert_score_bound_holds(case: str, score: str, queries, rows, multiplied_queries, multiplied_rows,
+                             unit: float = 0.0) -> None:
+    """Every float32 score of `multiplied_queries` x `multiplied_rows` (the inputs as the product takes
+    them), in every order of the sum, lies within `Bounds`' E (and E_p for `unit`) of the exact score of
+    `queries` x `rows`: cosine and dot against the exact score rounded to float32, euclidean's key
+    2 q·c - |c|² (2 q·c in float32, less |c|² rounded to float32) against the exact key."""
+    query_norms, row_norms = exact_norms(queries), exact_norms(rows)
+    bound = Bounds(score, torch.from_numpy(query_norms), float(row_norms.max()), queries.shape[1],
+                   unit=unit).error.numpy()[:, None]
+    exact = exact_dots(queries, rows)  # (Q, N)
+    for order, sums in float32_sums(multiplied_queries, multiplied_rows).items():
+        if score == "euclidean":
+            keys = 2 * sums - (row_norms**2).astype(np.float32)[None, :]
+            error = np.abs(keys.astype(np.float64) - (2 * exact - row_norms[None, :] ** 2))
+        else:
+            error = np.abs(sums.astype(np.float64) - exact.astype(np.float32))
+        assert (error <= bound).all(), f"{case}, {order}: off by {float((error / bound).max()):.3g} bounds"
+
+
 def test_the_float32_score_bound_holds_in_any_order_of_summation():
     """|s_fl - s_x| <= E for every score, every kind of row and every order of the float32 sum:
     cosine and dot against the exact score rounded to float32, euclidean's key 2 q·c - |c|² against
@@ -88,17 +107,7 @@ def test_the_float32_score_bound_holds_in_any_order_of_summation():
         queries, rows = draw_rows(kind, rng, 3, dim), draw_rows(kind, rng, 20, dim)
         if score == "cosine":  # rows as scored: float32 unit rows
             queries, rows = float32_unit_rows(queries), float32_unit_rows(rows)
-        query_norms, row_norms = exact_norms(queries), exact_norms(rows)
-        bound = Bounds(score, torch.from_numpy(query_norms), float(row_norms.max()), dim).error.numpy()[:, None]
-        exact = exact_dots(queries, rows)  # (Q, N)
-        for order, sums in float32_sums(queries, rows).items():
-            if score == "euclidean":  # the loop's key: 2 q·c in float32, less |c|² rounded to float32
-                keys = 2 * sums - (row_norms**2).astype(np.float32)[None, :]
-                error = np.abs(keys.astype(np.float64) - (2 * exact - row_norms[None, :] ** 2))
-            else:
-                error = np.abs(sums.astype(np.float64) - exact.astype(np.float32))
-            assert (error <= bound).all(), (f"case {case}: {score}, {kind}, d = {dim}, {order}: off by "
-                                            f"{float((error / bound).max()):.3g} bounds")
+        assert_score_bound_holds(f"case {case}: {score}, {kind}, d = {dim}", score, queries, rows, queries, rows)
 
 
 @pytest.mark.parametrize("dim", [8, 24, 384, 1000])
@@ -153,18 +162,8 @@ def test_the_bound_of_products_of_rounded_inputs_holds_and_is_nearly_reached(pre
         queries, rows = draw_rows(kind, rng, 3, dim), draw_rows(kind, rng, 20, dim)
         if score == "cosine":
             queries, rows = float32_unit_rows(queries), float32_unit_rows(rows)
-        query_norms, row_norms = exact_norms(queries), exact_norms(rows)
-        bound = Bounds(score, torch.from_numpy(query_norms), float(row_norms.max()), dim,
-                       unit=unit).error.numpy()[:, None]
-        exact = exact_dots(queries, rows)
-        for order, sums in float32_sums(rounded_inputs(queries, bits), rounded_inputs(rows, bits)).items():
-            if score == "euclidean":
-                keys = 2 * sums - (row_norms**2).astype(np.float32)[None, :]
-                error = np.abs(keys.astype(np.float64) - (2 * exact - row_norms[None, :] ** 2))
-            else:
-                error = np.abs(sums.astype(np.float64) - exact.astype(np.float32))
-            assert (error <= bound).all(), (f"case {case}: {score}, {kind}, d = {dim}, {order}: off by "
-                                            f"{float((error / bound).max()):.3g} bounds")
+        assert_score_bound_holds(f"case {case}: {score}, {kind}, d = {dim}", score, queries, rows,
+                                 rounded_inputs(queries, bits), rounded_inputs(rows, bits), unit)
     dim = 384
     x = 1 + unit - 2.0**-20  # below the midpoint between 1 and the next number of `bits` bits
     row = np.full((1, dim), np.float32(x), dtype=np.float64)
