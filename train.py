@@ -184,7 +184,7 @@ def main(argv=None):
     model.save(output / "final")
     summary = {**result, "loss": spec.name,
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-    write_json(output / "summary.json", summary)
+    write_json(output / "summary.json", summary, digest=True)
     best = result["best"]
     print(f"done in {result['training_seconds']:.0f} s; final model: {output / 'final'}"
           + (f"; best: {output / 'best'} ({best['metric']} {best['value']:.4f} at step {best['step']})" if best else ""))

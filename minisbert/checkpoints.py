@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .fileio import atomic_write
+from .fileio import atomic_write, checked_record, with_digest
 
 DIGEST = "sha256"  # the checkpoint's own entry holding `state_digest` of the rest
 CHECKPOINT_KEYS = ("identity", "model", "classifier", "optimizer", "scheduler", "scaler", "rng", "step", "epoch",
@@ -134,7 +134,23 @@ def _first_not_finite(value, name: str) -> str | None:
 def append_log(path: Path, entry: dict) -> None:
     """One JSON line per optimizer step, appended as it happens so the log can be watched live."""
     with open(path, "a", encoding="utf-8") as log:
-        log.write(json.dumps(entry) + "\n")
+        log.write(json.dumps(with_digest(entry)) + "\n")  # each line checked when read back (`read_log`)
+
+
+def read_log(path: Path) -> list[dict]:
+    """The entries of a training log, each line checked against the digest it carries (`checked_record`);
+    a line that is not one is refused naming the file and the line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): not a training log") from None
+    entries = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            entries.append(checked_record(json.loads(line), f"{path} line {number}"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} line {number} is not a log entry ({error.msg})") from None
+    return entries
 
 
 def truncate_log(path: Path, last_step: int) -> None:
@@ -145,7 +161,11 @@ def truncate_log(path: Path, last_step: int) -> None:
     path = Path(path)
     if not path.is_file():
         return
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): not a training log; "
+                         "repair or delete it, then resume again") from None
     lines = text.splitlines()
     kept = []
     for number, line in enumerate(lines, start=1):
@@ -158,6 +178,7 @@ def truncate_log(path: Path, last_step: int) -> None:
                 break
             raise ValueError(f"{path} line {number} is not a log entry (a JSON object with a step): {line[:60]!r}; "
                              "repair or delete that line, then resume again") from None
+        checked_record(entry, f"{path} line {number}")
         if step <= last_step:
             kept.append(line)
     atomic_write(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8"))

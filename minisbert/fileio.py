@@ -11,7 +11,10 @@ be read by a teammate or by a container running as another user.
 
 Files read back are checked to be the ones written: a safetensors file minisbert writes carries, in
 its own metadata, the SHA-256 of its tensors (`tensors_digest`), which the reader recomputes, so a
-flipped bit, a cut or an edit is refused naming the file rather than computed with.
+flipped bit, a cut or an edit is refused naming the file rather than computed with. A record minisbert
+writes as JSON (a run's summary, a study's run.json and results.json, each line of a training log,
+the machine facts) carries the SHA-256 of its own content under the same key (`with_digest`), which
+`read_json` checks wherever it finds one (files of other tools, and older records, have none).
 
 Checked in tests/test_fileio.py.
 """
@@ -114,6 +117,29 @@ def check_digest(path: Path, metadata: dict, tensors: dict) -> None:
                          "in its metadata): the file was damaged or edited after it was saved")
 
 
+def json_digest(value) -> str:
+    """SHA-256 of a JSON value as written canonically (keys sorted, no spaces)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def with_digest(record: dict) -> dict:
+    """`record` as JSON will read it back (tuples as lists, keys as strings), with DIGEST_KEY: its SHA-256."""
+    record = json.loads(json.dumps(record))
+    return {**record, DIGEST_KEY: json_digest(record)}
+
+
+def checked_record(value, where: str):
+    """`value` read from JSON, without its digest: a dict holding DIGEST_KEY must hash to it, else it
+    is refused naming `where` (the file, or the file and line)."""
+    if not (isinstance(value, dict) and DIGEST_KEY in value):
+        return value
+    value = dict(value)
+    if value.pop(DIGEST_KEY) != json_digest(value):
+        raise ValueError(f"{where}: its content is not the one written (its SHA-256 differs from the one it "
+                         "carries): it was damaged or edited after it was written; restore it or write it again")
+    return value
+
+
 def file_label(text: str) -> str:
     """`text` made safe to use in a file name."""
     return re.sub(r"[^\w.-]+", "_", text).strip("_")
@@ -123,14 +149,16 @@ def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def write_json(path: Path, obj) -> None:
-    write_text(path, json.dumps(obj, indent=2) + "\n")
+def write_json(path: Path, obj, digest: bool = False) -> None:
+    """`obj` as JSON, atomically; digest: a record minisbert reads back, written `with_digest`."""
+    write_text(path, json.dumps(with_digest(obj) if digest else obj, indent=2) + "\n")
 
 
 def read_json(path: Path, default=None):
     """The JSON value in `path`; `default` if the file does not exist and a default is given.
 
-    A file that is not valid JSON raises ValueError naming the file, line and column.
+    A file that is not valid JSON, or a record whose digest does not match its content
+    (`checked_record`), raises ValueError naming the file (and line and column).
     """
     path = Path(path)
     if not path.is_file():
@@ -138,13 +166,14 @@ def read_json(path: Path, default=None):
             return default
         raise FileNotFoundError(f"{path} does not exist")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as error:
         raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}); "
                          "replace it with a valid JSON file") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} line {error.lineno} column {error.colno}: not valid JSON "
                          f"({error.msg}); repair or replace the file") from None
+    return checked_record(value, str(path))
 
 
 def make_staging_dir(target: Path) -> Path:

@@ -25,6 +25,7 @@ from minisbert.fast import encoder as fast_encoder
 from minisbert.fast import linear as fast_linear
 from minisbert.fast import machine
 from minisbert.fast.encode import FAST_PATH
+from minisbert.fileio import with_digest
 from minisbert.model import SentenceModel
 from minisbert.optim import AdamW
 
@@ -245,8 +246,8 @@ def test_the_report_prints_the_facts_this_process_chose_by_and_counts_the_rest(f
     """A fact another run kept, or one an older minisbert named (no code asks for it now), is counted
     in the report, not printed as if it chose anything."""
     assert machine.fact("a fact asked for here", lambda: 1) == 1
-    facts = json.loads(fresh_machine_file.read_text())
-    fresh_machine_file.write_text(json.dumps({**facts, "a fact of an older minisbert": 2}))
+    facts = machine.known()  # as another run of this machine wrote them, with their digest
+    fresh_machine_file.write_text(json.dumps(with_digest({**facts, "a fact of an older minisbert": 2})))
     machine.forget()
     lines = machine.report().splitlines()
     assert "  a fact asked for here: 1" in lines and not any("older minisbert" in line for line in lines)

@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisbert.checkpoints import load_checkpoint, save_checkpoint
+from minisbert.checkpoints import append_log, load_checkpoint, read_log, save_checkpoint
 from minisbert.fast import machine
+from minisbert.fileio import DIGEST_KEY, read_json, write_json
 from minisbert.model import SentenceModel
 from minisbert.search import load_corpus, prepare_corpus
 from minisbert.st_directory import read_dense
@@ -195,6 +196,7 @@ def test_a_fact_this_version_cannot_use_is_measured_again_with_a_warning_naming_
     """A facts file left by another version (a kernel this one lacks) or edited by hand."""
     assert machine.fact("a kernel", lambda: "torch", choices=["torch", "onednn"]) == "torch"
     facts = json.loads(timed_probes.read_text())
+    facts.pop(DIGEST_KEY)  # written by a version that kept no digest, whose values this one checks
     timed_probes.write_text(json.dumps({**facts, "a kernel": "mkl", "a flag": "yes"}))
     machine.forget()
     with pytest.warns(UserWarning, match=rf"{timed_probes}.*'mkl'"):
@@ -202,3 +204,53 @@ def test_a_fact_this_version_cannot_use_is_measured_again_with_a_warning_naming_
     with pytest.warns(UserWarning, match=rf"{timed_probes}.*'yes'"):
         assert machine.fact("a flag", lambda: True, kind=bool) is True
     assert json.loads(timed_probes.read_text())["a kernel"] == "onednn"
+
+
+def test_an_edited_machine_facts_file_is_set_aside_with_a_warning_naming_it(timed_probes):
+    """A value edited by hand, even one this version can use, no longer matches the file's digest."""
+    assert machine.fact("a kernel", lambda: "torch", choices=["torch", "onednn"]) == "torch"
+    timed_probes.write_text(timed_probes.read_text().replace('"torch"', '"onednn"'))
+    machine.forget()
+    with pytest.warns(UserWarning, match=rf"{timed_probes}.*not the one written"):
+        assert machine.fact("a kernel", lambda: "torch", choices=["torch", "onednn"]) == "torch"
+
+
+@pytest.mark.parametrize("kind", ["record", "log"])
+def test_a_damaged_record_or_log_line_is_refused_or_reads_as_written(kind, tmp_path):
+    """A JSON record minisbert reads back (a study's settings.json, run.json, result.json and
+    results.json, a run's summary.json: `write_json(..., digest=True)`) and a training log's lines
+    carry their SHA-256. Each seeded bit flip and cut is refused naming the file, or reads back as
+    written, with one exception the format leaves: a flip inside the digest's own key name makes a
+    record without a digest, which reads as an unchecked one with that renamed key (as a record
+    written before digests were kept reads)."""
+    record = {"experiment": "siamese-vs-triplet", "seeds": [1, 2, 3], "ndcg@10": 0.6512, "notes": None}
+    path = tmp_path / ("run.json" if kind == "record" else "log.jsonl")
+    if kind == "record":
+        write_json(path, record, digest=True)
+        read = lambda: read_json(path)  # noqa: E731
+    else:
+        for step in (1, 2):
+            append_log(path, {**record, "step": step})
+        read = lambda: read_log(path)  # noqa: E731
+    original, expected = path.read_bytes(), read()
+    outcomes = {"refused": 0, "same": 0, "digest key renamed": 0}
+    try:
+        for what, damaged in damaged_copies(path, [], f"json {kind}"):
+            path.write_bytes(damaged)
+            try:
+                got = read()
+            except ValueError as error:
+                assert str(path) in str(error), f"{what}: the error does not name the file: {error}"
+                outcomes["refused"] += 1
+                continue
+            if same(got, expected):
+                outcomes["same"] += 1
+                continue
+            entries = got if isinstance(got, list) else [got]
+            renamed = [entry for entry in entries if DIGEST_KEY not in entry and len(entry) == len(record) + 1
+                       + (kind == "log")]
+            assert renamed, f"{what}: read without a word, and the result changed"
+            outcomes["digest key renamed"] += 1
+    finally:
+        path.write_bytes(original)
+    assert outcomes["refused"] > FLIPS // 2, outcomes

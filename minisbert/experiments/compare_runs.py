@@ -23,7 +23,7 @@ Checked in tests/test_experiments.py.
 import argparse
 from pathlib import Path
 
-from ..fileio import read_json, write_json
+from ..fileio import read_json, write_json, write_text
 from . import records, runner, verdicts
 
 NAME = "compare-runs"
@@ -70,9 +70,9 @@ def main(argv=None):
                           for a, b in pairs},
                "tests": {f"{a}:{b}": test for (a, b), test in zip(pairs, tests)}}
     args.output.mkdir(parents=True, exist_ok=True)
-    write_json(args.output / "results.json", results)
+    write_json(args.output / "results.json", results, digest=True)
     markdown = report(args, first, second, pairs, tests)
-    (args.output / "results.md").write_text(markdown, encoding="utf-8")
+    write_text(args.output / "results.md", markdown)
     print(f"\n{markdown}\nresults: {args.output / 'results.md'}, {args.output / 'results.json'}")
 
 

@@ -42,9 +42,9 @@ import numpy as np
 import torch
 
 import minisbert
-from .. import datasets, metrics
+from .. import checkpoints, datasets, metrics
 from ..evaluation import CACHE_DIR, encode_cached, rank, rank_embeddings, score_run
-from ..fileio import read_json, write_json
+from ..fileio import read_json, write_json, write_text
 from ..fit import TrainingSettings, fit
 from ..precision import default_device
 from ..datasets import QUORA_FILE
@@ -157,7 +157,7 @@ class Study:
                                  f"(they differ in {differences}); run the same command as before to "
                                  "continue it, or choose another --output")
         if found != wanted:
-            write_json(path, wanted)
+            write_json(path, wanted, digest=True)
 
     def entry(self, name: str, make) -> dict:
         """The result of model `name`: read back when an earlier run finished it, else make(folder),
@@ -175,9 +175,9 @@ class Study:
         if not self.recorded:  # a run that only reads results back leaves the records as they are
             self.recorded = records.new_record(self.run(), self.settings, self.device)
         result = make(path.parent)
-        write_json(path, result)
+        write_json(path, result, digest=True)
         self.recorded["models"].append(name)
-        write_json(self.output / "run.json", self.recorded)
+        write_json(self.output / "run.json", self.recorded, digest=True)
         return result
 
     def about(self) -> str:
@@ -203,8 +203,8 @@ class Study:
         for model in results.get("models", {}).values():
             if len(model.get("runs", [])) == 1:
                 model["runs"] = [{key: value for key, value in model["runs"][0].items() if key != "per_query"}]
-        write_json(self.output / "results.json", results)
-        (self.output / "results.md").write_text(markdown, encoding="utf-8")
+        write_json(self.output / "results.json", results, digest=True)
+        write_text(self.output / "results.md", markdown)
         print(f"\n{markdown}\nresults: {self.output / 'results.md'}, {self.output / 'results.json'}")
 
 
@@ -294,7 +294,7 @@ def train(model, examples: list, spec, folder: Path, settings: TrainingSettings,
     result = fit(model, examples, spec, folder, settings, run_inputs=run_inputs, classifier=classifier,
                  resume=(folder / "checkpoint.pt").is_file())
     model.save(folder / "final")
-    log = [json.loads(line) for line in (folder / "log.jsonl").read_text(encoding="utf-8").splitlines()]
+    log = checkpoints.read_log(folder / "log.jsonl")
     return {"seconds": result["training_seconds"], "examples": len(examples), "steps": result["steps"],
             "loss": [entry["loss"] for entry in log]}
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from .. import cpu
-from ..fileio import atomic_write, home_folder
+from ..fileio import atomic_write, checked_record, home_folder, with_digest
 from .tuning import PROBE_ROUNDS
 
 MACHINE_FILE_VARIABLE = "MINISBERT_MACHINE_FILE"
@@ -70,7 +70,7 @@ def known() -> dict:
     if _kept is None:
         path = machine_file()
         try:
-            _kept = json.loads(path.read_text())
+            _kept = checked_record(json.loads(path.read_text()), str(path))  # edited or damaged: set aside
         except FileNotFoundError:
             _kept = {}
         except (OSError, ValueError) as error:
@@ -119,7 +119,7 @@ def fact(name: str, measure: Callable[[], object], choices=None, kind=None):
         facts = known()
         if name not in facts or not usable(facts[name]):
             facts[name] = value
-            atomic_write(path, lambda tmp: tmp.write_text(json.dumps(facts, indent=1, sort_keys=True)))
+            atomic_write(path, lambda tmp: tmp.write_text(json.dumps(with_digest(facts), indent=1, sort_keys=True)))
             _kept = facts
     return _kept[name]
 
