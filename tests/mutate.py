@@ -98,6 +98,13 @@ ROOMS = {
     "search": (("minisbert/retrieval.py", "minisbert/search_inputs.py", "minisbert/search_bounds.py"),
                ("tests/test_one_answer.py", "tests/test_search_property.py", "tests/test_retrieval.py",
                 "tests/test_screens.py", "tests/test_search_bounds.py", "tests/test_device_search.py")),
+    # the search's entry and its fast ways: every way against the plain loop (bits, and no query left to
+    # the plain loop on random rows), the screens, the span product's kernels, the device way's counts
+    "fast search": (("minisbert/search.py", "minisbert/fast/retrieval.py", "minisbert/fast/screen.py",
+                     "minisbert/fast/span_product.py", "minisbert/fast/device.py", "minisbert/fast/int8_rows.py",
+                     "minisbert/fast/int8_blocks.py"),
+                    ("tests/test_device_search.py", "tests/test_screens.py", "tests/test_search_property.py",
+                     "tests/test_retrieval.py")),
 }
 
 SWAPPED_OPERATORS = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*"}

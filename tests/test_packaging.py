@@ -11,6 +11,7 @@ asserted here: a line count met by joining lines would measure nothing.
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,3 +107,17 @@ def test_no_module_imports_itself_through_others():
 
     circles = [found for module in sorted(graph) if module not in state and (found := circle_from(module, [module]))]
     assert not circles
+
+
+def test_the_readmes_reading_order_states_its_files_sizes_truly():
+    """The README's reading order says how long each file and the whole path is (so that a reader can
+    plan the afternoon); those numbers are the files' line counts now, each within a tenth (a file
+    edited since keeps its count roughly true; one that doubled makes the sentence false here)."""
+    section = (REPO / "README.md").read_text(encoding="utf-8").split("## Reading order", 1)[1].split("\n## ", 1)[0]
+    stated = {path: int(count) for path, count in re.findall(r"`([\w/]+\.py)` \((\d+)", section)}
+    assert len(stated) == 17, stated
+    for path, count in stated.items():
+        lines = len((REPO / path).read_text(encoding="utf-8").splitlines())
+        assert abs(lines - count) <= count / 10, f"README says {path} has {count} lines; it has {lines}"
+    total = int(re.search(r"about ([\d,]+) lines \(the line counts", section).group(1).replace(",", ""))
+    assert abs(sum(stated.values()) - total) <= total / 10, (sum(stated.values()), total)

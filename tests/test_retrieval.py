@@ -1092,6 +1092,17 @@ def test_a_prepared_corpus_file_of_the_first_format_still_loads(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(search(queries, loaded, 5), search(queries, corpus, 5)))
 
 
+def test_the_readmes_first_example_runs_and_prints_what_it_says(tmp_path, monkeypatch, minilm, capsys):
+    # The README's "In a few lines" code, as written: load, encode, search, evaluate.
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## In a few lines", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(code, {})
+    printed = code.rsplit("# ", 1)[1].strip()  # what its last line's comment says it prints
+    assert capsys.readouterr().out.strip() == printed
+
+
 def test_the_readmes_search_example_runs(tmp_path, monkeypatch, minilm):
     # The README's "Searching your own corpus" code, as written, with `documents` defined.
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
