@@ -31,6 +31,7 @@ from minisbert.experiments import verdicts, __main__ as command
 from minisbert.experiments import (embedding_size, embedding_size_report, figures, model_selection, records, runner,
                                    sbert_objectives, siamese_vs_triplet, siamese_vs_triplet_report)
 from minisbert.experiments.pca import fit_pca
+from minisbert.fileio import read_json, write_json
 
 from .conftest import FIXTURES, REPO
 from .tolerances import float32_apart
@@ -214,10 +215,10 @@ def test_a_result_whose_per_query_values_do_not_match_it_is_refused(svt_run, tmp
     output = tmp_path / "run"
     shutil.copytree(svt_run[0], output)
     path = output / "models" / "untrained" / "result.json"
-    result = json.loads(path.read_text())
+    result = read_json(path)
     first_query = next(iter(result["per_query"]["ndcg@10"]))
     result["per_query"]["ndcg@10"][first_query] += 0.5
-    path.write_text(json.dumps(result))
+    write_json(path, result, digest=True)  # its digest made again: written so, not edited since
     with pytest.raises(ValueError, match=r"result.json: the 8 per-query values of ndcg@10 average to .*, not to the "
                                          r".* it reports; delete the file"):
         run(siamese_vs_triplet, output)

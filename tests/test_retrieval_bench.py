@@ -32,7 +32,8 @@ def test_the_floor_answers_as_the_search_does_for_few_and_many_queries():
         queries = torch.randn(num_queries, 24, generator=generator)
         expected = search(queries, corpus, 7, score="dot")[1]
         for norms in (False, True):
-            floor = bench.floor(queries, corpus, 7, norms=norms)
+            floor, kernel = bench.floor(queries, corpus, 7, norms=norms)
+            assert ("quickest here" in kernel) == (num_queries <= FEW_QUERIES), kernel  # a few: timed and named
             normed = rows_normed(lambda: floor(queries))
             assert normed == (corpus.shape[0] if norms else 0), (num_queries, norms, normed)  # every row, once
             assert torch.equal(floor(queries), expected)
