@@ -53,8 +53,10 @@ def half_screen_runs(inputs: SearchInputs) -> bool:
     (`torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`, on by default), which
     `half_screen_error` does not cover, and a search reads that setting, never changes it."""
     prepared = inputs.prepared
-    float32_sums = (inputs.device.type != "cuda"
-                    or not torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
+    # On a CPU the float16 values are multiplied as float32 ones: exactly only where torch multiplies
+    # float32 in full (`product_unit` 0; bfloat16 inputs would round the float16 values again).
+    float32_sums = (not torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+                    if inputs.device.type == "cuda" else inputs.product_unit == 0)
     return (prepared is not None and prepared.score == "cosine" and prepared.rows.device == inputs.device
             and float32_sums)
 
