@@ -1185,3 +1185,16 @@ def test_the_removed_span_product_variable_is_refused_on_every_path(queries, way
     corpus = torch.randn(50, 8)
     with pytest.raises(ValueError, match="MINISBERT_SPAN_PRODUCT no longer forces"):
         search_module.search(torch.randn(queries, 8), corpus, 3, way=way)
+
+
+def test_an_old_corpus_file_with_a_row_not_of_norm_1_is_refused_naming_the_row(tmp_path):
+    """A prepared corpus of an older format carries no digest, so its rows are checked one by one: a
+    cosine corpus whose row 2 has norm 2 (and every other row norm 1) is refused naming row 2."""
+    from safetensors.torch import save_file
+
+    rows = torch.nn.functional.normalize(torch.randn(5, 8, generator=torch.Generator().manual_seed(2)), dim=1)
+    rows[2] *= 2
+    path = tmp_path / "old.safetensors"
+    save_file({"rows": rows}, str(path), metadata={"format": search_module.OLD_FORMATS[0], "score": "cosine"})
+    with pytest.raises(ValueError, match=r"old.safetensors: row 2 has norm 1.99999\d*, not 1"):  # 2 in float32
+        search_module.load_corpus(path)
