@@ -137,13 +137,19 @@ def append_log(path: Path, entry: dict) -> None:
         log.write(json.dumps(with_digest(entry)) + "\n")  # each line checked when read back (`read_log`)
 
 
+def _log_text(path: Path) -> str:
+    """A training log's text; one that is not UTF-8 is refused naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): not a training log; "
+                         "repair or delete it") from None
+
+
 def read_log(path: Path) -> list[dict]:
     """The entries of a training log, each line checked against the digest it carries (`checked_record`);
     a line that is not one is refused naming the file and the line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): not a training log") from None
+    lines = _log_text(Path(path)).splitlines()
     entries = []
     for number, line in enumerate(lines, start=1):
         try:
@@ -161,11 +167,7 @@ def truncate_log(path: Path, last_step: int) -> None:
     path = Path(path)
     if not path.is_file():
         return
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): not a training log; "
-                         "repair or delete it, then resume again") from None
+    text = _log_text(path)
     lines = text.splitlines()
     kept = []
     for number, line in enumerate(lines, start=1):
