@@ -12,7 +12,7 @@ checked), similarity (cosine and distances), losses, optim, fit (the training lo
 significance, lexical (BM25, Jaccard), evaluation, experiments/ (the papers' studies); for code
 ported from sentence-transformers, sentence_transformer (its class's calls, over the network),
 prompts, quantize, porting (what is refused) and util. Speed machinery sits beside the plain code in
-minisbert/fast/.
+minisbert/fast/; backend says which path runs a model fast.
 """
 
 
@@ -24,21 +24,12 @@ def load(name_or_path, device=None, fast: bool = True, **st_options):
     False, run the plain network (model.py, encoder.py) alone. Either way a text gets the same
     embedding whatever batch it is encoded in.
     st_options: sentence-transformers' truncate_dim, prompts, default_prompt_name, similarity_fn_name."""
+    from .backend import default_fast_path
     from .hub import resolve
     from .sentence_transformer import SentenceTransformer as Model
 
     fast_path = default_fast_path() if fast else None
     return Model.from_dir(resolve(name_or_path), device=device, fast_path=fast_path, **st_options)
-
-
-def default_fast_path():
-    """The fast path a model runs unless told otherwise (minisbert/fast/encode.py's FAST_PATH): what
-    load() plugs in, and what a SentenceTransformer built in memory gets, so that a model built and the
-    same model saved and loaded give the same bits. Imported only when asked for: the plain network
-    runs without minisbert/fast/."""
-    from .fast.encode import FAST_PATH
-
-    return FAST_PATH
 
 
 def SentenceTransformer(model_name_or_path, device=None, *, truncate_dim=None, prompts=None,  # noqa: N802
@@ -59,6 +50,10 @@ def SentenceTransformer(model_name_or_path, device=None, *, truncate_dim=None, p
 
 def __getattr__(name):
     # Imported on first use, so `python -m minisbert.weights` does not find weights already loaded.
+    if name == "default_fast_path":  # minisbert/backend.py's: the path load() plugs in
+        from .backend import default_fast_path
+
+        return default_fast_path
     if name == "SentenceModel":
         from .model import SentenceModel
 

@@ -33,8 +33,13 @@ class SentenceTransformer(SentenceModel):
     def __init__(self, *network, similarity_fn_name: str = "cosine", truncate_dim: int | None = None,
                  prompts: dict | None = None, default_prompt_name: str | None = None, **network_options):
         """network, network_options: SentenceModel's arguments (encoder, tokenizer, pooling, ...). Built
-        in memory it runs the plain network unless given fast_path=minisbert.default_fast_path(), the
-        path `minisbert.load` plugs in: with it, it gives the very bits of the same model saved and loaded."""
+        in memory it runs the fast path `minisbert.load` plugs in (minisbert.default_fast_path()), as
+        sentence-transformers' class runs its one path, so it gives the very bits of the same model saved
+        and loaded; fast_path=None runs the plain network alone."""
+        if "fast_path" not in network_options:
+            from .backend import default_fast_path  # fast/ is imported here, only for the default
+
+            network_options["fast_path"] = default_fast_path()
         super().__init__(*network, **network_options)
         self.similarity_fn_name = similarity_fn_name  # how `similarity` compares embeddings
         self.truncate_dim = truncate_dim  # keep the first truncate_dim dimensions of each embedding (None: all)

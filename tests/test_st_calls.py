@@ -344,12 +344,16 @@ def test_a_cast_network_encodes_as_sentence_transformers_does(st, cast):
 
 def test_a_model_built_in_memory_gives_the_bits_of_the_same_model_saved_and_loaded(tmp_path):
     """sentence-transformers' own test_safetensors: a model with a Dense layer built from its modules,
-    saved and loaded, encodes "Hello, World!" to the same vector. Built with the path load() plugs in."""
+    saved and loaded, encodes "Hello, World!" to the same vector. Built with no fast_path named it
+    runs the path load() plugs in; with fast_path=None, the plain network, as load(fast=False) does."""
     from minisbert.sentence_transformer import SentenceTransformer as Network
 
     parts = SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu")
-    built = Network(parts.encoder, parts.tokenizer, parts.pooling, parts.dense, parts.normalize_embeddings,
-                    tokenizer_dir=parts.tokenizer_dir, fast_path=minisbert.default_fast_path()).eval()
+    network = (parts.encoder, parts.tokenizer, parts.pooling, parts.dense, parts.normalize_embeddings)
+    built = Network(*network, tokenizer_dir=parts.tokenizer_dir).eval()
     built.save(tmp_path / "m")
-    loaded = minisbert.load(tmp_path / "m", device="cpu")
-    assert np.array_equal(built.encode("Hello, World!"), loaded.encode("Hello, World!"))
+    for fast_path, fast in ((built.fast_path, True), (None, False)):
+        model = Network(*network, tokenizer_dir=parts.tokenizer_dir, fast_path=fast_path).eval()
+        loaded = minisbert.load(tmp_path / "m", device="cpu", fast=fast)
+        assert np.array_equal(model.encode("Hello, World!"), loaded.encode("Hello, World!")), fast
+    assert built.fast_path is minisbert.default_fast_path()
