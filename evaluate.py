@@ -15,9 +15,9 @@ Prints Precision, Accuracy, Recall, MRR, NDCG and MAP at each k for every model;
 runs/eval/<data>-<split>-<models>.json (models joined by "+"; or --output), with each query's own
 values under "per_query" ({metric@k: {query id: value}}, which average to the reported numbers
 exactly), and each model's ranking to a TREC run file. Metric definitions: --definitions st
-(sentence-transformers, binary relevance; the default) or trec (trec_eval, graded), see minisbert/metrics.py.
+(sentence-transformers, binary relevance; the default) or trec (trec_eval, graded), see minisbert/evaluation/metrics.py.
 
---significance compares every model with the first, query by query (minisbert/significance.py): for
+--significance compares every model with the first, query by query (minisbert/evaluation/significance.py): for
 each metric@k the mean difference, its bootstrap 95% interval, and the p-values of Fisher's
 randomization test and the paired t-test, under "significance" in the JSON. With several models the
 randomization p-values of each metric@k are adjusted by Holm's method ("p_holm"), and a difference is
@@ -25,7 +25,7 @@ marked when that adjusted p is below 0.05. For STS the compared number is Spearm
 over resampled and swapped sentence pairs.
 
 Under torchrun each process encodes and searches a contiguous shard of the corpus and rank 0 merges
-the shards' top-k into the ranking one process gives (minisbert/distributed.py), then reports.
+the shards' top-k into the ranking one process gives (minisbert/training/distributed.py), then reports.
 """
 
 import argparse
@@ -33,16 +33,17 @@ import sys
 from pathlib import Path
 
 import minisbert
-from minisbert import datasets, distributed
-from minisbert.correlation import pearson, spearman
-from minisbert.evaluation import (CACHE_DIR, LEXICAL, rank, results_file, retrieval_split, score_run, sts_pairs,
-                                 sts_similarities)
-from minisbert.fast import machine
-from minisbert.fileio import check_writable_folder, file_label, write_json
-from minisbert.precision import AMP_SPELLINGS, dtype_from_flags
+from minisbert import datasets
+from minisbert.training import distributed
+from minisbert.evaluation.correlation import pearson, spearman
+from minisbert.evaluation.benchmark import (CACHE_DIR, LEXICAL, rank, results_file, retrieval_split, score_run,
+                                            sts_pairs, sts_similarities)
+from minisbert.common import machine
+from minisbert.common.fileio import check_writable_folder, file_label, write_json
+from minisbert.common.precision import AMP_SPELLINGS, dtype_from_flags
 from minisbert.search import recorded_ways
-from minisbert.significance import compare_with_first
-from minisbert.tables import print_significance, print_table
+from minisbert.evaluation.significance import compare_with_first
+from minisbert.evaluation.tables import print_significance, print_table
 
 
 def parse_args(argv=None):
@@ -75,8 +76,8 @@ def parse_args(argv=None):
     p.add_argument("--no-cache", action="store_true", help="encode the corpus even if cached")
     p.add_argument("--verbose", action="store_true",
                    help="also print the way each search took and the facts it chose it by "
-                        "(minisbert/search.py), and the machine and the facts kept about it that the fast "
-                        "path's kernels were chosen by (minisbert/fast/machine.py)")
+                        "(minisbert/search/ways.py), and the machine and the facts kept about it that the fast "
+                        "path's kernels were chosen by (minisbert/common/machine.py)")
     p.add_argument("--significance", action="store_true",
                    help="test each model's difference from the first, query by query (two or more --model)")
     args = p.parse_args(argv)
@@ -151,7 +152,7 @@ def main(argv=None):
     for run_file in runs:
         print(f"TREC run: {run_file}")
     print(f"results: {output}")
-    if args.verbose:  # what the fast path's choices were made by (minisbert/fast/machine.py)
+    if args.verbose:  # what the fast path's choices were made by (minisbert/common/machine.py)
         for choice in ways:
             print(f"search: {choice}")
         print(machine.report())

@@ -7,13 +7,13 @@
     python train.py --output runs/x --resume                   # continue an interrupted run, its settings
     torchrun --nproc_per_node 8 train.py --loss mnrl --amp bf16 ...  # one model trained by 8 processes (GPUs)
 
-Reads top to bottom: arguments, model, data, the loop, saving. The loop is minisbert/fit.py (the
+Reads top to bottom: arguments, model, data, the loop, saving. The loop is minisbert/training/fit.py (the
 experiment runner, `python -m minisbert.experiments`, trains through it too), the objectives are in
-minisbert/losses.py, AdamW and the schedule in minisbert/optim.py, the examples in
-minisbert/training_data.py, checkpoints in minisbert/checkpoints.py. Writes to --output DIR: log.jsonl
+minisbert/training/losses.py, AdamW and the schedule in minisbert/training/optim.py, the examples in
+minisbert/training/training_data.py, checkpoints in minisbert/training/checkpoints.py. Writes to --output DIR: log.jsonl
 (one line per step), checkpoint.pt (to resume), best/ and final/ (models in the sentence-transformers
 layout), summary.json. Under torchrun each
-process trains on its slice of every batch (minisbert/distributed.py) and rank 0 alone writes them.
+process trains on its slice of every batch (minisbert/training/distributed.py) and rank 0 alone writes them.
 """
 
 import argparse
@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 
 import minisbert
-from minisbert import checkpoints, distributed
-from minisbert.evaluation import evaluate_dev
-from minisbert.fileio import check_writable_folder, write_json
-from minisbert.fit import CHECKPOINT, Interrupted, TrainingFailed, TrainingSettings, fit
-from minisbert.losses import SoftmaxClassifier, select_loss
-from minisbert.precision import AMP_SPELLINGS, autocast_dtype, dtype_from_flags
-from minisbert.pooling import Dense
-from minisbert.training_data import example_shape, training_examples
+from minisbert.training import checkpoints, distributed
+from minisbert.evaluation.benchmark import evaluate_dev
+from minisbert.common.fileio import check_writable_folder, write_json
+from minisbert.training.fit import CHECKPOINT, Interrupted, TrainingFailed, TrainingSettings, fit
+from minisbert.training.losses import SoftmaxClassifier, select_loss
+from minisbert.common.precision import AMP_SPELLINGS, autocast_dtype, dtype_from_flags
+from minisbert.encoding.pooling import Dense
+from minisbert.training.training_data import example_shape, training_examples
 
 
 # Every numeric flag, what a usable value satisfies, and how to say it. A value outside these would not
@@ -84,7 +84,7 @@ def parse_args(argv=None):
     p.add_argument("--amp", choices=sorted(AMP_SPELLINGS), default=None,
                    help="mixed precision, as --dtype: bf16 = bfloat16, fp16 = float16")
     p.add_argument("--plain-encoder", action="store_true",
-                   help="run the plain encoder (minisbert/encoder.py, the reference) instead of the fast one: "
+                   help="run the plain encoder (minisbert/encoding/encoder.py, the reference) instead of the fast one: "
                         "slower, the same numbers to 1e-6")
     p.add_argument("--eval-steps", type=int, default=None,
                    help="evaluate on the dev split every N steps (default: 4 times per run; 0: only at the end)")
@@ -161,7 +161,7 @@ def main(argv=None):
     if spec.label_kind == "class":
         classifier = SoftmaxClassifier(model.dimension, n_labels=3).to(model.device)
 
-    # The loop (minisbert/fit.py): AdamW, warmup and decay, checkpoints, the log, the best model.
+    # The loop (minisbert/training/fit.py): AdamW, warmup and decay, checkpoints, the log, the best model.
     settings = TrainingSettings(
         epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
         weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, margin=args.margin, seed=args.seed,

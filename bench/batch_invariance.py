@@ -1,4 +1,4 @@
-"""Which kernels give a row the same bits whatever else is in the product: why fast/linear.py gives
+"""Which kernels give a row the same bits whatever else is in the product: why encoding/fast/tiled_linear.py gives
 every kernel whole tiles, and checks on each machine that a stack of them keeps each tile's bits.
 
     python bench/batch_invariance.py              # 1 and 2 threads, float32 and (where native) bfloat16
@@ -7,7 +7,7 @@ For each of the encoder's four products (all-MiniLM-L6-v2's shapes), each kernel
 `F.linear`; oneDNN's `_linear_pointwise`), each precision and thread count, it multiplies the first
 n rows of a (2,048, in) matrix (--rows), for n = 1 .. 64 and every 7th and 16th count on to 2,048, and
 prints the row counts whose rows differ, in any bit, from the same rows of the 2,048-row product, and which
-of them are multiples of --tile-rows (default fast/linear.py's largest tile), and at how many places of
+of them are multiples of --tile-rows (default encoding/fast/tiled_linear.py's largest tile), and at how many places of
 a tile of that many rows a row gets other bits than at the first place. For attention it compares each of
 32 texts attended alone (at its own length) with the same text among 7 others of its length, and
 padded to 256 tokens (masked). For GELU it counts the elements whose bits change when they are the
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from minisbert import cpu  # noqa: E402
-from minisbert.fast.linear import TILE_SIZES  # noqa: E402
+from minisbert.common import cpu  # noqa: E402
+from minisbert.encoding.fast.tiled_linear import TILE_SIZES  # noqa: E402
 
 PRODUCTS = {"Q,K,V 384->1152": (384, 1152), "attention output 384->384": (384, 384),
             "feed-forward in 384->1536": (384, 1536), "feed-forward out 1536->384": (1536, 384)}

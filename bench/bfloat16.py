@@ -39,8 +39,10 @@ import minisbert  # noqa: E402
 import train  # noqa: E402
 from bench.encode import scifact_documents  # noqa: E402
 from bench.peer import cpu_summary  # noqa: E402
-from minisbert import cpu, datasets, metrics  # noqa: E402
-from minisbert.evaluation import rank, sts_correlations  # noqa: E402
+from minisbert.common import cpu
+from minisbert import datasets
+from minisbert.evaluation import metrics  # noqa: E402
+from minisbert.evaluation.benchmark import rank, sts_correlations  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
 WARM_UP_TEXTS = 32

@@ -29,7 +29,7 @@ all of them; each encodes 64 texts untimed first (first allocations, kernel sele
 CPU and its flags, each round's rate, and per contender the mean rate, its ratio to
 sentence-transformers torch float32 (the ratio of means, and the range from the worst pairing of
 rounds to the best), the lowest cosine between a document's embedding and its float32 one, and the
-facts kept about this machine that minisbert's kernels were chosen by (minisbert/fast/machine.py).
+facts kept about this machine that minisbert's kernels were chosen by (minisbert/common/machine.py).
 """
 
 import argparse
@@ -49,12 +49,12 @@ CODE = sys.argv[sys.argv.index("--serve-checkout") + 1] if "--serve-checkout" in
 sys.path.insert(0, str(CODE))
 import minisbert  # noqa: E402
 from bench.peer import add_peer_python_option, check_peer_python, cpu_summary  # noqa: E402
-from minisbert import cpu  # noqa: E402
-from minisbert.fast import linear as fast_linear  # noqa: E402
-from minisbert.fast import machine  # noqa: E402
-from minisbert.fileio import write_dir  # noqa: E402
-from minisbert.hub import resolve  # noqa: E402
-from minisbert.precision import autocast_dtype  # noqa: E402
+from minisbert.common import cpu  # noqa: E402
+from minisbert.encoding.fast import tiled_linear as fast_linear  # noqa: E402
+from minisbert.common import machine  # noqa: E402
+from minisbert.common.fileio import write_dir  # noqa: E402
+from minisbert.common.hub import resolve  # noqa: E402
+from minisbert.common.precision import autocast_dtype  # noqa: E402
 
 WARM_UP_TEXTS = 64
 QUERY = "how do vaccines train the immune system"  # one short query: 9 tokens with [CLS] and [SEP]

@@ -36,9 +36,9 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as `python bench/gpu.py` from a clone
 import minisbert  # noqa: E402
-from minisbert.fast.device import host_waits  # noqa: E402
-from minisbert.hub import default_weights_dir  # noqa: E402
-from minisbert.precision import AMP_SPELLINGS  # noqa: E402
+from minisbert.search.fast.device import host_waits  # noqa: E402
+from minisbert.common.hub import default_weights_dir  # noqa: E402
+from minisbert.common.precision import AMP_SPELLINGS  # noqa: E402
 from minisbert.search import WAY_NAMES, prepare_corpus, search  # noqa: E402
 
 TEXTS = [f"sentence number {i} about {topic}" for i in range(256)
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
               f"{encode_rate(args.model, args.device, dtype):,.0f} texts/s {dtype}", flush=True)
     else:
         print(f"5. embeddings: skipped, model {args.model!r} is not on this machine (fetch it first: "
-              f"python -m minisbert.weights fetch {args.model})", flush=True)
+              f"python -m minisbert.encoding.weights fetch {args.model})", flush=True)
     seconds, size = scan(args.device, args.corpus_rows, args.dim)
     print(f"6. top-10 of 200 queries over {args.corpus_rows:,} x {args.dim} float16 ({size / 1e9:.1f} GB): "
           f"{seconds:.3f} s, {size / seconds / 1e9:.0f} GB/s = {bandwidth_fraction(size, seconds, peak):.0%} "

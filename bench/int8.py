@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minisbert  # noqa: E402
 from bench.encode import scifact_documents  # noqa: E402
 from bench.peer import cpu_summary  # noqa: E402
-from minisbert import datasets, metrics  # noqa: E402
-from minisbert.evaluation import rank  # noqa: E402
+from minisbert import datasets
+from minisbert.evaluation import metrics  # noqa: E402
+from minisbert.evaluation.benchmark import rank  # noqa: E402
 
 WARM_UP_TEXTS = 64
 

@@ -15,7 +15,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from minisbert import cpu
+from minisbert.common import cpu
 
 PEER_PYTHON_VARIABLE = "MINISBERT_PEER_PYTHON"
 # Flags that change which float32 / bfloat16 / int8 kernels a CPU can run.

@@ -5,11 +5,11 @@ numbers of queries people search with: one (a demo, a service answering one requ
 For each corpus size and each number of queries per call it times, side by side in one run, on
 random L2-normalised float32 data (fixed seed):
     minisbert search, score="dot" and score="cosine" (cosine also checks and normalises every
-        row: the one-shot call), taking the way minisbert/search.py's WAYS chooses (printed, with
+        row: the one-shot call), taking the way minisbert/search/ways.py's WAYS chooses (printed, with
         the facts it was chosen by, from one search before the timing),
         score="dot" unscreened (way "spans" or "blocks"), a corpus prepared once (prepare_corpus,
         cosine: checked and normalised once, with the copies its screens read where they pay),
-        minisbert.util.semantic_search (sentence-transformers' call, over the search), and, if
+        minisbert.porting.util.semantic_search (sentence-transformers' call, over the search), and, if
         asked for, score="dot" with way="plain" (the plain loop); and with --ways, each way named
         forced, over rows as given (dot) and a prepared corpus (cosine): whether a way of WAYS pays
     the floor, if asked for: the float32 product of the queries and every row (by the machine's
@@ -38,7 +38,7 @@ subprocess per method, one search each: the peak resident set (VmHWM, reset just
 search) minus the resident set at that moment, or torch.cuda.max_memory_allocated on a GPU. Every
 method's top-k is compared with minisbert's for the same score function. The CPU's vector
 extensions are printed with the figures, since the ratios depend on them, and so are the facts
-minisbert measured once on this machine to choose its ways (minisbert/fast/machine.py).
+minisbert measured once on this machine to choose its ways (minisbert/common/machine.py).
 
 faiss and sentence-transformers are never dependencies of minisbert: they run in a child process
 of the peer environment's Python, named by --peer-python or MINISBERT_PEER_PYTHON (bench/peer.py),
@@ -151,7 +151,7 @@ def main() -> None:
     )
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS)
     parser.add_argument("--ways", nargs="+", default=[], metavar="WAY",
-                        help="also time each of these ways of minisbert/search.py's WAYS, forced, over rows as "
+                        help="also time each of these ways of minisbert/search/ways.py's WAYS, forced, over rows as "
                              "given (dot) and over a prepared corpus (cosine): whether a way pays for its row")
     add_peer_python_option(parser)
     parser.add_argument("--plain-budget-gb", type=float, default=None,
@@ -185,7 +185,7 @@ def main() -> None:
         if device == "cuda":
             roofline(args)
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    from minisbert.fast import machine
+    from minisbert.common import machine
     print(machine.report())
 
 
@@ -202,7 +202,7 @@ def compare(args, size: int, num_queries: int, device: str, memory: bool) -> Non
         prepared[method], notes[method], _ = prepare(method, queries, corpus, args)
         # Warm up with the timed number of queries where a call is short: the few-query search
         # measures its product's kernels the first time it meets a number of queries
-        # (minisbert/fast/span_product.py), once per process.
+        # (minisbert/search/fast/span_product.py), once per process.
         prepared[method](queries if num_queries <= WARM_UP_QUERIES else queries[:10])
     peer = None
     wanted = [m for m in methods if m in PEER_METHODS]
@@ -387,12 +387,12 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
     """Return (function queries -> (Q, k) indices, note, MB its setup took)."""
     k = args.k
     if method.startswith("minisbert"):
-        from minisbert import util as minisbert_util
+        from minisbert.porting import util as minisbert_util
         from minisbert.search import prepare_corpus, recorded_ways, search
 
         def way(searched, **kwargs):
             """The way a search of these queries over `searched` takes and the facts it chose by, from
-            one search before the timing (minisbert/search.py's `WayChoice`)."""
+            one search before the timing (minisbert/search/ways.py's `WayChoice`)."""
             with recorded_ways() as choices:
                 search(queries, searched, k, **kwargs)
             return str(choices[-1])
@@ -407,7 +407,7 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
             # Its hits, as a porting user gets them; turned into indices after the timing.
             return (lambda q: minisbert_util.semantic_search(q, corpus, top_k=k)), "", 0.0
         if method == "minisbert-float32":
-            from minisbert.fast.tuning import FEW_QUERIES
+            from minisbert.search.fast.tuning import FEW_QUERIES
             unscreened = "spans" if queries.shape[0] <= FEW_QUERIES else "blocks"
             note = way(corpus, score="dot", way=unscreened)
             return (lambda q: search(q, corpus, k, score="dot", way=unscreened)[1]), note, 0.0
@@ -465,13 +465,13 @@ def prepare(method: str, queries: torch.Tensor, corpus: torch.Tensor, args):
 def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int, norms: bool = False):
     """A function q -> (Q, k) indices doing the two steps that a search returning minisbert's scores
     from float32 products cannot leave out: the product of q and every row, and the exact scores
-    (minisbert/retrieval.py) of each query's k best rows, found before the timing; and which product
+    (minisbert/search/plain.py) of each query's k best rows, found before the timing; and which product
     it uses, in words. It chooses nothing and checks no row, so no way of minisbert's that multiplies
     in float32 is quicker (a screen's int8 product can be). q is `queries` or its first rows (the
     warm-up).
 
     The product is the machine's quickest at this size, not the search's choice: for a few queries
-    each kernel torch offers here (fast/span_product.py's WAYS: torch's product as given, the one
+    each kernel torch offers here (search/fast/span_product.py's WAYS: torch's product as given, the one
     a one-liner runs; padded to two rows; oneDNN's) is timed over these rows, a span at a time, and
     the quickest kept; for many, torch's product in blocks of 8,192 rows laid out (rows, queries).
 
@@ -479,11 +479,11 @@ def floor(queries: torch.Tensor, corpus: torch.Tensor, k: int, norms: bool = Fal
     it is in the cache (NORM_PIECE_ROWS rows a piece for a few queries, as the search takes them): what
     a search over rows as given needs besides (their error bound, and cosine's q·c / |c|), so no way
     over rows as given is quicker."""
-    from minisbert.fast import span_product
-    from minisbert.fast.tuning import FEW_QUERIES, NORM_PIECE_ROWS, SPAN_ENTRIES
+    from minisbert.search.fast import span_product
+    from minisbert.search.fast.tuning import FEW_QUERIES, NORM_PIECE_ROWS, SPAN_ENTRIES
     from minisbert.search import search
-    from minisbert.search_inputs import SETTLE_PIECE
-    from minisbert.similarity import exact_scores
+    from minisbert.search.inputs import SETTLE_PIECE
+    from minisbert.common.similarity import exact_scores
     best = torch.as_tensor(search(queries, corpus, k, score="dot")[1])  # (Q, k)
     few = queries.shape[0] <= FEW_QUERIES
     height = min(corpus.shape[0], SPAN_ENTRIES // queries.shape[0] if few else 8192)

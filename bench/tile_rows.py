@@ -1,4 +1,4 @@
-"""Encoding time at each tile size of fast/linear.py: the measurement behind its TILE_SIZES.
+"""Encoding time at each tile size of encoding/fast/tiled_linear.py: the measurement behind its TILE_SIZES.
 
     python bench/tile_rows.py                  # tiles of 16 to 256 rows, oneDNN's kernel, 3 rounds
     python bench/tile_rows.py --tiles 32 64 --kernels onednn torch --threads 1
@@ -49,7 +49,7 @@ def texts(mirror: Path) -> dict:
 def serve(tile: str, mirror: Path, dtypes: list):
     """A variant's process: load the model, warm up, then time the loads once per line on stdin."""
     import minisbert
-    from minisbert.fast import linear
+    from minisbert.encoding.fast import tiled_linear as linear
 
     if tile != "as-is":
         linear.TILE_SIZES = (int(tile),)
@@ -86,7 +86,7 @@ def main():
         return serve(args.serve[0], args.data, args.serve[1:])
     sys.path.insert(0, str(REPO))
     from bench.peer import cpu_summary
-    from minisbert import cpu
+    from minisbert.common import cpu
 
     dtypes = ["float32"] + (["bfloat16"] if cpu.native_bfloat16() else [])
     variants = [(str(tile), kernel, REPO) for kernel in args.kernels for tile in args.tiles]

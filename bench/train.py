@@ -21,7 +21,7 @@ environment's Python, named by --peer-python or $MINISBERT_PEER_PYTHON (bench/pe
 the whole call timed. Since v3 `fit` converts the data and runs a SentenceTransformerTrainer, which
 needs the `datasets` and `accelerate` packages; where they are missing, `old_fit` (the v2 training
 loop, same step, no Trainer) is timed instead and the output says so. CosineSimilarityLoss is
-MSE(cos(u, v), y) where ours clamps the cosine at 0 first (minisbert/losses.py): the same compute.
+MSE(cos(u, v), y) where ours clamps the cosine at 0 first (minisbert/training/losses.py): the same compute.
 Both sides shuffle with their own seed, so their batches (and padding) differ slightly.
 
 Runs alternate (minisbert, peer, minisbert again, ...) so that noise from other processes shows up
@@ -47,12 +47,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import minisbert  # noqa: E402
 from bench.peer import add_peer_python_option, check_peer_python, cpu_summary, run_peer  # noqa: E402
-from minisbert import fit  # noqa: E402
-from minisbert.training_data import Example  # noqa: E402
+from minisbert.training import fit  # noqa: E402
+from minisbert.training.training_data import Example  # noqa: E402
 from minisbert.datasets import read_stsb, to_unit_score  # noqa: E402
-from minisbert.hub import resolve  # noqa: E402
-from minisbert.losses import select_loss  # noqa: E402
-from minisbert.optim import AdamW, LinearWarmupDecay, clip_grad_norm_, weight_decay_groups  # noqa: E402
+from minisbert.common.hub import resolve  # noqa: E402
+from minisbert.training.losses import select_loss  # noqa: E402
+from minisbert.training.optim import AdamW, LinearWarmupDecay, clip_grad_norm_, weight_decay_groups  # noqa: E402
 
 # train.py's defaults, given to both sides.
 LR, WEIGHT_DECAY, WARMUP, MAX_GRAD_NORM, SEED = 2e-5, 0.01, 0.1, 1.0, 42

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 os.environ.setdefault("MINISBERT_DATA_MIRROR", str(REPO.parent / "shared" / "data"))
-# Facts measured about the machine (minisbert/fast/machine.py) go to a file of the test session's own:
+# Facts measured about the machine (minisbert/common/machine.py) go to a file of the test session's own:
 # tests shrink the probes that measure them, and the user's kept facts must not come from those.
 os.environ["MINISBERT_MACHINE_FILE"] = os.path.join(tempfile.mkdtemp(prefix="minisbert-tests-"), "machine.json")
 # ... and nothing is timed: each choice takes its first candidate (torch's kernels, no int8 screen), so that
@@ -59,7 +59,7 @@ def one_thread():
 @pytest.fixture
 def timed_probes(monkeypatch, tmp_path):
     """Probes that time the machine, as a user's process runs them, into an empty facts file of this test's own."""
-    from minisbert.fast import machine
+    from minisbert.common import machine
 
     monkeypatch.setenv(machine.PROBES_VARIABLE, "on")
     monkeypatch.setenv(machine.MACHINE_FILE_VARIABLE, str(tmp_path / "machine.json"))

@@ -1,5 +1,5 @@
 """Same text, same vector: encode() gives a text the same embedding, to the last bit, whatever batch
-it is in (minisbert/fast/encode.py says how the fast path makes that hold; the plain path runs each
+it is in (minisbert/encoding/fast/batching.py says how the fast path makes that hold; the plain path runs each
 text alone).
 
 "Correct" means: for each way this CPU can compute an embedding (the plain path, and the fast path
@@ -11,7 +11,7 @@ with repeats, encoded as a list at a batch size of 1 to 64 under a token budget 
 to many. Without autograd the model's forward pass holds the same: a text padded among others, down
 to one token, equals it alone. No tolerance here: anything but equality fails.
 
-The fast path holds this by construction, not by luck of the kernels (fast/linear.py): no kernel
+The fast path holds this by construction, not by luck of the kernels (encoding/fast/tiled_linear.py): no kernel
 is called with a shape that depends on the batch. A CPU whose kernels happen to give a row the same
 bits at any row count would pass the property test even with that broken, so the construction is
 checked too, by watching every call: each product gets whole tiles, stacked only where the
@@ -21,7 +21,7 @@ lengths where the machine's check found the kernel keeps a text's bits among the
 two processes on one machine, the first of them
 timing the kernels while the machine is loaded (as a user's process does; the test session itself
 times nothing: tests/conftest.py), give the same bits: the kernel chosen for each product is kept
-per machine (fast/machine.py).
+per machine (common/machine.py).
 
 The model is random, of all-MiniLM-L6-v2's widths (so its products and attention meet the kernels
 the real model meets) but one block deep, with a Dense layer and Normalize after mean pooling, so that
@@ -39,18 +39,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minisbert import cpu
-from minisbert.config import EncoderConfig
-from minisbert.encoder import Encoder
-from minisbert.fast import encode as fast_encode
-from minisbert.fast import encoder as fast_encoder
-from minisbert.fast import linear as fast_linear
-from minisbert.fast import machine
-from minisbert.fast.encode import FAST_PATH
-from minisbert.model import SentenceModel
-from minisbert.pooling import Dense
-from minisbert.precision import computing_in
-from minisbert.tokenizer import Tokenizer
+from minisbert.common import cpu
+from minisbert.encoding.config import EncoderConfig
+from minisbert.encoding.encoder import Encoder
+from minisbert.encoding.fast import batching as fast_encode
+from minisbert.encoding.fast import tiled_encoder as fast_encoder
+from minisbert.encoding.fast import tiled_linear as fast_linear
+from minisbert.common import machine
+from minisbert.encoding.fast.batching import FAST_PATH
+from minisbert.encoding.model import SentenceModel
+from minisbert.encoding.pooling import Dense
+from minisbert.common.precision import computing_in
+from minisbert.encoding.tokenizer import Tokenizer
 
 from .conftest import FIXTURES, REPO
 

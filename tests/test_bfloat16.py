@@ -22,12 +22,12 @@ import pytest
 import torch
 
 import evaluate
-from minisbert import cpu
-from minisbert.fast import encoder as fast_encoder
-from minisbert.fast import linear as fast_linear
-from minisbert.fast.encode import FAST_PATH
-from minisbert.model import SentenceModel
-from minisbert.precision import autocast_dtype
+from minisbert.common import cpu
+from minisbert.encoding.fast import tiled_encoder as fast_encoder
+from minisbert.encoding.fast import tiled_linear as fast_linear
+from minisbert.encoding.fast.batching import FAST_PATH
+from minisbert.encoding.model import SentenceModel
+from minisbert.common.precision import autocast_dtype
 
 from .conftest import REPO, reference
 from .test_encoder_fast import FIXTURE_MODELS

@@ -1,4 +1,4 @@
-"""The device way's cost, held (minisbert/fast/device.py): a fixed number of kernel launches and one
+"""The device way's cost, held (minisbert/search/fast/device.py): a fixed number of kernel launches and one
 wait for the host a search, at any query count; and its fallback to the plain loop, rare on random
 rows and exact where ties crowd the kept rows. (That its answers are the plain loop's bits on every
 kind of corpus is tests/test_search_property.py's property: both device ways are among the ways it
@@ -23,10 +23,10 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minisbert.fast import device
-from minisbert.fast.tuning import DEVICE_BLOCK_ENTRIES
+from minisbert.search.fast import device
+from minisbert.search.fast.tuning import DEVICE_BLOCK_ENTRIES
 from minisbert.search import WAYS, prepare_corpus, search
-from minisbert.search_inputs import check_inputs
+from minisbert.search.inputs import check_inputs
 
 VIEWS = {"aten::" + name for name in ("slice", "select", "numpy_T", "t", "transpose", "flatten", "unflatten",
                                         "unsqueeze", "squeeze", "expand", "expand_as", "view", "as_strided",
@@ -35,12 +35,12 @@ VIEWS = {"aten::" + name for name in ("slice", "select", "numpy_T", "t", "transp
 WAITS = {"aten::" + name for name in ("item", "_local_scalar_dense", "is_nonzero", "nonzero", "masked_select")}
 DIM = 384  # all-MiniLM-L6-v2's: the exact scores' fixed-order float64 sum takes ceil(log2 384) = 9 additions
 LEVELS = math.ceil(math.log2(DIM))
-# Launches a search, besides the LEVELS additions of each fixed-order float64 sum (similarity.py's
+# Launches a search, besides the LEVELS additions of each fixed-order float64 sum (common/similarity.py's
 # `fixed_sum`: the contract's exact scores; rows as given for cosine sum their norms so too, for their
 # unit rows). Prepared rows: the product, a top-K, the kept rows sorted, gathered, scored exactly
 # (conversions, products, a conversion back) and ranked (a sort, two gathers), the proof (a gap, its
 # bound, a comparison) and the wait (`any`). Rows as given add their norms, their checks and, for
-# cosine, the exact unit rows; euclidean's proof takes square roots (search_bounds.py's `Bounds`).
+# cosine, the exact unit rows; euclidean's proof takes square roots (search/bounds.py's `Bounds`).
 LAUNCHES = {  # (score, form, way): (launches besides the sums, fixed-order sums)
     ("cosine", "prepared", "device"): (19, 1),
     ("dot", "prepared", "device"): (19, 1),
@@ -74,7 +74,7 @@ def launches_and_waits(call) -> tuple[list, list]:
 
 
 def forced_run(queries, corpus, score: str, way: str, corpus_chunk_size=None):
-    """The way's runner (search.py's WAYS) on checked inputs, as `search` calls it (its device blocks),
+    """The way's runner (search/ways.py's WAYS) on checked inputs, as `search` calls it (its device blocks),
     after one search that made what a prepared corpus keeps (its largest norm, its float16 copy)."""
     search(queries, corpus, 10, score=score, way=way)
     blocks = corpus_chunk_size or DEVICE_BLOCK_ENTRIES // min(1024, queries.shape[0])  # as `search` sizes them

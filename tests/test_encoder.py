@@ -14,10 +14,10 @@ tests/test_tokenizer.py's part.)
 import pytest
 import torch
 
-from minisbert.encoder_inputs import position_ids
-from minisbert.fast import encoder as fast_encoder
-from minisbert.model import SentenceModel
-from minisbert.pooling import pool
+from minisbert.encoding.encoder_inputs import position_ids
+from minisbert.encoding.fast import tiled_encoder as fast_encoder
+from minisbert.encoding.model import SentenceModel
+from minisbert.encoding.pooling import pool
 
 from .conftest import reference
 from .tolerances import encoder_roundings, float32_apart, scale

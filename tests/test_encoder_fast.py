@@ -1,7 +1,7 @@
 """The fast path computes what the plain path computes.
 
-minisbert/fast/encoder.py runs the plain `Encoder`'s own parameters through packed tokens and fused
-kernels; minisbert/fast/encode.py cuts encode()'s batches to a token budget. (Its products, fast/linear.py,
+minisbert/encoding/fast/tiled_encoder.py runs the plain `Encoder`'s own parameters through packed tokens and fused
+kernels; minisbert/encoding/fast/batching.py cuts encode()'s batches to a token budget. (Its products, encoding/fast/tiled_linear.py,
 have tests of their own in tests/test_fast_linear.py: each kernel, the measurement, reused memory.)
 "Correct" means: on every fixture model (BERT, DistilBERT, RoBERTa, and a sentence-transformers model
 with max pooling, a Dense layer and Normalize) and on random models of each family and activation,
@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 import minisbert
-from minisbert.config import EncoderConfig
-from minisbert.encoder import Encoder
-from minisbert.fast import encode as fast_encode
-from minisbert.fast import encoder as fast_encoder
-from minisbert.fast.encode import FAST_PATH
-from minisbert.model import SentenceModel
+from minisbert.encoding.config import EncoderConfig
+from minisbert.encoding.encoder import Encoder
+from minisbert.encoding.fast import batching as fast_encode
+from minisbert.encoding.fast import tiled_encoder as fast_encoder
+from minisbert.encoding.fast.batching import FAST_PATH
+from minisbert.encoding.model import SentenceModel
 
 from .test_packaging import module_imports
 from .conftest import REPO, reference
@@ -191,13 +191,13 @@ def test_the_model_setting_and_each_call_choose_the_path(monkeypatch):
 def imported_with(module):
     """Every module of minisbert/ that `module`'s code reaches: what it imports, at any depth of its code
     (tests/test_packaging.py's reading of the sources), what those import, and so on. A reader of the
-    module meets these; the package's __init__ (`minisbert.load`) and minisbert/backend.py, which offer
-    the choice of path, are not followed (a class built in memory asks backend.py for the default).
+    module meets these; the package's __init__ (`minisbert.load`) and minisbert/encoding/backend.py, which offer
+    the choice of path, are not followed (a class built in memory asks encoding/backend.py for the default).
     test_the_plain_model_loads_and_encodes_without_the_fast_path checks what actually runs."""
     graph, loaded, waiting = module_imports(), set(), [module]
     while waiting:
         name = waiting.pop()
-        if name not in loaded and name not in ("minisbert", "minisbert.backend"):
+        if name not in loaded and name not in ("minisbert", "minisbert.encoding.backend"):
             loaded.add(name)
             waiting += graph.get(name, ())
     return loaded
@@ -205,21 +205,23 @@ def imported_with(module):
 
 def test_plain_and_fast_modules_do_not_import_each_other():
     """The plain encoder and model read alone; the fast ones share only what is below both."""
-    for plain_module in ("minisbert.encoder", "minisbert.model", "minisbert.sentence_transformer"):
-        assert not [m for m in imported_with(plain_module) if m.startswith("minisbert.fast")], plain_module
-    for fast_module in ("minisbert.fast.encoder", "minisbert.fast.encode", "minisbert.fast.linear"):
+    for plain_module in ("minisbert.encoding.encoder", "minisbert.encoding.model",
+                         "minisbert.porting.sentence_transformer"):
+        assert not [m for m in imported_with(plain_module) if "fast" in m.split(".")], plain_module
+    for fast_module in ("minisbert.encoding.fast.tiled_encoder", "minisbert.encoding.fast.batching",
+                        "minisbert.encoding.fast.tiled_linear"):
         loaded = imported_with(fast_module)
-        assert "minisbert.encoder" not in loaded and "minisbert.model" not in loaded, fast_module
+        assert "minisbert.encoding.encoder" not in loaded and "minisbert.encoding.model" not in loaded, fast_module
 
 
 def test_the_plain_model_loads_and_encodes_without_the_fast_path():
     folder = reference("tiny_st_dense")[0]
     encode = ("import sys, minisbert; model = minisbert.load(sys.argv[1], device='cpu', fast=False); "
               "model.encode(['A man is eating food.', 'A man rides a horse.']); "
-              "from minisbert.sentence_transformer import SentenceTransformer as Built; "  # built in memory, plain
+              "from minisbert.porting.sentence_transformer import SentenceTransformer as Built; "  # built in memory, plain
               "Built(model.encoder, model.tokenizer, fast_path=None).encode(['A man rides a horse.']); "
               "print(*sorted(sys.modules))")
     finished = subprocess.run([sys.executable, "-c", encode, str(folder)], cwd=REPO, capture_output=True,
                               text=True, check=True)
-    assert "minisbert.model" in finished.stdout.split()
-    assert not [m for m in finished.stdout.split() if m.startswith("minisbert.fast")]
+    assert "minisbert.encoding.model" in finished.stdout.split()
+    assert not [m for m in finished.stdout.split() if m.startswith("minisbert") and "fast" in m.split(".")]

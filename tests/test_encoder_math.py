@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import gradcheck
 
-from minisbert.config import EncoderConfig
-from minisbert.encoder import SelfAttention, gelu, gelu_tanh, layer_norm
-from minisbert.encoder_inputs import additive_attention_mask
-from minisbert.pooling import max_pool, mean_pool, normalize
+from minisbert.encoding.config import EncoderConfig
+from minisbert.encoding.encoder import SelfAttention, gelu, gelu_tanh, layer_norm
+from minisbert.encoding.encoder_inputs import additive_attention_mask
+from minisbert.encoding.pooling import max_pool, mean_pool, normalize
 
 from .tolerances import float32_apart, scale
 

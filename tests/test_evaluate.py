@@ -1,4 +1,4 @@
-"""Tests for evaluate.py (the command line) and minisbert/evaluation.py (ranking, cache, STS).
+"""Tests for evaluate.py (the command line) and minisbert/evaluation/benchmark.py (ranking, cache, STS).
 
 What "correct" means for evaluation:
 - the JSON maps every model to {metric@k: value} for every metric and every k asked for;
@@ -38,8 +38,9 @@ import torch
 import evaluate
 import minisbert
 from minisbert import datasets
-from minisbert import evaluation, metrics, significance
-from minisbert.model import SentenceModel
+from minisbert.evaluation import benchmark as evaluation
+from minisbert.evaluation import metrics, significance
+from minisbert.encoding.model import SentenceModel
 
 from .conftest import FIXTURES, REPO, assert_one_clear_line, run_script
 from .tolerances import float32_apart, scores_apart
@@ -237,10 +238,10 @@ def test_models_side_by_side_on_the_example_data(tmp_path):
 
 
 def test_verbose_prints_the_way_each_search_took_and_what_chose_it(tmp_path, capsys):
-    # One line per model that searches (BM25 does not): the way minisbert/search.py's table takes
+    # One line per model that searches (BM25 does not): the way minisbert/search/ways.py's table takes
     # for the example's queries over its corpus (float32 numpy rows), and the facts it read.
     from minisbert.search import explain_way
-    from minisbert.search_inputs import check_inputs
+    from minisbert.search.inputs import check_inputs
 
     evaluate_to_json(tmp_path / "example.json", "--model", TINY, "bm25", "--k", "1", "--verbose")
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("search: ")]

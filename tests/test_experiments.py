@@ -26,12 +26,13 @@ import numpy as np
 import pytest
 import torch
 
-from minisbert import checkpoints, significance
+from minisbert.training import checkpoints
+from minisbert.evaluation import significance
 from minisbert.experiments import verdicts, __main__ as command
 from minisbert.experiments import (embedding_size, embedding_size_report, figures, model_selection, records, runner,
                                    sbert_objectives, siamese_vs_triplet, siamese_vs_triplet_report)
 from minisbert.experiments.pca import fit_pca
-from minisbert.fileio import read_json, write_json
+from minisbert.common.fileio import read_json, write_json
 
 from .conftest import FIXTURES, REPO
 from .tolerances import float32_apart

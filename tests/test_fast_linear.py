@@ -1,4 +1,4 @@
-"""The fast encoder's products (minisbert/fast/linear.py): every kernel computes what the plain encoder
+"""The fast encoder's products (minisbert/encoding/fast/tiled_linear.py): every kernel computes what the plain encoder
 computes, the measurement keeps the quicker one, and kept weights follow the parameters.
 
 "Correct" means: with each kernel forced (MINISBERT_GEMM=torch, =onednn where this CPU runs it), the
@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 import torch
 
-from minisbert import cpu
-from minisbert.fast import encoder as fast_encoder
-from minisbert.fast import linear as fast_linear
-from minisbert.fast import machine
-from minisbert.fast.encode import FAST_PATH
-from minisbert.fileio import with_digest
-from minisbert.model import SentenceModel
-from minisbert.optim import AdamW
+from minisbert.common import cpu
+from minisbert.encoding.fast import tiled_encoder as fast_encoder
+from minisbert.encoding.fast import tiled_linear as fast_linear
+from minisbert.common import machine
+from minisbert.encoding.fast.batching import FAST_PATH
+from minisbert.common.fileio import with_digest
+from minisbert.encoding.model import SentenceModel
+from minisbert.training.optim import AdamW
 
 from .conftest import reference
 from .test_encoder_fast import DENSE, FIXTURE_MODELS, MASK, random_encoder, real_tokens
@@ -80,7 +80,7 @@ def test_each_kernel_gives_the_plain_embeddings_on_fixture_models(name, backend,
     folder, _, info = reference(name)
     model = SentenceModel.from_dir(folder, device="cpu", fast_path=FAST_PATH)
     plain = model.encode(info["sentences"], fast=False)
-    assert sum(counted_kernels.values()) == 0  # the plain path never reaches fast/linear.py
+    assert sum(counted_kernels.values()) == 0  # the plain path never reaches encoding/fast/tiled_linear.py
     fast = model.encode(info["sentences"], fast=True)
     roundings = encoder_roundings(model.encoder.config, model.max_seq_length) + DENSE
     assert np.abs(fast - plain).max() <= float32_apart(roundings) * scale(plain)
@@ -98,7 +98,7 @@ def test_each_kernel_gives_the_plain_embeddings_on_minilm(minilm, backend, monke
 
 @pytest.fixture
 def fresh_machine_file(timed_probes):
-    """An empty file of machine facts (fast/machine.py) for this test alone, the probes timing as a user's do."""
+    """An empty file of machine facts (common/machine.py) for this test alone, the probes timing as a user's do."""
     return timed_probes
 
 

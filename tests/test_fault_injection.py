@@ -12,8 +12,8 @@ file only speeds things up: a damaged one is set aside with a warning naming it,
 measured again; the results of the work are the same.
 
 The checks that make this hold: a SHA-256 of the tensors in each safetensors file's own metadata
-(minisbert/fileio.py), and of a saved model's other files in its weights' metadata (minisbert/weights.py), the checkpoint's own zip checks and its values' checks
-(minisbert/checkpoints.py), the facts file's shape and values (minisbert/fast/machine.py).
+(minisbert/common/fileio.py), and of a saved model's other files in its weights' metadata (minisbert/encoding/weights.py), the checkpoint's own zip checks and its values' checks
+(minisbert/training/checkpoints.py), the facts file's shape and values (minisbert/common/machine.py).
 """
 
 import json
@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisbert.checkpoints import append_log, load_checkpoint, read_log, save_checkpoint
-from minisbert.fast import machine
-from minisbert.fileio import DIGEST_KEY, read_json, write_json
-from minisbert.model import SentenceModel
+from minisbert.training.checkpoints import append_log, load_checkpoint, read_log, save_checkpoint
+from minisbert.common import machine
+from minisbert.common.fileio import DIGEST_KEY, read_json, write_json
+from minisbert.encoding.model import SentenceModel
 from minisbert.search import load_corpus, prepare_corpus
-from minisbert.st_directory import read_dense
+from minisbert.encoding.st_directory import read_dense
 
 from .conftest import reference
 

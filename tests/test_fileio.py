@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import minisbert
-from minisbert import checkpoints, datasets
-from minisbert.fileio import (atomic_write, check_writable_folder, make_staging_dir, read_json, replace_dir, write_dir,
-                              write_json, write_text)
-from minisbert.progress import Progress
+from minisbert.training import checkpoints
+from minisbert import datasets
+from minisbert.common.fileio import (atomic_write, check_writable_folder, make_staging_dir, read_json, replace_dir,
+                                     write_dir, write_json, write_text)
+from minisbert.common.progress import Progress
 
 from .conftest import FIXTURES
 

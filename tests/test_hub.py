@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 
-from minisbert import hub
+from minisbert.common import hub
 
 from .http_server import FakeServer, closed_port_url
 
@@ -217,7 +217,7 @@ def test_unreachable_host_names_model_url_and_remedy(monkeypatch, tmp_path):
     message = str(error.value)
     assert "'tiny-encoder'" in message
     assert f"{url}/{REPO_ID}/resolve/main/config.json is unreachable" in message
-    assert "python -m minisbert.weights fetch tiny-encoder" in message
+    assert "python -m minisbert.encoding.weights fetch tiny-encoder" in message
     assert "pass that directory's path" in message
     assert list(tmp_path.iterdir()) == []  # not even an empty staging folder
 

@@ -7,7 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from minisbert import datasets, lexical
+from minisbert import datasets
+from minisbert.evaluation import lexical
 
 # BM25 here and by hand or brute force is float64 arithmetic of a handful of operations in another order
 # (log1p against log(1 + x), weights made once against per token): a few ulps (2.2e-16 relative each)

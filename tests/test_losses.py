@@ -14,16 +14,9 @@ from functools import partial
 import pytest
 import torch
 
-from minisbert.losses import (
-    SoftmaxClassifier,
-    multiple_negatives_ranking_loss,
-    select_loss,
-    siamese_cosine_mse_loss,
-    siamese_euclidean_mse_loss,
-    softmax_loss,
-    triplet_cosine_loss,
-    triplet_euclidean_loss,
-)
+from minisbert.training.losses import (SoftmaxClassifier, multiple_negatives_ranking_loss, select_loss,
+                                       siamese_cosine_mse_loss, siamese_euclidean_mse_loss, softmax_loss,
+                                       triplet_cosine_loss, triplet_euclidean_loss)
 
 SQRT3 = math.sqrt(3.0)
 INV_SQRT2 = 1 / math.sqrt(2.0)

@@ -1,4 +1,4 @@
-"""Tests for minisbert.metrics.
+"""Tests for minisbert.evaluation.metrics.
 
 Each expected value is worked out by hand in the comment beside it. log2 values used throughout:
 1/log2(2) = 1, 1/log2(3) = 0.630930, 1/log2(4) = 0.5, 1/log2(5) = 0.430677.
@@ -18,20 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minisbert.correlation import average_ranks, pearson, spearman
+from minisbert.evaluation.correlation import average_ranks, pearson, spearman
 from minisbert.datasets.trec import read_trec_run, write_trec_run
-from minisbert.evaluation import run_from_search
-from minisbert.metrics import (
-    accuracy_at_k,
-    evaluate_run,
-    map_at_k,
-    mrr_at_k,
-    ndcg_at_k,
-    per_query_scores,
-    precision_at_k,
-    rank_by_score,
-    recall_at_k,
-)
+from minisbert.evaluation.benchmark import run_from_search
+from minisbert.evaluation.metrics import (accuracy_at_k, evaluate_run, map_at_k, mrr_at_k, ndcg_at_k, per_query_scores,
+                                          precision_at_k, rank_by_score, recall_at_k)
 
 L3, L5 = 1 / math.log2(3), 1 / math.log2(5)
 FIXTURE = Path(__file__).parent / "fixtures" / "metric_reference.json"

@@ -25,9 +25,9 @@ import pytest
 import torch
 
 import minisbert
-from minisbert.fast.encode import FAST_PATH
-from minisbert.model import SentenceModel
-from minisbert.sentence_transformer import SentenceTransformer
+from minisbert.encoding.fast.batching import FAST_PATH
+from minisbert.encoding.model import SentenceModel
+from minisbert.porting.sentence_transformer import SentenceTransformer
 
 from .conftest import FIXTURES, assert_one_clear_line, reference, run_script
 from .tolerances import embeddings_apart, float32_apart, scale
@@ -235,7 +235,7 @@ def test_save_failure_leaves_previous_model(tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("minisbert.st_directory.save_encoder_weights", disk_full)
+    monkeypatch.setattr("minisbert.encoding.st_directory.save_encoder_weights", disk_full)
     with pytest.raises(OSError, match="No space left"):
         model.save(tmp_path / "m")
     assert (tmp_path / "m" / "model.safetensors").read_bytes() == before

@@ -65,7 +65,7 @@ def test_the_documented_command_runs_on_one_room_and_leaves_the_working_tree_alo
     usage = [line.strip() for line in mutate.__doc__.splitlines() if line.strip().startswith("python ")]
     assert usage == ["python tests/mutate.py --limit 20 --report tests/MUTANTS.md",
                      "python tests/mutate.py --room losses --limit 2"]
-    source = REPO / "minisbert" / "losses.py"
+    source = REPO / "minisbert" / "training" / "losses.py"
     before = hashlib.sha256(source.read_bytes()).hexdigest()
     report = tmp_path / "MUTANTS.md"
     # The first command shortened to the second, with the report written where this test looks.

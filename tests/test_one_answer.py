@@ -1,5 +1,5 @@
 """One answer whatever the call: a query gets the same results alone as in a call of 1,000; the plain
-loop's results are minisbert/retrieval.py's definition written out; and a saved corpus damaged or
+loop's results are minisbert/search/plain.py's definition written out; and a saved corpus damaged or
 edited elsewhere is refused. That every way of the search, forced, returns the plain loop's indices
 and scores bit for bit, on corpora built to tie and to round badly, is tests/test_search_property.py.
 """
@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minisbert import retrieval
+from minisbert.search import plain
 from minisbert.search import load_corpus, prepare_corpus, search
 
 DIM = 24
@@ -33,12 +33,12 @@ def test_a_query_alone_gets_what_it_gets_among_1000(score):
 def test_the_plain_loop_is_the_definition_written_out():
     # The plain loop's scores are exact_scores of the rows it returns; its order is theirs, ties to the
     # lower row, checked against every row's exact score.
-    from minisbert.similarity import exact_scores, unit_rows
+    from minisbert.common.similarity import exact_scores, unit_rows
     generator = torch.Generator().manual_seed(2)
     corpus = torch.randint(-2, 3, (500, DIM), generator=generator).float() * torch.rand(500, 1, generator=generator)
     queries = torch.randn(7, DIM, generator=generator)
     for score in ("cosine", "dot", "euclidean"):
-        scores, indices = retrieval.search(queries, corpus, 20, score=score, corpus_chunk_size=64)
+        scores, indices = plain.search(queries, corpus, 20, score=score, corpus_chunk_size=64)
         rows, given = (unit_rows(corpus), unit_rows(queries)) if score == "cosine" else (corpus, queries)
         every = torch.stack([exact_scores(given[q].expand(500, -1), rows, score) for q in range(7)])  # (7, 500)
         order = every.argsort(dim=1, descending=score != "euclidean", stable=True)[:, :20]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from minisbert.optim import AdamW, LinearWarmupDecay, clip_grad_norm_, lr_factor, weight_decay_groups
+from minisbert.training.optim import AdamW, LinearWarmupDecay, clip_grad_norm_, lr_factor, weight_decay_groups
 
 from .tolerances import float32_apart
 

@@ -4,8 +4,9 @@
 pytest as the `test` extra), so that the README's setup and `pip install .` install the same things;
 and a copy installed by pip holds every module of minisbert/, imports from any folder, and, having no
 clone around it, keeps weights, data and its cache under ~/.cache/minisbert instead of beside itself.
-And the house keeps its shape: no import circle, and the plain search (the loop and its checks) imports
-nothing from minisbert/fast/, so a student can read it without the speed machinery. Sizes are read, not
+And the house keeps its shape: folders by job, no two modules of one name, no import circle, and the
+plain rooms (the network, the plain search loop and its checks, what every job shares) import nothing
+from a fast/ room, so a student can read them without the speed machinery. Sizes are read, not
 asserted here: a line count met by joining lines would measure nothing.
 """
 
@@ -44,8 +45,8 @@ def test_an_installed_copy_holds_every_module_and_imports_from_anywhere(tmp_path
                    env={**os.environ, "PIP_NO_INDEX": "1"})
     modules = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "minisbert").rglob("*.py"))
     assert sorted(p.relative_to(target).as_posix() for p in (target / "minisbert").rglob("*.py")) == modules
-    show = ("import minisbert, minisbert.experiments.runner, minisbert.fast.encoder, minisbert.datasets.beir\n"
-            "from minisbert.fileio import home_folder\n"
+    show = ("import minisbert, minisbert.experiments.runner, minisbert.encoding.fast.tiled_encoder, minisbert.datasets.beir\n"
+            "from minisbert.common.fileio import home_folder\n"
             "print(minisbert.__file__); print(home_folder('weights')); print(home_folder('.cache'))")
     finished = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, cwd=tmp_path, check=True,
                               env={**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(tmp_path / "xdg")})
@@ -54,14 +55,17 @@ def test_an_installed_copy_holds_every_module_and_imports_from_anywhere(tmp_path
 
 
 def test_in_the_clone_weights_data_and_cache_are_the_clone_s_own():
-    from minisbert.fileio import home_folder
+    from minisbert.common.fileio import home_folder
 
     assert [home_folder(name) for name in ("weights", "data", ".cache")] == [REPO / "weights", REPO / "data",
                                                                               REPO / ".cache"]
 
 
-# The plain search's room: the loop, and the checks and bounds it reads.
-PLAIN_SEARCH = ("minisbert/retrieval.py", "minisbert/search_inputs.py", "minisbert/search_bounds.py")
+# The plain rooms: the network, the plain search loop and what it reads, and what every job shares.
+PLAIN_ROOMS = ("minisbert.encoding", "minisbert.search.plain", "minisbert.search.inputs", "minisbert.search.bounds",
+               "minisbert.common")
+# The modules that offer the choice of path import a fast room on purpose, when it is asked for.
+CHOOSERS = ("minisbert.encoding.backend",)
 
 
 def module_imports() -> dict:
@@ -85,11 +89,38 @@ def module_imports() -> dict:
     return graph
 
 
-def test_the_plain_search_imports_nothing_from_fast():
+def fast_room(module: str) -> bool:
+    return "fast" in module.split(".")
+
+
+def test_the_package_is_folders_by_job_each_saying_what_it_holds():
+    top = sorted(path.name for path in (REPO / "minisbert").iterdir() if path.name != "__pycache__")
+    folders = [name for name in top if (REPO / "minisbert" / name).is_dir()]
+    assert top == sorted(folders + ["__init__.py"]), top
+    assert {"encoding", "training", "search", "evaluation"} <= set(folders)
+    for folder in (REPO / "minisbert").rglob("*/"):
+        if folder.name == "__pycache__":
+            continue
+        docstring = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+        assert docstring and docstring.splitlines()[0].endswith((".", ":")), folder
+
+
+def test_no_two_modules_share_a_name():
+    names = [path.name for path in (REPO / "minisbert").rglob("*.py") if path.name not in ("__init__.py", "__main__.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
+def test_the_plain_rooms_import_nothing_from_fast():
     graph = module_imports()
-    for path in PLAIN_SEARCH:
-        module = path.removesuffix(".py").replace("/", ".")
-        assert not {name for name in graph[module] if name.startswith("minisbert.fast")}, module
+    for module in graph:
+        if module.startswith(PLAIN_ROOMS) and not fast_room(module) and module not in CHOOSERS:
+            reached, waiting = set(), [module]
+            while waiting:
+                name = waiting.pop()
+                if name not in reached and name not in CHOOSERS:
+                    reached.add(name)
+                    waiting += graph.get(name, ())
+            assert not [name for name in reached if fast_room(name)], module
 
 
 def test_no_module_imports_itself_through_others():
@@ -121,3 +152,19 @@ def test_the_readmes_reading_order_states_its_files_sizes_truly():
         assert abs(lines - count) <= count / 10, f"README says {path} has {count} lines; it has {lines}"
     total = int(re.search(r"about ([\d,]+) lines \(the line counts", section).group(1).replace(",", ""))
     assert abs(sum(stated.values()) - total) <= total / 10, (sum(stated.values()), total)
+
+
+def test_every_environment_variable_the_package_reads_is_in_the_readmes_table():
+    """A variable read out of a reader's sight is a setting nobody knows of: each one the package reads
+    (os.environ with a literal name, or a MINISBERT_ name kept in a constant) has its row in README.md's
+    table, which says why it exists; and the table names none that the package does not read."""
+    read = set()
+    for path in (REPO / "minisbert").rglob("*.py"):
+        source = path.read_text()
+        read.update(re.findall(r"os\.environ(?:\.get)?[\[(]['\"]([A-Z_]+)['\"]", source))  # os.environ["NAME"]
+        read.update(re.findall(r"['\"](MINISBERT_[A-Z_]+)['\"]", source))  # NAME_VARIABLE = "MINISBERT_..."
+        for names in re.findall(r"for name in \(([^)]*)\):\n\s+if name not in os\.environ", source):  # a loop
+            read.update(re.findall(r"['\"]([A-Z_]+)['\"]", names))
+    section = (REPO / "README.md").read_text(encoding="utf-8").split("## Settings: environment variables", 1)[1]
+    table = set(re.findall(r"`([A-Z][A-Z_]+)`", section.split("\n## ", 1)[0]))
+    assert read == table, (sorted(read - table), sorted(table - read))

@@ -1,4 +1,4 @@
-"""pooling.py's Dense layer: sentence-transformers' `Dense`, y = act(W x + b), computed here in float64 from
+"""encoding/pooling.py's Dense layer: sentence-transformers' `Dense`, y = act(W x + b), computed here in float64 from
 its own weights, with a bias and tanh unless told otherwise, and saved under sentence-transformers' names.
 (The pooling functions and the normalisation are checked in tests/test_encoder_math.py, against
 sentence-transformers' embeddings in tests/test_encoder.py and tests/test_model.py.)"""
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from minisbert.pooling import Dense
+from minisbert.encoding.pooling import Dense
 
 from .tolerances import float32_apart, scale
 

@@ -17,8 +17,8 @@ by 7e-3 (bench/README.md).
 import pytest
 
 from minisbert import datasets
-from minisbert import metrics
-from minisbert.evaluation import rank, sts_correlations
+from minisbert.evaluation import metrics
+from minisbert.evaluation.benchmark import rank, sts_correlations
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
-"""Tests for minisbert.search.search, its plain loop (minisbert/retrieval.py), its faster ways
-(minisbert/fast/retrieval.py, chosen by minisbert/search.py's WAYS), the inputs they share
-(minisbert/search_inputs.py), and a prepared corpus saved and loaded.
+"""Tests for minisbert.search.search, its plain loop (minisbert/search/plain.py), its faster ways
+(minisbert/search/fast/spans_blocks.py, chosen by minisbert/search/ways.py's WAYS), the inputs they share
+(minisbert/search/inputs.py), and a prepared corpus saved and loaded.
 
 "Correct" means: the same rows, in the same order, as brute force (the full score matrix in float64
 and a stable sort, so equal scores go to the lower corpus index), whatever the chunk sizes, with
@@ -23,12 +23,13 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from minisbert import retrieval
-from minisbert import search as search_module
-from minisbert.fast import device, int8_blocks, machine, screen, span_product
-from minisbert.fast import retrieval as fast_retrieval
+from minisbert.search import plain
+from minisbert.search import ways as search_module
+from minisbert.search.fast import device, int8_blocks, screen, span_product
+from minisbert.common import machine
+from minisbert.search.fast import spans_blocks as fast_retrieval
 from minisbert.search import WAY_NAMES, load_corpus, prepare_corpus
-from minisbert.search_inputs import SETTLE_PIECE, merge_top_k
+from minisbert.search.inputs import SETTLE_PIECE, merge_top_k
 
 from .conftest import REPO
 from .tolerances import search_scores_apart
@@ -382,7 +383,7 @@ def test_every_way_leaves_torchs_precision_as_set_and_widens_its_bound_instead(m
     """TF32 or bfloat16 products (torch.set_float32_matmul_precision "high" or "medium": GPUs, and
     oneDNN on CPUs that have them) round each input first. The search never changes the setting, not
     even for the length of a call: it reads it (`product_unit`), widens the bound that decides which
-    rows are rescored (search_bounds.py, E_p), says so in the facts it logs, and every way returns the
+    rows are rescored (search/bounds.py, E_p), says so in the facts it logs, and every way returns the
     bits it returns at "highest"."""
     seen = []
 
@@ -414,37 +415,37 @@ def test_every_way_leaves_torchs_precision_as_set_and_widens_its_bound_instead(m
 
 @pytest.mark.parametrize("precision", ["high", "medium"])
 def test_the_plain_search_called_alone_reads_torchs_precision_too(monkeypatch, precision):
-    """minisbert/retrieval.py's `search`, which a reader may call without minisbert.search, leaves the
+    """minisbert/search/plain.py's `search`, which a reader may call without minisbert.search, leaves the
     setting as it is too, also when a corpus chunk is refused, and widens its bound instead (every
     block's candidates are taken within E + E_p of the k-th best)."""
     seen = []
-    bounds = retrieval.Bounds
+    bounds = plain.Bounds
 
     def recorded(*args, **kwargs):
         seen.append((torch.get_float32_matmul_precision(), kwargs.get("unit")))
         return bounds(*args, **kwargs)
 
-    monkeypatch.setattr(retrieval, "Bounds", recorded)
+    monkeypatch.setattr(plain, "Bounds", recorded)
     generator = torch.Generator().manual_seed(3)
     queries, corpus = torch.randn(5, 16, generator=generator), torch.randn(300, 16, generator=generator)
-    expected = retrieval.search(queries, corpus, 4, corpus_chunk_size=100)
+    expected = plain.search(queries, corpus, 4, corpus_chunk_size=100)
     seen.clear()
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
     try:
-        scores, indices = retrieval.search(queries, corpus, 4, corpus_chunk_size=100)
+        scores, indices = plain.search(queries, corpus, 4, corpus_chunk_size=100)
         assert torch.equal(scores, expected[0]) and torch.equal(indices, expected[1])
         assert torch.get_float32_matmul_precision() == precision
         corpus[250, 3] = float("nan")  # the third chunk is refused while the loop runs
         with pytest.raises(ValueError, match="corpus row 250 contains NaN"):
-            retrieval.search(queries, corpus, 4, corpus_chunk_size=100)
+            plain.search(queries, corpus, 4, corpus_chunk_size=100)
         assert torch.get_float32_matmul_precision() == precision
     finally:
         torch.set_float32_matmul_precision(before)
     assert seen == [(precision, {"high": 2.0**-11, "medium": 2.0**-8}[precision])] * 5
 
 
-# ---- the plain search of minisbert/retrieval.py, read alone ---------------------------------
+# ---- the plain search of minisbert/search/plain.py, read alone ---------------------------------
 
 
 @pytest.mark.parametrize("score", SCORES)
@@ -454,7 +455,7 @@ def test_the_plain_search_matches_brute_force_and_the_library_search(score, k, q
     generator = torch.Generator().manual_seed(0)
     queries, corpus = torch.randn(23, 16, generator=generator), torch.randn(101, 16, generator=generator)
     chunks = {"query_chunk_size": query_chunk_size, "corpus_chunk_size": corpus_chunk_size}
-    scores, indices = retrieval.search(queries, corpus, k, score=score, **chunks)
+    scores, indices = plain.search(queries, corpus, k, score=score, **chunks)
     expected_scores, expected_indices = brute_force(queries, corpus, k, score)
     assert torch.equal(indices, expected_indices)
     assert_within_rounding(scores, expected_scores, queries, corpus, indices, score)
@@ -466,13 +467,13 @@ def test_the_plain_search_matches_brute_force_and_the_library_search(score, k, q
 @pytest.mark.parametrize("score", SCORES)
 def test_the_plain_search_gives_ties_to_the_lower_index_across_chunks(score):
     queries, corpus = tied_problem(score, torch.Generator().manual_seed(5))
-    _, indices = retrieval.search(queries, corpus, 9, score=score, query_chunk_size=5, corpus_chunk_size=17)
+    _, indices = plain.search(queries, corpus, 9, score=score, query_chunk_size=5, corpus_chunk_size=17)
     assert torch.equal(indices, brute_force(queries, corpus, 9, score)[1])
 
 
 def test_the_plain_search_returns_numpy_for_numpy():
     corpus = np.array([[3.0, 4.0], [2.0, 0.0], [0.0, -1.0]], dtype=np.float32)
-    scores, indices = retrieval.search(corpus[1:2], corpus, 3, score="dot")
+    scores, indices = plain.search(corpus[1:2], corpus, 3, score="dot")
     assert isinstance(scores, np.ndarray) and indices.tolist() == [[0, 1, 2]]
     assert scores.tolist() == [[6.0, 4.0, 0.0]]
 
@@ -491,21 +492,21 @@ def test_the_plain_search_returns_numpy_for_numpy():
 )
 def test_the_plain_search_names_what_is_wrong(queries, corpus, message):
     with pytest.raises(ValueError, match=message):
-        retrieval.search(queries, corpus, 2, corpus_chunk_size=5)  # row 7 is in the second chunk
+        plain.search(queries, corpus, 2, corpus_chunk_size=5)  # row 7 is in the second chunk
 
 
 def test_the_plain_search_reads_alone():
-    """retrieval.py and the checks it reads (search_inputs.py) import nothing from fast/, and fast/
+    """search/plain.py and the checks it reads (search/inputs.py) import nothing from fast/, and fast/
     never imports the plain loop it speeds up."""
     show = "import importlib, sys; importlib.import_module(sys.argv[1]); print(*sorted(sys.modules))"
-    for module in ("minisbert.retrieval", "minisbert.search_inputs", "minisbert.fast.retrieval",
-                   "minisbert.fast.device"):
+    for module in ("minisbert.search.plain", "minisbert.search.inputs", "minisbert.search.fast.spans_blocks",
+                   "minisbert.search.fast.device"):
         loaded = subprocess.run([sys.executable, "-c", show, module], cwd=REPO, capture_output=True, text=True,
                                 check=True).stdout.split()
-        if module.startswith("minisbert.fast"):
-            assert "minisbert.retrieval" not in loaded
+        if "fast" in module.split("."):
+            assert "minisbert.search.plain" not in loaded
         else:
-            assert not [name for name in loaded if name.startswith("minisbert.fast")], module
+            assert not [name for name in loaded if name.startswith("minisbert") and "fast" in name.split(".")], module
 
 
 # ---- merging top-k lists -------------------------------------------------------------------
@@ -1010,7 +1011,7 @@ def assert_random_embeddings_match_brute_force(num_queries, score):
 @pytest.mark.parametrize("num_queries", [1, 2, 16])
 def test_every_way_of_multiplying_spans_finds_what_brute_force_finds(way, score, num_queries, small_spans,
                                                                       monkeypatch):
-    # Each way forced (minisbert/fast/span_product.py), over embeddings as given and a prepared
+    # Each way forced (minisbert/search/fast/span_product.py), over embeddings as given and a prepared
     # corpus: exact scores (ids_problem) must come out exactly, random ones to float32 rounding.
     if not span_product.runs(way, torch.device("cpu")):
         pytest.skip(f"{way} does not run on this CPU")
@@ -1116,7 +1117,7 @@ def test_the_readmes_search_example_runs(tmp_path, monkeypatch, minilm):
 
 @pytest.mark.parametrize("num_queries", [1, 16, 1000])
 def test_util_semantic_search_is_the_fast_search_written_out(num_queries, small_spans):
-    from minisbert import util
+    from minisbert.porting import util
 
     generator = torch.Generator().manual_seed(3)
     queries, corpus = torch.randn(num_queries, 24, generator=generator), torch.randn(500, 24, generator=generator)

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from minisbert.fast.tuning import FEW_QUERIES
+from minisbert.search.fast.tuning import FEW_QUERIES
 from minisbert.search import search
 
 from .conftest import REPO

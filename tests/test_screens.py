@@ -1,7 +1,7 @@
-"""Tests for the int8 screens: of a few queries over a prepared corpus (minisbert/fast/int8_rows.py)
-and the int8 blocks of a search of many queries (minisbert/fast/int8_blocks.py). A search through
+"""Tests for the int8 screens: of a few queries over a prepared corpus (minisbert/search/fast/int8_rows.py)
+and the int8 blocks of a search of many queries (minisbert/search/fast/int8_blocks.py). A search through
 either finds what the plain search and brute force find, ties and left-out rows included, and which
-searches take them (minisbert/search.py's WAYS). Their bounds are tested in tests/test_search_bounds.py.
+searches take them (minisbert/search/ways.py's WAYS). Their bounds are tested in tests/test_search_bounds.py.
 
 tests/test_search_property.py runs every way, these among them, against the plain loop on corpora built to tie.
 """
@@ -9,9 +9,9 @@ tests/test_search_property.py runs every way, these among them, against the plai
 import pytest
 import torch
 
-from minisbert.fast import int8_blocks, int8_rows
+from minisbert.search.fast import int8_blocks, int8_rows
 from minisbert.search import choose_way, load_corpus, prepare_corpus, search
-from minisbert.search_inputs import check_inputs
+from minisbert.search.inputs import check_inputs
 
 from .test_retrieval import assert_matches_brute_force, brute_force, count_calls, two_norm_embeddings
 
@@ -226,7 +226,7 @@ def test_an_int8_block_product_that_saturates_is_not_used(monkeypatch):
 
 
 def ways(num_queries, corpus, score="cosine"):
-    """The way minisbert/search.py's WAYS chooses for a search of `num_queries` over `corpus`."""
+    """The way minisbert/search/ways.py's WAYS chooses for a search of `num_queries` over `corpus`."""
     return choose_way(check_inputs(torch.randn(num_queries, 24), corpus, 5, score, 1024, None, None))
 
 
@@ -241,7 +241,7 @@ def test_which_searches_screen_with_int8_blocks():
 
 
 def test_which_way_each_search_takes():
-    from minisbert.fast import tuning
+    from minisbert.search.fast import tuning
     corpus = torch.randn(20_000, 24)
     small = torch.randn(tuning.SMALL_CORPUS_ROWS, 24)
     prepared = prepare_corpus(corpus, screen=True)

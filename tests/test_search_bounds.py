@@ -1,4 +1,4 @@
-"""Tests of minisbert/search_bounds.py: each error bound the search uses holds, and is nearly reached.
+"""Tests of minisbert/search/bounds.py: each error bound the search uses holds, and is nearly reached.
 
 For each bound, a seeded property test draws many cases (dimension, scale, kind of rows: random,
 rows of mixed signs that cancel, rows of very different sizes, rows whose products underflow) and
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from minisbert.fast import int8_blocks, int8_rows
-from minisbert.fast.device import HalfRows
-from minisbert.fast.screen import Chunk
+from minisbert.search.fast import int8_blocks, int8_rows
+from minisbert.search.fast.device import HalfRows
+from minisbert.search.fast.screen import Chunk
 from minisbert.search import prepare_corpus
-from minisbert.search_bounds import F32_UNIT, PRODUCT_UNITS, ROUGH, Bounds, half_screen_error, summation_error
+from minisbert.search.bounds import F32_UNIT, PRODUCT_UNITS, ROUGH, Bounds, half_screen_error, summation_error
 
 U = F32_UNIT
 CASES = 150
@@ -100,7 +100,7 @@ def assert_score_bound_holds(case: str, score: str, queries, rows, multiplied_qu
 def test_the_float32_score_bound_holds_in_any_order_of_summation():
     """|s_fl - s_x| <= E for every score, every kind of row and every order of the float32 sum:
     cosine and dot against the exact score rounded to float32, euclidean's key 2 q·c - |c|² against
-    the exact key (search_bounds.py, section 1)."""
+    the exact key (search/bounds.py, section 1)."""
     rng = np.random.default_rng(55)
     for case in range(CASES):
         dim, kind, score = int(rng.choice(DIMS)), str(rng.choice(KINDS)), str(rng.choice(SCORES))
@@ -149,7 +149,7 @@ def rounded_inputs(values: np.ndarray, bits: int) -> np.ndarray:
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
 def test_the_bound_of_products_of_rounded_inputs_holds_and_is_nearly_reached(precision):
     """torch.set_float32_matmul_precision("high") or ("medium") lets a product round its inputs to
-    TF32 or bfloat16 first (search_bounds.py, E_p). Every score, kind of row and order of the float32
+    TF32 or bfloat16 first (search/bounds.py, E_p). Every score, kind of row and order of the float32
     sum of the rounded inputs' products lies within E + E_p of the exact score. And q = c = (x, ..., x),
     x just below the midpoint 1 + u_p above 1, rounds every entry down to 1: the sum of d ones is exact,
     the exact score d x² is off by d (x² - 1), about 2 u_p d: nearly all of E_p."""
@@ -215,7 +215,7 @@ def test_the_floors_give_up_no_more_than_the_bound_and_a_rounding():
 
 
 def measured_scores(queries: np.ndarray, rows: np.ndarray, score: str) -> np.ndarray:
-    """(Q, N) float64 values of the float32 scores fast/retrieval.py computes over rows as given: the
+    """(Q, N) float64 values of the float32 scores search/fast/spans_blocks.py computes over rows as given: the
     product, and for cosine divided by the row's float32 norm, for euclidean the key with it squared."""
     q32, c32 = torch.from_numpy(queries.astype(np.float32)), torch.from_numpy(rows.astype(np.float32))
     block, norms = q32 @ c32.T, torch.linalg.vector_norm(c32, dim=1)
@@ -236,7 +236,7 @@ def test_the_bound_of_scores_over_rows_measured_in_float32_holds():
         if score == "cosine":
             queries = float32_unit_rows(queries)
             exact = exact_dots(queries, float32_unit_rows(rows)).astype(np.float32)  # as the contract scores
-            reach = 1 + 2.0**-10  # fast/retrieval.py's `_raw_reach` for cosine
+            reach = 1 + 2.0**-10  # search/fast/spans_blocks.py's `_raw_reach` for cosine
         else:
             exact = exact_dots(queries, rows)
             reach = float(exact_norms(rows).max())
@@ -261,7 +261,7 @@ def test_the_bound_of_scores_over_rows_measured_in_float32_is_half_reached():
     assert error / bound >= (dim - 2) / (1.01 * (2 * dim + 4) * (1 + 2 * dim * U)) > 0.48
 
 
-# ---- 2. The int8 copy of a prepared corpus (fast/int8_rows.py) -----------------------------------
+# ---- 2. The int8 copy of a prepared corpus (search/fast/int8_rows.py) -----------------------------------
 
 needs_int8_blocks = pytest.mark.skipif(not int8_blocks.int8_blocks_exact(24),
                                        reason="torch's int8 product is not exact for rows of 127 on this CPU")
@@ -328,7 +328,7 @@ def test_the_int8_copy_bound_is_nearly_reached():
 
 def test_the_int8_copy_bound_is_close_enough_to_screen():
     # The bound is what makes the screen pay: for random unit rows and d = 384 it is about 3% of
-    # |q| |c| (fast/int8_rows.py). If it were 10% or more, a one-query search of random data would
+    # |q| |c| (search/fast/int8_rows.py). If it were 10% or more, a one-query search of random data would
     # score a large part of the corpus on its own.
     generator = torch.Generator().manual_seed(1)
     rows = torch.randn(5000, 384, generator=generator)
@@ -341,7 +341,7 @@ def test_the_int8_copy_bound_is_close_enough_to_screen():
     assert float(margin.max()) < 0.1
 
 
-# ---- 3. The int8 blocks of many queries (fast/int8_blocks.py) ------------------------------------
+# ---- 3. The int8 blocks of many queries (search/fast/int8_blocks.py) ------------------------------------
 
 
 def loaded_blocks(queries, rows, divided: bool):
@@ -396,7 +396,7 @@ def test_the_int8_block_bound_holds_and_is_nearly_reached(divided):
     assert screened[:, 2].all() if divided else not screened[:, 2].any()
 
 
-# ---- 4. The float16 copy of a prepared cosine corpus (fast/device.py) -----------------------------
+# ---- 4. The float16 copy of a prepared cosine corpus (search/fast/device.py) -----------------------------
 
 
 def unit_rows_of(values: np.ndarray) -> np.ndarray:
@@ -405,7 +405,7 @@ def unit_rows_of(values: np.ndarray) -> np.ndarray:
 
 
 def float16_sums(queries: np.ndarray, rows: np.ndarray) -> dict:
-    """{order: (Q, N) float32 s16}: the screen's own product (fast/device.py's `HalfRows`, on a CPU the
+    """{order: (Q, N) float32 s16}: the screen's own product (search/fast/device.py's `HalfRows`, on a CPU the
     float16 values widened and multiplied in float32), and numpy's sums of the float16 values in
     float32, one term at a time and pairwise (each product exact in float32, section 4, step 2)."""
     sums = float32_sums(queries.astype(np.float16).astype(np.float64), rows.astype(np.float16).astype(np.float64))

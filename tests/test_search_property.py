@@ -1,10 +1,10 @@
 """One property of the search, on hundreds of small cases drawn from a seed: every way of
-minisbert/search.py, forced, returns the plain loop's indices and scores bit for bit (or refuses
+minisbert/search/ways.py, forced, returns the plain loop's indices and scores bit for bit (or refuses
 with the plain loop's message), and the plain loop returns what exact arithmetic says it must.
 
 A case draws a corpus kind (random, or built to tie or to round badly), the dtype of the corpus and
 of the queries (each floating dtype a user may pass, torch's or numpy's), a score, a query count
-around each threshold of minisbert/fast/tuning.py, k (1, a few, around N - KEPT_BEYOND_K, past N),
+around each threshold of minisbert/search/fast/tuning.py, k (1, a few, around N - KEPT_BEYOND_K, past N),
 chunk sizes, ids to leave out or none, the way spans are multiplied, whether the int8 screens give
 up where too many rows pass them (as tuned) or never, and the corpus's form (as given, prepared
 with an int8 copy, saved and loaded). Spans are shortened (`short_spans`) so that corpora of a few
@@ -12,7 +12,7 @@ hundred rows cross many of them.
 
 The reference (`check_exact_answer`) shares no code with minisbert: numpy and Python's math.fsum.
 What it can know exactly, and why, is said where it is computed: a score is fixed by exact
-arithmetic except where the float64 sums that minisbert/retrieval.py's definition names may round
+arithmetic except where the float64 sums that minisbert/search/plain.py's definition names may round
 to either of two float32 numbers; there it allows both, and ranks with the one the plain loop gave.
 
 A failure names its case; `check_case(draw_case(seed), folder)` runs that case alone.
@@ -28,11 +28,11 @@ import numpy as np
 import pytest
 import torch
 
-from minisbert import retrieval
-from minisbert import search as search_module
-from minisbert.fast import int8_blocks, int8_rows, screen, span_product
-from minisbert.fast import retrieval as fast_retrieval
-from minisbert.fast.tuning import FEW_QUERIES, FEW_QUERIES_INT8, KEPT_BEYOND_K, SCREENED_FEW_QUERIES
+from minisbert.search import plain
+from minisbert.search import ways as search_module
+from minisbert.search.fast import int8_blocks, int8_rows, screen, span_product
+from minisbert.search.fast import spans_blocks as fast_retrieval
+from minisbert.search.fast.tuning import FEW_QUERIES, FEW_QUERIES_INT8, KEPT_BEYOND_K, SCREENED_FEW_QUERIES
 from minisbert.search import WAY_NAMES, load_corpus, prepare_corpus, recorded_ways, search
 
 SEED = 1000
@@ -239,7 +239,7 @@ def check_case(case: Case, folder, ways_run: Counter | None = None, fell_back: C
                 fell_back[choices[-1].name] += choices[-1].fell_back
             if got is not None:
                 # Bit for bit, signed zeros too: every way ends in the same exact rescoring of the same
-                # float32 rows (search_inputs.py's `settle`), so only a wrong candidate or order changes a bit.
+                # float32 rows (search/inputs.py's `settle`), so only a wrong candidate or order changes a bit.
                 assert same_bits(got, expected), f"{case}, way={way}: {difference(got, expected)}"
                 # numpy for numpy queries and a numpy or prepared corpus, else torch (search's docstring)
                 numpy_out = isinstance(case.queries, np.ndarray) and not isinstance(corpus, torch.Tensor)
@@ -330,7 +330,7 @@ def float32_between(center: np.ndarray, radius: np.ndarray):
 
 
 def sum_depth(dim: int) -> int:
-    """How many float64 additions minisbert's fixed pairwise order (similarity.py's `fixed_sum`: the last
+    """How many float64 additions minisbert's fixed pairwise order (common/similarity.py's `fixed_sum`: the last
     half of the terms added onto the first, again and again) puts on the path of any one term."""
     return math.ceil(math.log2(dim))
 
@@ -416,7 +416,7 @@ def check_exact_answer(case: Case, expected) -> None:
     lo, hi = score_bounds(queries, corpus, case.score)
     # Every pair's score as the plain loop gives it: the whole corpus, ranked, for each query.
     num_queries, num_docs = lo.shape
-    every_score, every_row = (np.asarray(t) for t in retrieval.search(case.queries, case.corpus, num_docs,
+    every_score, every_row = (np.asarray(t) for t in plain.search(case.queries, case.corpus, num_docs,
                                                                     score=case.score))
     every = np.empty_like(lo)
     every[np.arange(num_queries)[:, None], every_row] = every_score

@@ -1,4 +1,4 @@
-"""Tests for minisbert.significance.
+"""Tests for minisbert.evaluation.significance.
 
 What "correct" means here: the exact sign-flip p equals scipy's exact permutation_test p; the
 random versions land within Monte Carlo error of scipy's (100,000 resamples); the paired t-test p
@@ -19,23 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minisbert.significance import (
-    bonferroni,
-    bootstrap_ci,
-    bootstrap_equivalence_p,
-    bootstrap_p,
-    compare,
-    equivalence_test,
-    holm,
-    paired_t_test,
-    quantile_error,
-    randomization_error,
-    randomization_test,
-    spearman_difference,
-    two_level,
-    two_level_draws,
-    two_level_spearman_draws,
-)
+from minisbert.evaluation.significance import (bonferroni, bootstrap_ci, bootstrap_equivalence_p, bootstrap_p, compare,
+                                               equivalence_test, holm, paired_t_test, quantile_error,
+                                               randomization_error, randomization_test, spearman_difference, two_level,
+                                               two_level_draws, two_level_spearman_draws)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "significance_reference.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import minisbert
-from minisbert.similarity import SIMILARITY_FUNCTIONS, similarity, similarity_pairwise
+from minisbert.common.similarity import SIMILARITY_FUNCTIONS, similarity, similarity_pairwise
 
 from .conftest import reference
 from .tolerances import float32_apart, scale
@@ -106,8 +106,8 @@ def test_one_cosine_at_float32s_limits():
     # Rows of entries near 1e-20 and 1e30: their squares leave float32's range, not float64's, where
     # unit_rows measures them. Pooling's normalisation, util.cos_sim and the search agree on them: the
     # true cosines (1, -1, 1/sqrt(8)·sum of signs...), to float32 rounding (2 roundings of order 1).
-    from minisbert import util
-    from minisbert.pooling import normalize
+    from minisbert.porting import util
+    from minisbert.encoding.pooling import normalize
     from minisbert.search import search
 
     signs = torch.tensor([[1.0, -1, 1, 1, -1, 1, 1, 1]])
@@ -133,7 +133,7 @@ def fixed_order_sum(terms: list[float]) -> float:
 def test_fixed_sum_adds_in_its_documented_order_whatever_the_batch():
     # Terms of every magnitude from 1e-8 to 1e8, so that another order would round differently: the sums
     # must equal the order written out in Python floats bit for bit, a row alone as in a batch of rows.
-    from minisbert.similarity import fixed_sum
+    from minisbert.common.similarity import fixed_sum
 
     generator = np.random.default_rng(0)
     for width in [*range(0, 18), 383, 384]:
@@ -145,11 +145,11 @@ def test_fixed_sum_adds_in_its_documented_order_whatever_the_batch():
 
 
 def test_exact_scores_are_the_exact_sums_rounded_once_to_float32():
-    """exact_scores, the search's definition of a score (minisbert/retrieval.py): the float64 sum of the
+    """exact_scores, the search's definition of a score (minisbert/search/plain.py): the float64 sum of the
     exact products q_i c_i (for euclidean the root of the sum of (q_i - c_i)²), rounded once to float32."""
     from fractions import Fraction
 
-    from minisbert.similarity import exact_scores
+    from minisbert.common.similarity import exact_scores
 
     generator = np.random.default_rng(1)
     for d in (1, 2, 7, 384):

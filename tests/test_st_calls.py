@@ -19,10 +19,11 @@ import pytest
 import torch
 
 import minisbert
-from minisbert import SentenceTransformer, util
-from minisbert.hub import resolve
-from minisbert.model import SentenceModel
-from minisbert.quantize import quantize_embeddings
+from minisbert import SentenceTransformer
+from minisbert.porting import util
+from minisbert.common.hub import resolve
+from minisbert.encoding.model import SentenceModel
+from minisbert.porting.quantize import quantize_embeddings
 
 from .conftest import FIXTURES, reference
 from .tolerances import float32_apart, encoder_roundings, scale
@@ -290,7 +291,7 @@ def test_the_constructor_refuses_what_it_does_not_take():
 
 
 def test_the_constructor_takes_similarity_fn_name_and_settings_that_change_embeddings_change_the_cache_key():
-    from minisbert.evaluation import model_fingerprint
+    from minisbert.evaluation.benchmark import model_fingerprint
 
     model = SentenceTransformer(FIXTURES / "tiny_st_dense", device="cpu", similarity_fn_name="dot")
     assert model.similarity_fn_name == "dot"
@@ -346,7 +347,7 @@ def test_a_model_built_in_memory_gives_the_bits_of_the_same_model_saved_and_load
     """sentence-transformers' own test_safetensors: a model with a Dense layer built from its modules,
     saved and loaded, encodes "Hello, World!" to the same vector. Built with no fast_path named it
     runs the path load() plugs in; with fast_path=None, the plain network, as load(fast=False) does."""
-    from minisbert.sentence_transformer import SentenceTransformer as Network
+    from minisbert.porting.sentence_transformer import SentenceTransformer as Network
 
     parts = SentenceModel.from_dir(FIXTURES / "tiny_st_dense", device="cpu")
     network = (parts.encoder, parts.tokenizer, parts.pooling, parts.dense, parts.normalize_embeddings)

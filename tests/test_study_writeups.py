@@ -22,7 +22,8 @@ import re
 import numpy as np
 import pytest
 
-from minisbert import datasets, significance
+from minisbert import datasets
+from minisbert.evaluation import significance
 from minisbert.experiments import (compare_runs, embedding_size, embedding_size_report, model_selection, runner,
                                    sbert_objectives, siamese_vs_triplet, siamese_vs_triplet_report, summary, verdicts)
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from tokenizers import models
 
-from minisbert.tokenizer import Tokenizer
+from minisbert.encoding.tokenizer import Tokenizer
 
 from .conftest import FIXTURES, reference
 

@@ -1,4 +1,4 @@
-"""Tests for train.py, minisbert/fit.py, minisbert/checkpoints.py and minisbert/training_data.py: fine-tuning
+"""Tests for train.py, minisbert/training/fit.py, minisbert/training/checkpoints.py and minisbert/training/training_data.py: fine-tuning
 end to end, on a tiny random model.
 
 What "correct" means for training:
@@ -22,7 +22,7 @@ What "correct" means for training:
   examples, data of the wrong shape, a cross-encoder pickle that names a function, --dim on a model that
   has a Dense layer, a flag given with --resume that disagrees with the checkpoint (named: --resume
   takes every other setting from it), --resume without a checkpoint, a new run into the folder of another;
-- the losses of a few short runs are those recorded before fit.py was restructured (a regression pin),
+- the losses of a few short runs are those recorded before training/fit.py was restructured (a regression pin),
   as close as float32 adding in another order over the run's steps allows (tests/tolerances.py);
 - DIR/final and DIR/best are sentence-transformers folders: minisbert.load and evaluate.py read them,
   final holds the trained weights, best is the trained step that scored highest on the dev split (the
@@ -55,16 +55,17 @@ import evaluate
 import minisbert
 import train
 from minisbert import datasets
-from minisbert import fit as fitting
-from minisbert import checkpoints, cpu, precision, training_data
-from minisbert.config import EncoderConfig
-from minisbert.encoder import Encoder
-from minisbert.evaluation import evaluate_dev
-from minisbert.fast import encoder as fast_encoder
-from minisbert.losses import SoftmaxClassifier, select_loss
-from minisbert.optim import AdamW
-from minisbert.model import SentenceModel
-from minisbert.tokenizer import Tokenizer
+from minisbert.training import fit as fitting
+from minisbert.training import checkpoints, training_data
+from minisbert.common import cpu, precision
+from minisbert.encoding.config import EncoderConfig
+from minisbert.encoding.encoder import Encoder
+from minisbert.evaluation.benchmark import evaluate_dev
+from minisbert.encoding.fast import tiled_encoder as fast_encoder
+from minisbert.training.losses import SoftmaxClassifier, select_loss
+from minisbert.training.optim import AdamW
+from minisbert.encoding.model import SentenceModel
+from minisbert.encoding.tokenizer import Tokenizer
 
 from .conftest import FIXTURES, assert_one_clear_line, run_script
 from .host_reads import HostReads
@@ -202,7 +203,7 @@ FIXED_BATCHES = {
     ("triplet", "cosine", "mnrl"),
 ])
 def test_a_few_steps_on_one_fixed_batch_lower_its_loss(arch, metric, loss, tiny_model):
-    """The heart of fit.py with nothing around it: embed the batch, compute the loss, backward, AdamW
+    """The heart of training/fit.py with nothing around it: embed the batch, compute the loss, backward, AdamW
     step. Ten steps on the same batch must lower that batch's loss, whatever the objective; dropout
     is off, so the loss is a function of the weights alone."""
     spec = select_loss(arch, metric, loss)
@@ -924,7 +925,7 @@ def test_positive_pairs_from_triplets_tsv_are_each_triplets_first_two_texts(tmp_
 # A regression pin: the losses of a few short runs, as recorded
 
 
-# Recorded from commit da776ad (before fit.py and training.py were restructured, issue 20) on the
+# Recorded from commit da776ad (before training/fit.py and training.py were restructured, issue 20) on the
 # tiny model above, as a regression pin: they are what the code computed then, not a reference that
 # they are right (the tests above and tests/test_losses.py say what right is). A change to the loop
 # that moves any of them (another order of the examples or of the random draws behind dropout,

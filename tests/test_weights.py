@@ -13,9 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minisbert.encoder import Encoder
-from minisbert.model import SentenceModel
-from minisbert.weights import config_from_hf, config_to_hf, load_encoder, load_encoder_weights, name_table, save_encoder
+from minisbert.encoding.encoder import Encoder
+from minisbert.encoding.model import SentenceModel
+from minisbert.encoding.weights import (config_from_hf, config_to_hf, load_encoder, load_encoder_weights, name_table,
+                                        save_encoder)
 
 from .conftest import FIXTURES
 

@@ -97,7 +97,7 @@ def scores_apart(model) -> float:
 
 
 def search_roundings(d: int, score: str) -> int:
-    """n for a float32 search score of two d-long rows (minisbert/retrieval.py, minisbert/fast/):
+    """n for a float32 search score of two d-long rows (minisbert/search/plain.py, minisbert/search/fast/):
     - dot, q·c: one sum of d products;
     - cosine, (q/|q|)·(c/|c|), or (q/|q|)·c / |c| on the fast path's few-query spans: the dot product's
       d, and for each row its norm (d squares summed, a square root) and the division by it;

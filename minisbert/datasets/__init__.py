@@ -22,7 +22,8 @@ from .beir import RetrievalData, load_beir, read_beir_corpus, read_beir_queries,
 from .locate import (DOWNLOAD_URL_ENV, FOLDER, MIRROR_ENV, QA_CSV, QUORA, REPO_DATA, SOURCES, STS, DataSource,
                      DatasetNotFoundError, Source, download_dataset, find_dataset_in, holds_dataset, load_scifact,
                      load_sick, load_sts, load_stsb, resolve_dataset, sts_name, what_data)
-from .msmarco import HardNegatives, filter_hard_negatives, read_cross_encoder_scores, read_hard_negatives, read_id_text_tsv
+from .msmarco import (HardNegatives, filter_hard_negatives, read_cross_encoder_scores, read_hard_negatives,
+                      read_id_text_tsv)
 from .pairs import ScoredPair, Triplet, read_pairs_tsv, read_triplets_tsv, write_pairs_tsv, write_triplets_tsv
 from .qa_csv import qa_csv_folder, qa_csv_to_beir
 from .quora import QUORA_FILE, DuplicateQuestions, read_quora_duplicates

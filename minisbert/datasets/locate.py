@@ -8,7 +8,7 @@ Three datasets are known by name (`SOURCES`): `scifact` (BEIR layout, beir.py), 
 2. `data/<name>/` in this repository;
 3. `$MINISBERT_DATA_MIRROR/<name>/` (the tests point it at a shared copy);
 4. where a network exists, a download from the dataset's source (or `$MINISBERT_DOWNLOAD_URL`)
-   into `data/<name>/`: every file through download.py, archives unpacked, digests and CRCs
+   into `data/<name>/`: every file through common/download.py, archives unpacked, digests and CRCs
    checked, every line read, all in a folder beside `data/<name>/` that is renamed to it only once
    everything checked out, so an interrupted download never looks like a dataset.
 
@@ -16,7 +16,7 @@ A folder holds a dataset when it has the files of one of its layouts; for a fold
 one file is enough (a split missing from it is reported when that split is read).
 
 What a `--data` value names is decided in one place, `what_data`, which train.py, evaluate.py,
-evaluation.py (the dev score), training_data.py and the studies all call: STS-B or SICK (by name or
+evaluation/benchmark.py (the dev score), training/training_data.py and the studies all call: STS-B or SICK (by name or
 folder), a question,answer CSV, a folder holding Quora's duplicate-question file, or any other
 folder or named dataset (a BEIR layout, pairs.tsv, triplets.tsv, MS MARCO files).
 Checked in tests/test_datasets.py (downloads against a local HTTP server).
@@ -29,8 +29,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..download import download as fetch_file, verify_sha256
-from ..fileio import home_folder, make_staging_dir
+from ..common.download import download as fetch_file, verify_sha256
+from ..common.fileio import home_folder, make_staging_dir
 from .beir import RetrievalData, load_beir
 from .pairs import ScoredPair
 from .qa_csv import qa_csv_folder

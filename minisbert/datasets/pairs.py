@@ -1,7 +1,7 @@
 """This project's own training files: scored pairs and triplets, one per line, tab-separated.
 
     pairs.tsv      sentence1 <tab> sentence2 <tab> score    score in [0, 1], the target of the
-                                                             Siamese regression losses (losses.py)
+                                                             Siamese regression losses (training/losses.py)
     triplets.tsv   anchor <tab> positive <tab> negative     for the triplet losses and MNRL
 
 A first line equal to the header (`sentence1 sentence2 score`, `anchor positive negative`) is

@@ -16,9 +16,9 @@ from typing import Callable
 
 import numpy as np
 
-from .. import lexical
-from ..download import sha256_of
-from ..fileio import write_dir
+from ..evaluation import lexical
+from ..common.download import sha256_of
+from ..common.fileio import write_dir
 from .beir import RetrievalData, load_beir, write_beir
 from .rows import csv_records, malformed
 
@@ -35,7 +35,7 @@ def qa_csv_to_beir(csv_path: str | Path, out_folder: str | Path, *, question_col
     drawn at random among those whose similarity to the question is below `threshold`, judged 0.
 
     `similarity(texts_a, texts_b)` returns the (len(a), len(b)) similarity matrix, e.g. cosine of
-    embeddings; the default is word-set Jaccard from lexical.py. It is called once with all
+    embeddings; the default is word-set Jaccard from evaluation/lexical.py. It is called once with all
     questions against all answers, so it needs O(n^2) memory. When `threshold` is None it is set as
     Silveri does, a third of the way up from the lowest to the highest question-to-own-answer
     similarity: t = min(s_ii) + (max(s_ii) - min(s_ii)) / 3. Silveri compares a candidate answer

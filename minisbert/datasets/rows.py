@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..fileio import atomic_write
+from ..common.fileio import atomic_write
 
 
 def malformed(path: Path, line_number: int, problem: str) -> ValueError:

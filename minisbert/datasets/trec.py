@@ -7,7 +7,7 @@
     BEIR qrels   `query-id \\t corpus-id \\t score` after that header line (a BEIR folder's qrels/<split>.tsv)
 
 A run reads into {qid: {docid: score}} and qrels into {qid: {docid: relevance}}, the shapes
-metrics.py scores. A run is written ranked as trec_eval will rank it (metrics.rank_by_score,
+evaluation/metrics.py scores. A run is written ranked as trec_eval will rank it (metrics.rank_by_score,
 ties="trec"), whole or not at all (fileio.atomic_write). Checked in tests/test_metrics.py and
 tests/test_datasets.py.
 """
@@ -16,8 +16,8 @@ import math
 from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
 
-from ..fileio import atomic_write
-from ..metrics import rank_by_score
+from ..common.fileio import atomic_write
+from ..evaluation.metrics import rank_by_score
 from .rows import lines, malformed, number, tab_rows
 
 

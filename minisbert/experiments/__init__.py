@@ -1,4 +1,6 @@
-"""The studies minisbert was written to teach, each one command that trains, evaluates, and writes
+"""The papers' studies, apart from the library a user imports.
+
+The studies minisbert was written to teach, each one command that trains, evaluates, and writes
 its table and figures:
 
     python -m minisbert.experiments siamese-vs-triplet   Rygaard et al., "Distance Dilemma: Siamese vs.

@@ -5,7 +5,7 @@ import sys
 
 from . import EXPERIMENTS
 from . import __doc__ as OVERVIEW
-from ..fit import Interrupted, TrainingFailed
+from ..training.fit import Interrupted, TrainingFailed
 
 
 def main(argv=None):

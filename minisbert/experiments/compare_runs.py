@@ -23,7 +23,7 @@ Checked in tests/test_experiments.py.
 import argparse
 from pathlib import Path
 
-from ..fileio import read_json, write_json, write_text
+from ..common.fileio import read_json, write_json, write_text
 from . import records, runner, verdicts
 
 NAME = "compare-runs"

@@ -43,10 +43,10 @@ import numpy as np
 import torch
 
 from .. import datasets
-from ..fit import TrainingSettings
-from ..losses import select_loss
-from ..pooling import Dense
-from ..search import search
+from ..training.fit import TrainingSettings
+from ..training.losses import select_loss
+from ..encoding.pooling import Dense
+from ..search.ways import search
 from . import figures, runner, verdicts
 from .embedding_size_report import MAIN_LABEL, MAIN_METRIC, PAPER_ACCURACY, SPEED_ROUNDS, report
 from .pca import fit_pca

@@ -14,7 +14,7 @@ trec_eval at k = 1, 3, 5, 10 and 100, and reads them side by side. --data takes 
 BEIR folder, or such a CSV of question,answer rows: each question becomes a query whose answer is its
 one relevant document (datasets/qa_csv.py). Here each model ranks the test split's corpus with
 --score (cosine by default; euclidean for models trained for it) and is scored with those four
-metrics, with trec_eval's definitions (metrics.py, definitions="trec") at --k (1 3 5 10 100 by
+metrics, with trec_eval's definitions (evaluation/metrics.py, definitions="trec") at --k (1 3 5 10 100 by
 default; --definitions st gives sentence-transformers' instead). The best model in each column is in
 bold, and every other candidate is tested against the best one (by NDCG@10) on every metric: the
 difference, its 95% interval and p from a bootstrap that draws the seeds and then the queries
@@ -40,10 +40,10 @@ import re
 from pathlib import Path
 
 from .. import datasets
-from ..evaluation import CACHE_DIR, LEXICAL
-from ..fit import TrainingSettings
-from ..hub import resolve
-from ..losses import select_loss
+from ..evaluation.benchmark import CACHE_DIR, LEXICAL
+from ..training.fit import TrainingSettings
+from ..common.hub import resolve
+from ..training.losses import select_loss
 from . import runner, verdicts
 
 NAME = "model-selection"
@@ -183,7 +183,7 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
         f"encoders compare embeddings by {s.score}"
         + (f", at most {s.max_seq_length} tokens per text" if s.max_seq_length else "")
         + f". Metrics: {'trec_eval' if s.definitions == 'trec' else 'sentence-transformers'} definitions "
-        f"(minisbert/metrics.py). " + about + " " + trained_sentence(s, results),
+        f"(minisbert/evaluation/metrics.py). " + about + " " + trained_sentence(s, results),
         "",
         runner.markdown_table(header, rows),
         f"Best by NDCG@10: **{best_model}**. Each other candidate against it (difference, 95% interval and p, "

@@ -5,19 +5,19 @@ training, evaluation, report. Every model it trains or evaluates is one entry of
 entry is finished its result is written, atomically, to OUTPUT/models/<name>/result.json, and a
 rerun with the same --output reads that file instead of doing the work again. A run killed between
 models therefore goes on with the models still missing, and one killed while a model trains goes on
-from that model's last checkpoint (fit.py).
+from that model's last checkpoint (training/fit.py).
 
     OUTPUT/settings.json               the experiment and every setting it runs with
     OUTPUT/run.json                    which machine and code made which models, and the equivalence
                                        margin in force then (records.py)
-    OUTPUT/models/<name>/              log.jsonl, checkpoint.pt, final/ (fit.py), result.json
+    OUTPUT/models/<name>/              log.jsonl, checkpoint.pt, final/ (training/fit.py), result.json
     OUTPUT/results.json, results.md    every number (each query's own, run.json's records) and the tables
     OUTPUT/*.png                       the figures (figures.py, when matplotlib is installed)
 
 A model trained with several seeds (--seeds N: seed, seed + 1, ...) is one entry per seed
 (<name>-seed<seed>); its row in the tables is the mean over seeds with their spread, and its tests
 draw the seeds as well as the queries (verdicts.py). Every
-difference a study reports is tested (minisbert/significance.py), and a verdict sentence says what
+difference a study reports is tested (minisbert/evaluation/significance.py), and a verdict sentence says what
 the tests say (verdicts.py): a p above ALPHA says the data cannot tell, and the sentence gives the
 interval; only an equivalence test at NDCG_MARGIN may call a difference negligible. When that margin
 came into force is what run.json records, and the report says it from there (margin_record).
@@ -42,13 +42,15 @@ import numpy as np
 import torch
 
 import minisbert
-from .. import checkpoints, datasets, metrics
-from ..evaluation import CACHE_DIR, encode_cached, rank, rank_embeddings, score_run
-from ..fileio import read_json, write_json, write_text
-from ..fit import TrainingSettings, fit
-from ..precision import default_device
+from ..training import checkpoints
+from .. import datasets
+from ..evaluation import metrics
+from ..evaluation.benchmark import CACHE_DIR, encode_cached, rank, rank_embeddings, score_run
+from ..common.fileio import read_json, write_json, write_text
+from ..training.fit import TrainingSettings, fit
+from ..common.precision import default_device
 from ..datasets import QUORA_FILE
-from ..training_data import Example, mine_hard_negatives
+from ..training.training_data import Example, mine_hard_negatives
 from . import records
 
 KS = (1, 5, 10)  # the cutoffs Rygaard et al. report

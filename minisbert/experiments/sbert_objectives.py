@@ -8,7 +8,7 @@ Models from the same start model, each trained with one objective on the data it
 
     classification   softmax(W [u; v; |u - v|]) with cross-entropy, on SICK's entailment labels
                      (train split: entailment, neutral, contradiction); W is thrown away afterwards
-    regression       MSE between the cosine of u and v (clamped at 0, see losses.py) and the gold
+    regression       MSE between the cosine of u and v (clamped at 0, see training/losses.py) and the gold
                      score, on STS-B's train pairs (scores divided by 5)
     triplet          max(||a - p|| - ||a - n|| + 1, 0), SBERT's triplet objective (section 3, euclidean
                      distance, margin 1), on (query, relevant document, hard negative) triplets of the
@@ -39,12 +39,12 @@ import numpy as np
 import torch
 
 from .. import datasets
-from .. import significance
-from ..evaluation import sts_similarities
-from ..fit import TrainingSettings
-from ..losses import SoftmaxClassifier, select_loss
-from ..correlation import spearman
-from ..training_data import Example
+from ..evaluation import significance
+from ..evaluation.benchmark import sts_similarities
+from ..training.fit import TrainingSettings
+from ..training.losses import SoftmaxClassifier, select_loss
+from ..evaluation.correlation import spearman
+from ..training.training_data import Example
 from . import records, runner, verdicts
 
 NAME = "sbert-objectives"
@@ -195,7 +195,7 @@ def deviations(s, results: dict, run: dict) -> str:
         ["regression data", "STS-B train", f"STS-B train, at most {s.examples:,} pairs", "the preset's budget"],
         ["triplet data", "Wikipedia sections triplets (Dor et al.), section 4.4", f"{s.data}: mined (query, relevant "
          f"document, negative) triplets, at most {s.examples:,}", "a retrieval task to score the triplet objective on"],
-        ["regression loss", "MSE on the cosine", "MSE on the cosine clamped at 0 (losses.py, as Rygaard et al.'s "
+        ["regression loss", "MSE on the cosine", "MSE on the cosine clamped at 0 (training/losses.py, as Rygaard et al.'s "
          "eq. 1)", "one Siamese cosine loss serves both studies; with STS-B scores in [0, 1] the clamp acts only "
          "where a cosine is negative"],
         ["triplet network's measure", "trained on euclidean distance (section 3); STS scored by cosine",

@@ -59,9 +59,9 @@ import numpy as np
 
 from .. import datasets
 from ..datasets import what_data
-from ..fit import TrainingSettings
-from ..losses import select_loss
-from ..training_data import SCORED, TRIPLETS, training_examples
+from ..training.fit import TrainingSettings
+from ..training.losses import select_loss
+from ..training.training_data import SCORED, TRIPLETS, training_examples
 from . import figures, runner, verdicts
 from .siamese_vs_triplet_report import MAIN_METRIC, PAPER_MARGIN, draw, report
 from .pca import fit_pca

@@ -8,9 +8,9 @@ that the README holds exactly this text).
 import argparse
 from pathlib import Path
 
-from ..fileio import read_json
-from . import (embedding_size_report, model_selection, records, runner, sbert_objectives, siamese_vs_triplet, siamese_vs_triplet_report,
-               verdicts)
+from ..common.fileio import read_json
+from . import (embedding_size_report, model_selection, records, runner, sbert_objectives, siamese_vs_triplet,
+               siamese_vs_triplet_report, verdicts)
 
 STUDIES = Path(__file__).resolve().parents[2] / "bench" / "studies"
 
@@ -70,7 +70,7 @@ def paragraphs(studies: Path = STUDIES) -> str:
         "Every study takes `--quick`, `--data`, `--model`, `--output DIR`, `--device` and `--seeds N`, resumes with "
         "the same `--output`, and writes `results.md`, `results.json` and figures. Every difference is tested once, "
         "by a two-level bootstrap that draws the seeds (" + seed_counts(studies) + ") and then the queries, so that its "
-        "interval carries the training runs' variance and the queries' (minisbert/significance.py); its p's are "
+        "interval carries the training runs' variance and the queries' (minisbert/evaluation/significance.py); its p's are "
         f"Holm-adjusted within each family. A p above {verdicts.ALPHA:g} is \"not detectable\"; only its equivalence "
         f"test at {verdicts.NDCG_MARGIN:g} NDCG@10 may call two models equivalent, and \"bound\" is the smallest margin "
         "at which that adjusted test would hold. Figures per query or per seed are printed beside it as conditional, "

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from .. import significance
+from ..evaluation import significance
 
 ALPHA = 0.05  # a difference whose p (Holm-adjusted within its family) is below this is called detected
 # The equivalence margin on NDCG@10: a difference the equivalence test places within ±NDCG_MARGIN may be
@@ -352,7 +352,7 @@ def method_text(tests: list) -> str:
     p_error = max((t.get("p_holm_error", t.get("p_error", 0.0)) for t in inferences), default=0.0)
     draws = sorted({t["resamples"] for t in inferences})
     return (
-        "Each difference is tested once, by a two-level bootstrap (minisbert/significance.py, two_level_draws): "
+        "Each difference is tested once, by a two-level bootstrap (minisbert/evaluation/significance.py, two_level_draws): "
         "each draw takes the seeds with replacement, then the queries with replacement, the same queries for every "
         "drawn seed and both models, so its interval carries both the training runs' variance and the queries'. "
         "From its " + " or ".join(f"{count:,}" for count in draws) + " draws come the 95% interval, the p of a zero "
