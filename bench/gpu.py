@@ -73,7 +73,7 @@ def search_parity(device: str, rows: int = 20_011, dim: int = 64, queries: int =
         query_rows = torch.cat([corpus[7:8], corpus[:: rows // (queries - 1)][: queries - 1]])  # (Q, d)
         for score in ("cosine", "dot", "euclidean"):
             if score != "cosine" and name == "scales":
-                continue  # dot products past float32: refused alike, tested in tests/test_search_property.py
+                continue  # dot products past float32: refused alike, tested in tests/search/test_search_property.py
             expected = search(query_rows, corpus, k, score=score, device="cpu", way="plain")
             forms = {"as given": corpus}
             if score == "cosine":
@@ -164,7 +164,7 @@ def copy_bandwidth_gbs(device: str, megabytes: int = 1024) -> float:
 
 def run_cuda_tests() -> tuple[int, str]:
     """(pytest's exit code, its last line) for the tests collected with -k cuda (module docstring, 1)."""
-    files = ["tests/test_retrieval.py", "tests/test_device_search.py", "tests/test_search_bounds.py"]
+    files = ["tests/search/test_retrieval.py", "tests/search/test_device_search.py", "tests/search/test_search_bounds.py"]
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
                            "-k", "cuda", *files], cwd=REPO, capture_output=True, text=True)
     lines = (done.stdout + done.stderr).strip().splitlines()

@@ -2,7 +2,7 @@
 
 A GPU runs what the host queues, ahead of it; each time the host needs a value computed there
 (`.item()`, `if tensor:`, a mask's True entries), it stops and waits. Code meant to run on a GPU
-keeps such reads out of its loops: tests/test_training.py counts them
+keeps such reads out of its loops: tests/training/test_training.py counts them
 with `HostReads`, on the CPU, where the same calls are made.
 """
 

@@ -1,6 +1,6 @@
 """A local HTTP server for the download tests: no internet needed, and faults on demand.
 
-Used by tests/test_download.py, tests/test_hub.py and tests/test_datasets.py.
+Used by tests/common/test_download.py, tests/common/test_hub.py and tests/datasets/test_datasets.py.
 """
 
 import socket

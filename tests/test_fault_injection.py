@@ -3,7 +3,7 @@ message naming it, or read back as it was written.
 
 "Correct" means, for each file kind (a prepared corpus, a saved model's weights, its Dense layer's
 weights, its configuration and tokenizer files, a training checkpoint, the machine facts file; the
-evaluation cache has its own test in tests/test_evaluate.py): seeded single-bit flips anywhere in the file,
+evaluation cache has its own test in tests/evaluation/test_evaluate.py): seeded single-bit flips anywhere in the file,
 truncations at every structural boundary (the safetensors header's length, its JSON header, each
 tensor's first byte; a zip's entries) and at seeded places, and edits of values (a tensor entry made
 another number, a count made a string) give, each one, either a ValueError whose message names the

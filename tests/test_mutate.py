@@ -43,7 +43,7 @@ def test_each_operator_number_and_minus_is_mutated_once_and_messages_and_annotat
 def test_a_report_keeps_other_rooms_and_what_was_written_into_it(tmp_path):
     mutant = mutate.mutants_of("example.py", SOURCE)[0][0]
     survived, caught = mutate.Outcome(mutant, "survived", "", 1.0), mutate.Outcome(mutant, "caught", "test_x", 1.0)
-    survivor = mutate.RoomResult("losses", ["tests/test_losses.py"], 9, 2, [survived], 60.0)
+    survivor = mutate.RoomResult("losses", ["tests/training/test_losses.py"], 9, 2, [survived], 60.0)
     report = tmp_path / "MUTANTS.md"
     mutate.write_report(report, [survivor], "python tests/mutate.py --room losses", mutate.datetime.now())
     assert mutate.NOT_CHANGED in report.read_text()
@@ -51,12 +51,12 @@ def test_a_report_keeps_other_rooms_and_what_was_written_into_it(tmp_path):
     notes = "\n## Notes\n\nWritten by hand.\n"
     report.write_text(report.read_text().replace(mutate.NOT_CHANGED, written) + notes)
     # Another room run alone: the first room's results stay, and so does what was written about them.
-    other_room = mutate.RoomResult("optim", ["tests/test_optim.py"], 5, 0, [caught], 6.0)
+    other_room = mutate.RoomResult("optim", ["tests/training/test_optim.py"], 5, 0, [caught], 6.0)
     mutate.write_report(report, [other_room], "python tests/mutate.py --room optim", mutate.datetime.now())
     text = report.read_text()
     assert written in text and text.endswith(notes)
-    assert "| losses | tests/test_losses.py | 1 (9) | 0 | 0 | 1 | 0% | 1 |" in text
-    assert "| optim | tests/test_optim.py | 1 (5) | 1 | 0 | 0 | 100% | 2 |" in text
+    assert "| losses | tests/training/test_losses.py | 1 (9) | 0 | 0 | 1 | 0% | 1 |" in text
+    assert "| optim | tests/training/test_optim.py | 1 (5) | 1 | 0 | 0 | 100% | 2 |" in text
     assert "| **all** | | 2 | 1 | 0 | 1 | **50%** | |" in text
 
 
@@ -75,4 +75,4 @@ def test_the_documented_command_runs_on_one_room_and_leaves_the_working_tree_alo
     assert hashlib.sha256(source.read_bytes()).hexdigest() == before
     summary = [line for line in finished.stdout.splitlines() if line.startswith("losses ")]
     assert len(summary) == 1 and "/2 caught" in summary[0], finished.stdout
-    assert "| losses | tests/test_losses.py | 2 (" in report.read_text()
+    assert "| losses | tests/training/test_losses.py | 2 (" in report.read_text()

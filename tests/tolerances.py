@@ -16,7 +16,7 @@ attending to padding move values by 1e-3 and more).
 
 torch computes float32 products in float32 on every CPU (torch.get_float32_matmul_precision() is
 "highest", and minisbert never lowers it): AMX CPUs do not round float32 inputs to bfloat16 here.
-Tests of bfloat16 give their own bounds (tests/test_bfloat16.py, tests/test_retrieval.py).
+Tests of bfloat16 give their own bounds (tests/encoding/test_bfloat16.py, tests/search/test_retrieval.py).
 
 The scale a bound is taken of is the largest |value| of the tensor compared, at least 1: the terms
 these sums add are of order one (LayerNorm outputs of unit variance, weights of fan-in variance,

@@ -11,7 +11,7 @@ The size of its largest cache tells a timing probe how many rows it must read to
 whose rows come from memory, as a search's do (`last_level_cache_bytes`, from Linux's sysfs).
 
 Used by encode(), evaluate.py and train.py (common/precision.py: `autocast_dtype`), by the fast products
-(encoding/fast/tiled_linear.py) and by the benchmarks' machine description; tests/test_bfloat16.py checks what is
+(encoding/fast/tiled_linear.py) and by the benchmarks' machine description; tests/encoding/test_bfloat16.py checks what is
 refused where.
 """
 

@@ -16,7 +16,7 @@ datasets (datasets/locate.py: BEIR's scifact.zip, the STS benchmark, SICK) come 
 
 Network failures raise ConnectionError and a missing file (HTTP 404) FileNotFoundError, each naming
 the URL; callers add what to do. Standard library only (urllib, hashlib).
-Checked in tests/test_download.py against a local HTTP server.
+Checked in tests/common/test_download.py against a local HTTP server.
 """
 
 import hashlib

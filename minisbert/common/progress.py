@@ -4,7 +4,7 @@ Used for encoding texts, downloading files and training steps alike, so all thre
 
     encoded 1,024/5,183 texts  98.3/s  ETA 0m42s
 
-Checked in tests/test_fileio.py (with the other small file and terminal helpers).
+Checked in tests/common/test_fileio.py (with the other small file and terminal helpers).
 """
 
 import sys

@@ -21,8 +21,8 @@ entries near 1e-20 is a unit row everywhere. The search's definition of a return
 `exact_scores`, is here too (minisbert/search/plain.py states it).
 
 These are sentence-transformers' `SentenceTransformer.similarity` and `similarity_pairwise`
-functions; tests/test_similarity.py checks each against its definition computed entry by entry in
-float64, tests/test_st_calls.py against sentence-transformers' own results.
+functions; tests/common/test_similarity.py checks each against its definition computed entry by entry in
+float64, tests/porting/test_st_calls.py against sentence-transformers' own results.
 """
 
 import numpy as np

@@ -15,7 +15,7 @@ naming the file and line of a malformed line. Everything a caller needs is impor
 
     from minisbert import datasets
     scifact = datasets.load_scifact("test")
-Checked in tests/test_datasets.py.
+Checked in tests/datasets/test_datasets.py.
 """
 
 from .beir import RetrievalData, load_beir, read_beir_corpus, read_beir_queries, write_beir

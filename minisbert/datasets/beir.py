@@ -10,7 +10,7 @@ used here for SciFact, for `data/example` and for a converted Q&A CSV (qa_csv.py
 
 A document's text is `(title + " " + text).strip()`, the string MTEB and sentence-transformers
 encode for SciFact; the published NDCG@10 of 0.64508 for all-MiniLM-L6-v2 depends on it.
-Checked in tests/test_datasets.py.
+Checked in tests/datasets/test_datasets.py.
 """
 
 import json

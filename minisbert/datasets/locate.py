@@ -19,7 +19,7 @@ What a `--data` value names is decided in one place, `what_data`, which train.py
 evaluation/benchmark.py (the dev score), training/training_data.py and the studies all call: STS-B or SICK (by name or
 folder), a question,answer CSV, a folder holding Quora's duplicate-question file, or any other
 folder or named dataset (a BEIR layout, pairs.tsv, triplets.tsv, MS MARCO files).
-Checked in tests/test_datasets.py (downloads against a local HTTP server).
+Checked in tests/datasets/test_datasets.py (downloads against a local HTTP server).
 """
 
 import gzip

@@ -14,7 +14,7 @@ squash the scores with a sigmoid into [0, 1] labels for their Siamese regression
 
 The scores come as a pickle, and unpickling runs whatever code a file names; they are read with an
 unpickler that can build nothing but dicts, lists, strings and numbers (`_NoGlobalsUnpickler`).
-Checked in tests/test_datasets.py.
+Checked in tests/datasets/test_datasets.py.
 """
 
 import json

@@ -6,7 +6,7 @@
 
 A first line equal to the header (`sentence1 sentence2 score`, `anchor positive negative`) is
 skipped; the writers always write it. `data/example` holds one file of each.
-Checked in tests/test_datasets.py.
+Checked in tests/datasets/test_datasets.py.
 """
 
 from dataclasses import dataclass

@@ -8,7 +8,7 @@ among those less similar to it than a threshold, so that an evaluation sees expl
 
 `evaluate.py --data questions.csv` reaches this through `qa_csv_folder`, which converts a CSV once
 into a folder of the cache named by the file's digest.
-Checked in tests/test_datasets.py and, end to end, in tests/test_evaluate.py.
+Checked in tests/datasets/test_datasets.py and, end to end, in tests/evaluation/test_evaluate.py.
 """
 
 from pathlib import Path

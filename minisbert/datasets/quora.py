@@ -6,7 +6,7 @@ Question Pairs") is one file, `quora_duplicate_questions.tsv`, with the header
 "SRoBERTa Yields Similar Performance on Duplicate Question Retrieval Using Reduced Embedding Sizes"
 (DTU), study embedding sizes on triplets built from it. Some of its questions are quoted and span
 lines, so it is read as a CSV file with tabs between fields (rows.csv_records).
-Checked in tests/test_datasets.py.
+Checked in tests/datasets/test_datasets.py.
 """
 
 from dataclasses import dataclass

@@ -14,7 +14,7 @@ so a bad line always reads `FILE, line N: what is wrong; fix or remove that line
 - Blank lines are skipped.
 - Files are written whole or not at all (fileio.atomic_write).
 
-Checked in tests/test_datasets.py.
+Checked in tests/datasets/test_datasets.py.
 """
 
 import csv

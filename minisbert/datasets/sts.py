@@ -16,7 +16,7 @@ SBERT's regression objective (Reimers and Gurevych 2019, "Sentence-BERT: Sentenc
 using Siamese BERT-Networks", section 3) fits the cosine similarity of a pair to its gold score,
 here scaled to [0, 1] by `to_unit_score`; its classification objective takes three NLI labels,
 which SICK's entailment judgments provide.
-Checked in tests/test_datasets.py.
+Checked in tests/datasets/test_datasets.py.
 """
 
 from pathlib import Path

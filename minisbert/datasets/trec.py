@@ -8,8 +8,8 @@
 
 A run reads into {qid: {docid: score}} and qrels into {qid: {docid: relevance}}, the shapes
 evaluation/metrics.py scores. A run is written ranked as trec_eval will rank it (metrics.rank_by_score,
-ties="trec"), whole or not at all (fileio.atomic_write). Checked in tests/test_metrics.py and
-tests/test_datasets.py.
+ties="trec"), whole or not at all (fileio.atomic_write). Checked in tests/evaluation/test_metrics.py and
+tests/datasets/test_datasets.py.
 """
 
 import math

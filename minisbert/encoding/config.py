@@ -1,7 +1,7 @@
 """The encoder's configuration: the shape of a BERT, DistilBERT or RoBERTa model, one frozen dataclass.
 
 The three families differ in what follows (as transformers' BertModel, DistilBertModel and
-RobertaModel compute them; tests/test_encoder.py checks all three):
+RobertaModel compute them; tests/encoding/test_encoder.py checks all three):
 - LayerNorm eps: 1e-12 for BERT and DistilBERT, 1e-5 for fairseq RoBERTa.
 - RoBERTa numbers positions from `pad_token_id + 1` and gives padding the padding row, as fairseq
   did (`positions_after_pad` below); BERT and DistilBERT number them 0, 1, 2, ...

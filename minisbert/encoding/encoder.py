@@ -16,11 +16,11 @@ in how positions are numbered and in whether a token-type table exists (DistilBE
 read from `EncoderConfig`.
 
 Checked against Hugging Face `transformers` (BertModel, DistilBertModel, RobertaModel) to 1e-5 in
-tests/test_encoder.py, on reference tensors made by tests/fixtures/make_fixtures.py; each piece's
-gradient in tests/test_encoder_math.py.
+tests/encoding/test_encoder.py, on reference tensors made by tests/fixtures/make_fixtures.py; each piece's
+gradient in tests/encoding/test_encoder_math.py.
 
 This is the reference. minisbert/encoding/fast/tiled_encoder.py computes the same function on the same parameters
-faster (padding skipped, fused kernels, memory reused); tests/test_encoder_fast.py checks that the
+faster (padding skipped, fused kernels, memory reused); tests/encoding/test_encoder_fast.py checks that the
 two agree. `minisbert.load` plugs the fast one into `SentenceModel` unless asked for this one (`fast=False`).
 """
 

@@ -4,7 +4,7 @@ and the additive attention mask that keeps padding out of attention.
 Position ids are shared by the plain encoder (encoding/encoder.py) and the fast one (encoding/fast/tiled_encoder.py), so
 both number positions the same way; the fast one needs no mask, as it attends to each text at its
 own length. Position ids are checked against those transformers'
-RobertaModel computes in tests/test_encoder.py; the mask in tests/test_encoder_math.py.
+RobertaModel computes in tests/encoding/test_encoder.py; the mask in tests/encoding/test_encoder_math.py.
 """
 
 import torch

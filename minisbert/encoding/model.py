@@ -16,9 +16,9 @@ plain way, and imports nothing from minisbert/fast/: a fast path (encoding/fast/
 with padding skipped and fused kernels, batches cut to CPU cache size, memory reused) is plugged in
 from outside, as `fast_path`, by `minisbert.load(..., fast=True)`, the default. It computes the same
 function and keeps the promise on a CPU (encoding/fast/batching.py says how). Checked against
-sentence-transformers in tests/test_model.py, the two ways against each other in
-tests/test_encoder_fast.py, the promise in tests/test_batch_invariance.py, the precisions
-(common/precision.py) in tests/test_bfloat16.py.
+sentence-transformers in tests/encoding/test_model.py, the two ways against each other in
+tests/encoding/test_encoder_fast.py, the promise in tests/encoding/test_batch_invariance.py, the precisions
+(common/precision.py) in tests/encoding/test_bfloat16.py.
 """
 
 import contextlib

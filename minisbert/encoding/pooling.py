@@ -9,7 +9,7 @@ Optionally a dense layer then maps H to D dimensions, y = act(W x + b) (to make 
 and the result is scaled to unit length, x / max(||x||, eps), so that a dot product is the cosine.
 
 These match sentence-transformers' `Pooling`, `Dense` and `Normalize` modules; tests check them
-against embeddings that sentence-transformers computed (tests/test_model.py).
+against embeddings that sentence-transformers computed (tests/encoding/test_model.py).
 """
 
 import torch

@@ -16,7 +16,7 @@ written (tests/fixtures/README.md shows the two side by side). A plain Hugging F
 (no modules.json) reads as mean pooling without normalisation.
 
 Checked against sentence-transformers, reading its directories and having it read ours, in
-tests/test_model.py.
+tests/encoding/test_model.py.
 """
 
 import hashlib

@@ -11,7 +11,7 @@ A model directory describes its tokenizer in one of three ways, tried in this or
 
 Batches come back truncated to `max_seq_length` (special tokens included), padded to the longest
 sequence, with the attention mask (1 = token, 0 = padding) and token types (all 0: one sentence).
-Checked against Hugging Face's tokenizers in tests/test_tokenizer.py.
+Checked against Hugging Face's tokenizers in tests/encoding/test_tokenizer.py.
 """
 
 import numbers

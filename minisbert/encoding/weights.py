@@ -22,7 +22,7 @@ as they are. Square matrices would load silently transposed if that were wrong, 
 parity tests compare outputs and not only shapes.
 
 Command line: `python -m minisbert.encoding.weights fetch NAME [--dir weights/]` (see common/hub.py).
-Checked in tests/test_weights.py.
+Checked in tests/encoding/test_weights.py.
 """
 
 import hashlib

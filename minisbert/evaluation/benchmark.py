@@ -11,7 +11,7 @@ Corpus embeddings are cached on disk under a key made of the model's tokenizer, 
 length settings, the compute precision (`dtype`, see SentenceModel.encode) and the corpus texts, so a
 second evaluation of the same model on the same data does not encode the corpus again. An entry is checked before use (one finite float32 row per text, of the
 model's dimension) and encoded again, with a warning, when it does not fit. Checked in
-tests/test_evaluate.py (and against published numbers in tests/test_published.py).
+tests/evaluation/test_evaluate.py (and against published numbers in tests/test_published.py).
 """
 
 import hashlib

@@ -3,7 +3,7 @@
 Reimers and Gurevych (2019), "Sentence-BERT", section 4.1, evaluate on STS by Spearman's rank
 correlation between the cosine similarity of each pair's embeddings and the gold score (Pearson's
 is reported beside it). Both are computed in float64 and match scipy.stats.pearsonr and spearmanr
-(tests/test_metrics.py).
+(tests/evaluation/test_metrics.py).
 """
 
 import math

@@ -27,7 +27,7 @@ sets are empty, since two empty texts carry no evidence of similarity.
 
 Both are computed with numpy on an inverted index stored as flat arrays (for each token, the ids of
 the documents that contain it and how often), so a query touches only the documents sharing a token
-with it. Checked against: the hand-worked examples in tests/test_lexical.py, and once, on all 300
+with it. Checked against: the hand-worked examples in tests/evaluation/test_lexical.py, and once, on all 300
 SciFact test queries with this tokenizer, against bm25s 0.3.16 (method="lucene"): equal to 2e-7
 relative after multiplying bm25s by k1 + 1, a constant factor Lucene 8+ drops as it cannot change a
 ranking. On SciFact test (documents title + " " + text) this BM25 gives NDCG@10 = 0.663; MTEB's

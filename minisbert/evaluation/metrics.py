@@ -21,7 +21,7 @@ Every metric below is a plain function of a (queries, ranks) relevance matrix, v
 queries; `per_query_scores` builds the matrices from a run and qrels, and `evaluate_run`
 averages them. Both definition sets are checked against their reference on a random graded run
 (pytrec_eval and sentence-transformers 6.2 numbers in tests/fixtures/metric_reference.json) and
-against hand-computed examples in tests/test_metrics.py.
+against hand-computed examples in tests/evaluation/test_metrics.py.
 
 The STS benchmarks' correlations are in evaluation/correlation.py; run and qrels files are read and written
 by datasets/trec.py.

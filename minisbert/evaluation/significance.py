@@ -26,7 +26,7 @@ Their intervals are 95% intervals of one comparison: unadjusted. When a caller a
 a family (holm), an interval that leaves out 0 can still belong to an adjusted p above 0.05.
 A randomization p drawn from random sign vectors comes with its Monte Carlo standard error.
 
-Checked against scipy.stats.permutation_test, ttest_rel and bootstrap (tests/test_significance.py;
+Checked against scipy.stats.permutation_test, ttest_rel and bootstrap (tests/evaluation/test_significance.py;
 reference numbers written by tests/fixtures/make_significance.py); the two-level bootstrap against
 draws replayed, and moments enumerated, without minisbert (tests/fixtures/make_two_level.py).
 """

@@ -1,6 +1,6 @@
 """The text tables evaluate.py prints: each model's metrics at every k, and each model's difference
 from the first, tested query by query (significance.compare_with_first). Checked through
-evaluate.py in tests/test_evaluate.py.
+evaluate.py in tests/evaluation/test_evaluate.py.
 """
 
 METRIC_ROWS = [("Precision", "precision"), ("Accuracy", "accuracy"), ("Recall", "recall"),

@@ -20,7 +20,7 @@ resumes: run again with the same --output, it skips the models already trained a
 One file per experiment (and for the two papers' studies a second, <study>_report.py, its write-up);
 runner.py holds what they share, records.py the record of what made a run's models (run.json),
 verdicts.py the tests and the words of each verdict, pca.py the PCA, figures.py the figures.
-Checked in tests/test_experiments.py.
+Checked in tests/experiments/test_experiments.py.
 """
 
 # Experiment name -> the module that runs it (imported only when that experiment runs).

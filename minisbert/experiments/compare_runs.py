@@ -17,7 +17,7 @@ Both runs must have scored the same queries.
 
 Writes OUTPUT/results.json (both runs' settings, each pair's scores and test) and OUTPUT/results.md
 (a table and a verdict per pair).
-Checked in tests/test_experiments.py.
+Checked in tests/experiments/test_experiments.py.
 """
 
 import argparse

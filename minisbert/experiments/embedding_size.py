@@ -34,7 +34,7 @@ own (--projection-lr), the encoder at --lr. Rows:
   counts), so that a busy machine slows every D alike.
 
 Writes results.md, results.json and dims.png (quality and speed against D); the write-up is made in
-embedding_size_report.py. Checked in tests/test_experiments.py.
+embedding_size_report.py. Checked in tests/experiments/test_experiments.py.
 """
 
 import functools

@@ -3,7 +3,7 @@ made from the stored results and tests alone, so that --report-only rebuilds the
 numbers it sets beside the run: Bagge, Topsøe and Rørhauge, "SRoBERTa yields similar performance on
 duplicate question retrieval using reduced embedding sizes" (DTU), Table 1.
 
-Checked in tests/test_study_writeups.py (every number against its key) and tests/test_experiments.py.
+Checked in tests/experiments/test_study_writeups.py (every number against its key) and tests/experiments/test_experiments.py.
 """
 
 import math

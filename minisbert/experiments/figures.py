@@ -4,7 +4,7 @@ matplotlib is an optional dependency that only this module imports, and only whe
 without it an experiment still writes every table, and says how to get the figures (install
 matplotlib, then run the same command again: finished models are read back, not trained again).
 Each function takes plain numbers, as results.json holds them, and writes one PNG (about 100 KB).
-Checked in tests/test_experiments.py.
+Checked in tests/experiments/test_experiments.py.
 """
 
 from pathlib import Path

@@ -32,7 +32,7 @@ mined once with --start, as sbert-objectives.py trains them, once per seed (--se
 the mean over its seeds, and its tests draw its seeds as well as the queries.
 
 Writes results.md (the tables) and results.json (each query's scores included). Checked in
-tests/test_experiments.py.
+tests/experiments/test_experiments.py.
 """
 
 import functools

@@ -12,7 +12,7 @@ same on every machine.
 Rygaard et al. ("Distance Dilemma", section 4.3, Fig. 2B) fit the PCA on normalised triplet embeddings
 and plot five triplets in the first two components; siamese_vs_triplet.py does the same.
 Checked against numpy's SVD and against the eigenvectors of the covariance matrix in
-tests/test_experiments.py.
+tests/experiments/test_experiments.py.
 """
 
 from dataclasses import dataclass

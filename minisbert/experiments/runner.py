@@ -29,7 +29,7 @@ its gold scores). The settings are the ones settings.json records, whatever the 
 and the machine named in the report is the one in OUTPUT/run.json, so a folder trained on a GPU
 can be reported on a CPU.
 
-Checked in tests/test_experiments.py.
+Checked in tests/experiments/test_experiments.py.
 """
 
 import argparse

@@ -30,7 +30,7 @@ of each seed's Spearman difference, significance.two_level_draws for NDCG@10; ve
 Holm-adjusted over the objectives; --seeds N trains each objective N times.
 
 Writes to OUTPUT (runner.py describes the folder): results.md (the table), results.json.
-Checked in tests/test_experiments.py.
+Checked in tests/experiments/test_experiments.py.
 """
 
 import functools

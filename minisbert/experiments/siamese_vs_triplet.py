@@ -49,7 +49,7 @@ Writes to OUTPUT (runner.py describes the folder):
                      document, mined negative), five triplets drawn with a fixed seed, one panel per
                      model, first seed (the paper's Fig. 2B)
     differences.png  each trained model's NDCG@10 difference from the start model, with its 95% interval
-The write-up and figures are made in siamese_vs_triplet_report.py. Checked in tests/test_experiments.py.
+The write-up and figures are made in siamese_vs_triplet_report.py. Checked in tests/experiments/test_experiments.py.
 """
 
 import functools

@@ -5,7 +5,7 @@ margin), siamese_vs_triplet.py's `networks`). The paper's facts it sets beside t
 Rygaard, Bramsløw, Jensen and Bagger, "Distance Dilemma: Siamese vs. Triplet SBERT Networks for
 Information Retrieval" (DTU).
 
-Checked in tests/test_study_writeups.py (every number against its key) and tests/test_experiments.py.
+Checked in tests/experiments/test_study_writeups.py (every number against its key) and tests/experiments/test_experiments.py.
 """
 
 import numpy as np

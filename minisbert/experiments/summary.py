@@ -1,5 +1,5 @@
 """The README's paragraphs on the studies, generated from the committed results.json files, so that
-every number in them is its key's and every verdict its test's (tests/test_study_writeups.py checks
+every number in them is its key's and every verdict its test's (tests/experiments/test_study_writeups.py checks
 that the README holds exactly this text).
 
     python -m minisbert.experiments summary      # prints the paragraphs for README.md
@@ -78,7 +78,7 @@ def paragraphs(studies: Path = STUDIES) -> str:
         + " The "
         "committed runs start from all-MiniLM-L6-v2, already a sentence encoder, where the papers fine-tune raw "
         "DistilBERT or RoBERTa; their machines are in each results.md. This text is `python -m minisbert.experiments "
-        "summary`, and `tests/test_study_writeups.py` checks that it and every `results.md` are what the code makes "
+        "summary`, and `tests/experiments/test_study_writeups.py` checks that it and every `results.md` are what the code makes "
         "of the stored results.",
         "",
         "**Siamese vs. Triplet** (Rygaard et al., \"Distance Dilemma\"), cosine against euclidean, NDCG@10: "

@@ -21,7 +21,7 @@ Two models with the same value on every query in every seed are reported as iden
 tested; two comparisons of one family with the same numbers (one network under two names) are
 counted once by Holm. Every p and interval end drawn at random carries a Monte Carlo error; Holm
 multiplies a p's error by the factor it multiplies the p. Used by every study in
-minisbert/experiments/; checked in tests/test_experiments.py and tests/test_study_writeups.py.
+minisbert/experiments/; checked in tests/experiments/test_experiments.py and tests/experiments/test_study_writeups.py.
 """
 
 import math

@@ -13,7 +13,7 @@ as sentence-transformers 6.2 does them.
   text's (pooling's `include_prompt`, true for every model minisbert reads).
 
 Checked against sentence-transformers' encode, encode_query and encode_document on
-all-MiniLM-L6-v2 in tests/test_st_calls.py.
+all-MiniLM-L6-v2 in tests/porting/test_st_calls.py.
 """
 
 DEFAULT_PROMPTS = {"query": "", "document": ""}

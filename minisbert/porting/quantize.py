@@ -13,7 +13,7 @@
 - float32: the embeddings as they are.
 
 Checked against sentence-transformers' encode(precision=...) on all-MiniLM-L6-v2 in
-tests/test_st_calls.py.
+tests/porting/test_st_calls.py.
 """
 
 import numpy as np

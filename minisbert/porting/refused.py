@@ -8,7 +8,7 @@ change nothing. The attributes and arguments minisbert does implement (max_seq_l
 truncate_dim, prompts, default_prompt_name, similarity_fn_name; prompt, prompt_name, precision,
 output_value, truncate_dim, ...) are in porting/sentence_transformer.py.
 
-Checked in tests/test_st_calls.py.
+Checked in tests/porting/test_st_calls.py.
 """
 
 from .quantize import PRECISIONS

@@ -12,7 +12,7 @@ behave as sentence-transformers does is here, over it:
 - refusing by name what minisbert does not do, attribute or encode() argument (porting/refused.py).
 
 `minisbert.load` and `minisbert.SentenceTransformer` return this class. Checked against
-sentence-transformers 6.2 in tests/test_st_calls.py.
+sentence-transformers 6.2 in tests/porting/test_st_calls.py.
 """
 
 from pathlib import Path

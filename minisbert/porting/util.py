@@ -8,7 +8,7 @@ own code (`from minisbert import util` in place of `from sentence_transformers i
                                 (the fast path), its (Q, k) results in sentence-transformers' form
 
 a and b take what similarity() takes: arrays, tensors, lists of embeddings. Checked against
-sentence-transformers' util on all-MiniLM-L6-v2's embeddings in tests/test_st_calls.py.
+sentence-transformers' util on all-MiniLM-L6-v2's embeddings in tests/porting/test_st_calls.py.
 """
 
 import torch

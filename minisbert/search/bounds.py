@@ -4,7 +4,7 @@ The search (minisbert/search/plain.py) returns exact scores, but it finds its ca
 arithmetic: float32 products, and in minisbert/fast/ int8 (and on a GPU half-precision) copies. A
 cheap score may only rule a row out where a proven bound says the exact score cannot reach the top k.
 This module holds those bounds; the plain loop and every screen read them from here, and
-tests/test_search_bounds.py checks each one holds on random and adversarial rows and is nearly reached.
+tests/search/test_search_bounds.py checks each one holds on random and adversarial rows and is nearly reached.
 
 The model of rounding (Higham, "Accuracy and Stability of Numerical Algorithms", 2.2). A float32
 operation on float32 numbers x, y whose result lies in float32's normal range returns the exact
@@ -255,7 +255,7 @@ def int8_blocks_bound(dim: int, scales: torch.Tensor, l1_norms: torch.Tensor, qu
 # E = slope |q| + offset, widened by 1% (`half_screen_error`). It is nearly reached: a unit row whose
 # entries but one sit just below a float16 rounding midpoint above a power of two, x = 2^e (1 + 2^-11 - 2^-20),
 # rounds each of them down by almost u_h of itself, and scored with itself loses almost 2 u_h: 0.95 of
-# E at d = 64 (tests/test_search_bounds.py builds it).
+# E at d = 64 (tests/search/test_search_bounds.py builds it).
 #
 # A search on a GPU compares without waiting for the host, so it takes E in this linear form, and
 # section 1's E for cosine and dot too (its reach² is |q| R): `linear_error`.

@@ -38,8 +38,8 @@ Memory is a few blocks whatever N is; sentence-transformers' `util.semantic_sear
 a top-k. The checks and `settle` are in search/inputs.py, shared with minisbert/fast/; the bounds in
 search/bounds.py (with what TF32 or bfloat16 products add where torch is set to them: the search
 reads that setting and never changes it). Tested in
-tests/test_retrieval.py against brute force, in tests/test_search_property.py against exact
-arithmetic, and every way against this loop; the bounds in tests/test_search_bounds.py.
+tests/search/test_retrieval.py against brute force, in tests/search/test_search_property.py against exact
+arithmetic, and every way against this loop; the bounds in tests/search/test_search_bounds.py.
 """
 
 import math

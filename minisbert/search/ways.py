@@ -22,7 +22,7 @@ proof on the device, one wait for the host: search/fast/device.py); way="device,
 corpus, is the same screened by the corpus's float16 copy on tensor cores (not yet chosen by itself:
 its CUDA product has not run on a GPU); a corpus can stay in CPU
 memory (`device="cuda"` moves it a chunk at a time). Tested way against way in
-tests/test_search_property.py, timed beside faiss in bench/retrieval.py.
+tests/search/test_search_property.py, timed beside faiss in bench/retrieval.py.
 """
 
 import contextlib

@@ -9,7 +9,7 @@ carries the SHA-256 of its values, and its values are checked when read back (`l
 damaged, edited or diverged checkpoint is refused, naming the file and what is wrong, so that a
 resumed run never writes outputs from it over a finished run's.
 The log has one JSON line per optimizer step; a resumed run cuts it back to the checkpoint's step.
-Used by training/fit.py; checked in tests/test_training.py and tests/test_fileio.py.
+Used by training/fit.py; checked in tests/training/test_training.py and tests/common/test_fileio.py.
 """
 
 import hashlib

@@ -32,7 +32,7 @@ adding the shard's start, and `gather_top_k` collects the (Q, k) lists on rank 0
 corpus index. The true top-k of the corpus is made of every shard's top-k among its own rows, so
 the merge returns exactly the ranking one process would.
 
-Checked with 2 processes over gloo in tests/test_distributed.py: training losses equal those of
+Checked with 2 processes over gloo in tests/training/test_distributed.py: training losses equal those of
 one process to 1e-5, and the top-k ids of sharded search equal one process's.
 """
 

@@ -28,8 +28,8 @@ raises `TrainingFailed` and leaves the last good checkpoint in place. `fit(..., 
 from the checkpoint and logs exactly what an uninterrupted run logs. Saving the final model and
 reporting are the caller's: train.py writes final/ and summary.json.
 
-Checked in tests/test_training.py (through train.py), tests/test_experiments.py and, over 2
-processes, tests/test_distributed.py.
+Checked in tests/training/test_training.py (through train.py), tests/experiments/test_experiments.py and, over 2
+processes, tests/training/test_distributed.py.
 """
 
 import math

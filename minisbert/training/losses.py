@@ -24,7 +24,7 @@ part of minisbert.
 
 The numbers were cross-checked once against sentence-transformers 6.2 (CosineSimilarityLoss,
 TripletLoss, SoftmaxLoss, MultipleNegativesRankingLoss) on random embeddings; the tests check
-hand-computed values and gradients (torch.autograd.gradcheck) in tests/test_losses.py.
+hand-computed values and gradients (torch.autograd.gradcheck) in tests/training/test_losses.py.
 """
 
 from dataclasses import dataclass

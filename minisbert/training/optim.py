@@ -10,7 +10,7 @@ are Adam's, Kingma & Ba 2015). For a parameter θ with gradient g at step t = 1,
     θ ← θ − lr · m̂ / (√v̂ + ε)
 
 The tensor operations are done in the same order as torch.optim.AdamW's single-tensor path (the one
-it uses for CPU tensors), so that the two agree to the last bit; tests/test_optim.py checks 1,000
+it uses for CPU tensors), so that the two agree to the last bit; tests/training/test_optim.py checks 1,000
 steps against torch.optim.AdamW + torch.optim.lr_scheduler.LambdaLR, and clipping against
 torch.nn.utils.clip_grad_norm_.
 

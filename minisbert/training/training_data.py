@@ -8,7 +8,7 @@ Training data comes in three shapes, one per family of objectives (training/loss
 (BEIR layout) give triplets whose negatives are mined with minisbert's own retriever
 (`mine_hard_negatives`), MS MARCO folders triplets filtered by a cross-encoder (`msmarco_examples`).
 The readers of the files are in datasets/; this module turns what they read into examples.
-Checked in tests/test_training.py.
+Checked in tests/training/test_training.py.
 """
 
 import random

@@ -22,10 +22,10 @@ a stack the bits it gives the tile alone (checked once per machine, bit for bit)
 (encoding/fast/tiled_linear.py); attention gets texts of one length, a fixed number of
 them a call for each length (encoding/fast/tiled_encoder.py); the Dense layer's product is one of the products.
 Mean pooling sums a text's tokens and then its padding's zeros, which change no bit.
-tests/test_batch_invariance.py watches those calls and checks the bits with every kernel this CPU
+tests/encoding/test_batch_invariance.py watches those calls and checks the bits with every kernel this CPU
 runs, and that two processes, one of them on a loaded machine, give the same bits (the products'
 kernel is a fact kept per machine, common/machine.py). The fast path's embeddings agree with the plain path's to float32 rounding, not to
-the bit: tests/test_encoder_fast.py.
+the bit: tests/encoding/test_encoder_fast.py.
 """
 
 import torch

@@ -29,10 +29,10 @@ and values for AMX by the number of texts. Sharing a call is done only at length
 machine's kernel was checked to give a text the same bits there as alone (`shares_a_call`; on a
 GPU, where nothing is promised bit for bit, texts share calls unchecked). Every other step (the
 embeddings' sums, layer norms, residual sums) computes each row alone. So encode() gives a text the
-same embedding in any batch on a CPU: tests/test_batch_invariance.py.
+same embedding in any batch on a CPU: tests/encoding/test_batch_invariance.py.
 
 Checked equal to the plain encoder (embeddings to 1e-6, training gradients too) in
-tests/test_encoder_fast.py, and against Hugging Face transformers in tests/test_encoder.py.
+tests/encoding/test_encoder_fast.py, and against Hugging Face transformers in tests/encoding/test_encoder.py.
 """
 
 import itertools

@@ -32,7 +32,7 @@ machine (common/machine.py), found by comparing bits, not by timing, so every pr
 finds the same. A forward pass takes the smallest tile at which all its products keep their tiles'
 bits (`tile_rows`); a kernel that keeps them at no size gets one tile a call, each call the same
 shape whatever the batch. Either way a text's rows get the same bits in any batch, which is what lets
-encode() promise the same vector for the same text; tests/test_batch_invariance.py forces each
+encode() promise the same vector for the same text; tests/encoding/test_batch_invariance.py forces each
 kernel and checks the bits.
 
 Where the choice applies: on a CPU without autograd (oneDNN's ops have no backward pass, so training
@@ -45,7 +45,7 @@ counter or its storage, and both are checked at each call. (A write through `par
 neither; minisbert's own code makes none.)
 
 Both kernels sum the same products in different orders, so results agree to float32 rounding:
-tests/test_fast_linear.py runs the encoder with each kernel forced and checks it against the plain
+tests/encoding/test_fast_linear.py runs the encoder with each kernel forced and checks it against the plain
 one to 1e-5, checks that training then encoding sees the new weights, and that memory reuse changes
 no bit.
 """

@@ -14,7 +14,7 @@ On a GPU the host's work between kernels, not the GPU, sets the pace of a search
        those, after the one wait for the host (`unproved.any()`).
 
 No step depends on a value the host must read (no `nonzero`, no boolean indexing, no `.item()`), so
-the launches are the same for every query count and every corpus (tests/test_device_search.py counts
+the launches are the same for every query count and every corpus (tests/search/test_device_search.py counts
 them). The screen is the float32 product (`search_device`), or, for a prepared cosine corpus, the
 product of its float16 copy with the queries rounded to float16, accumulated in float32
 (`search_device_half`: half the bytes read, on tensor cores; its bound, `half_screen_error`, is

@@ -1,0 +1,1 @@
+"""Tests of minisbert/datasets/: the dataset readers."""

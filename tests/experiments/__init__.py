@@ -1,0 +1,1 @@
+"""Tests of minisbert/experiments/: the papers' studies and their write-ups."""

@@ -1,0 +1,1 @@
+"""Tests of minisbert/porting/: sentence-transformers' calls against sentence-transformers."""

@@ -1,0 +1,1 @@
+"""Tests of minisbert/search/: the search: the plain loop against its definition, every way against it, the bounds."""
