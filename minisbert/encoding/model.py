@@ -55,6 +55,12 @@ class SentenceModel(nn.Module):
         # used unless a call says fast=False; None: the plain way only.
         self.fast_path = fast_path
 
+    def extra_repr(self) -> str:
+        """The first line of print(model): its pooling, and the path that runs it (the fast path plugged in
+        describes the kernels it runs here; None: the plain network)."""
+        path = "plain network" if self.fast_path is None else self.fast_path.describe(self)
+        return f"pooling={self.pooling!r}, normalize_embeddings={self.normalize_embeddings}, path: {path}"
+
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device

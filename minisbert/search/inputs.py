@@ -39,6 +39,12 @@ class PreparedCorpus:
     largest_norm: float | None = None  # the rows' largest norm, measured at the first device search
     half_copy: object = None  # search/fast/device.py's HalfRows (float16 rows), made at the first "device, half" search
 
+    def __repr__(self) -> str:
+        """What the corpus holds and the copies a search may screen it with here (not its numbers)."""
+        copies = [name for name, copy in (("int8", self.int8_copy), ("float16", self.half_copy)) if copy is not None]
+        return (f"PreparedCorpus({self.rows.shape[0]:,} rows of d = {self.rows.shape[1]}, score={self.score!r}, "
+                f"on {self.rows.device}, screening copies: {', '.join(copies) or 'none'})")
+
     def save(self, path) -> None:
         """Write the rows, their norms, the score and the tensors' SHA-256 (which `load_corpus`
         checks) to one safetensors file, atomically. The fast copies are not written: they are made

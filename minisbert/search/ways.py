@@ -48,7 +48,7 @@ from .inputs import (CORPUS_FORMAT, DEFAULT_CORPUS_CHUNK_SIZE, DEFAULT_QUERY_CHU
 
 WAY_VARIABLE = "MINISBERT_SEARCH_WAY"
 # Each search logs one INFO line here: the way it took and the facts it chose by (`WayChoice`).
-log = logging.getLogger(__name__)
+log = logging.getLogger("minisbert.search")  # named for the package a user imports
 # Arguments a search no longer takes, and what to pass instead.
 REMOVED_ARGUMENTS = {"fast": "way='plain' runs the plain loop (fast=False did); leave way out to choose"}
 
@@ -210,7 +210,7 @@ def recorded_ways():
 
 def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: int = DEFAULT_QUERY_CHUNK_SIZE,
            corpus_chunk_size: int | None = None, query_ids=None, corpus_ids=None, device=None, way: str | None = None,
-           **removed):
+           return_way: bool = False, **removed):
     """Exact top-k corpus rows for each query row.
 
     Args:
@@ -227,12 +227,13 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
         way: one of WAY_NAMES to force it ("plain": the plain loop; results never depend on it); None
             chooses (`WAYS`), as MINISBERT_SEARCH_WAY=NAME forces where way is None. Each search logs
             the way it took and the facts it chose by (`WayChoice`) to the "minisbert.search" logger.
+        return_way: also return that `WayChoice` (its `name`, why, and how many queries fell back).
 
     Returns:
         (scores, indices), each (Q, min(k, N)), best first: float32 scores (distances for euclidean,
         smallest first) and int64 row indices, equal scores by lower index; -1 and -inf (+inf
         distance) where ids left fewer rows. numpy arrays for numpy queries and a numpy or prepared
-        corpus, else torch tensors on `device`.
+        corpus, else torch tensors on `device`. With return_way, (scores, indices, WayChoice).
 
     Raises:
         ValueError: an unknown score or way, k < 1, bad chunk sizes, inputs not 2-D floating point, an
@@ -256,10 +257,11 @@ def search(queries, corpus, k: int, score: str | None = None, query_chunk_size: 
         rows = max(1, min(inputs.query_chunk_size, inputs.queries.shape[0]))
         inputs = replace(inputs, corpus_chunk_size=max(DEFAULT_CORPUS_CHUNK_SIZE, DEVICE_BLOCK_ENTRIES // rows))
     values, indices, fell_back = next(run for way_name, _, _, run in WAYS if way_name == name)(inputs)
-    log.info(replace(choice, fell_back=fell_back))
+    choice = replace(choice, fell_back=fell_back)
+    log.info(choice)
     if excluded is not None:
         values, indices = _without(excluded, values, indices, k, inputs.corpus.shape[0])
-    return inputs.results(values, indices)
+    return (*inputs.results(values, indices), choice) if return_way else inputs.results(values, indices)
 
 
 def _excluded_pairs(query_ids: Sequence[Hashable] | None, corpus_ids: Sequence[Hashable] | None, num_queries: int,

@@ -13,6 +13,7 @@ dropout on, the fast path applies it; and whatever the batch size or token budge
 the same rows in the same order.
 """
 
+import re
 import subprocess
 import sys
 
@@ -225,3 +226,31 @@ def test_the_plain_model_loads_and_encodes_without_the_fast_path():
                               text=True, check=True)
     assert "minisbert.encoding.model" in finished.stdout.split()
     assert not [m for m in finished.stdout.split() if m.startswith("minisbert") and "fast" in m.split(".")]
+
+
+def test_print_model_names_the_path_and_the_kernel_each_product_runs(monkeypatch, timed_probes):
+    """The backend in sight: print(model) says which path runs it and, for the fast path, which kernel each
+    of its products runs on this machine: "measured at first use" before the first encode (an empty facts
+    file), then the very kernel each product was given (recorded at `_backend`, where the encoder asks)."""
+    from minisbert.encoding.fast import tiled_linear
+
+    folder = reference("tiny_st_dense")[0]
+    model = minisbert.load(folder, device="cpu")
+    products = re.search(r"this machine's kernels \((.*)\)", repr(model).splitlines()[1]).group(1).split(", ")
+    assert len(products) == 5 and all(line.endswith("measured at first use") for line in products), products
+    given = {}
+    original = tiled_linear._backend
+
+    def recorded(layers, gelu, keep_as, dtype):
+        backend = original(layers, gelu, keep_as, dtype)
+        given[f"{layers[0].in_features} x {sum(layer.out_features for layer in layers)}"] = backend
+        return backend
+
+    monkeypatch.setattr(tiled_linear, "_backend", recorded)
+    model.encode(["A man is eating food.", "A man rides a horse."])
+    shown = re.search(r"this machine's kernels \((.*)\)", repr(model).splitlines()[1]).group(1).split(", ")
+    assert dict(line.rsplit(" ", 1) for line in shown) == given
+    for forced in (backend for backend in tiled_linear.BACKENDS if tiled_linear.runs(backend, torch.float32)):
+        monkeypatch.setenv(tiled_linear.BACKEND_VARIABLE, forced)  # forced: every product says so
+        assert repr(model).splitlines()[1].count(f" {forced}") == 5, forced
+    assert "path: plain network" in repr(minisbert.load(folder, device="cpu", fast=False)).splitlines()[1]

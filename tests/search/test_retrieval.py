@@ -371,6 +371,27 @@ def test_each_search_says_the_way_it_took_and_what_it_was_chosen_by():
         checked.k = 10
 
 
+def test_a_search_returns_the_way_it_took_as_a_value_and_a_prepared_corpus_shows_its_copies():
+    # return_way=True gives the WayChoice the logger records (the way, forced or chosen, and how many
+    # queries fell back), beside the very scores and rows of the same call without it; a prepared
+    # corpus's repr says what it holds and which screening copies it keeps, never its numbers.
+    generator = torch.Generator().manual_seed(11)
+    queries, corpus = torch.randn(5, 16, generator=generator), torch.randn(3000, 16, generator=generator)
+    for target, way in ((corpus, None), (corpus, "blocks"), (prepare_corpus(corpus, screen=True), None),
+                        (prepare_corpus(corpus, "dot", screen=False), "plain")):
+        with search_module.recorded_ways() as logged:
+            scores, rows = search_module.search(queries, target, 7, way=way)
+            *answer, choice = search_module.search(queries, target, 7, way=way, return_way=True)
+        assert torch.equal(answer[0], scores) and torch.equal(answer[1], rows)
+        assert choice == logged[1] and choice.forced == (way is not None) and choice.fell_back == 0
+        checked = search_module.check_inputs(queries, target, 7, None, 1024, None, None)
+        assert choice.name == (way or search_module.choose_way(checked))
+    for prepared in (prepare_corpus(corpus, screen=True), prepare_corpus(corpus, "euclidean", screen=False)):
+        shown = repr(prepared)
+        assert shown.startswith(f"PreparedCorpus(3,000 rows of d = 16, score={prepared.score!r}, on cpu, ")
+        assert shown.endswith("screening copies: int8)" if prepared.int8_copy is not None else "screening copies: none)")
+
+
 def test_a_removed_argument_is_named_with_what_replaces_it():
     with pytest.raises(ValueError, match=r"search\(\) no longer takes fast=: way='plain' runs the plain loop"):
         search_module.search(torch.randn(3, 4), torch.randn(10, 4), 2, fast=False)

@@ -39,6 +39,15 @@ CPU_TOKENS_PER_FORWARD = 2048
 class FastPath:
     """What a SentenceModel runs in place of its plain steps when this path is plugged into it."""
 
+    def describe(self, model) -> str:
+        """This path on `model`, as print(model) shows it: the kernel each of its products runs here."""
+        config, dense = model.encoder.config, model.dense
+        hidden, inner = config.hidden_size, config.intermediate_size
+        products = [(hidden, 3 * hidden), (hidden, hidden), (hidden, inner), (inner, hidden)]
+        if dense is not None:
+            products.append((dense.linear.in_features, dense.linear.out_features))
+        return f"fast, products on whole tiles by this machine's kernels ({tiled_linear.kernels_known(products)})"
+
     def encoder(self, encoder, input_ids, attention_mask, token_type_ids=None):
         """The plain `Encoder`'s forward pass, computed fast: (B, T) ids and mask -> (B, T, H)."""
         return fast_encoder.forward(encoder, input_ids, attention_mask, token_type_ids)  # (B, T, H)

@@ -53,6 +53,7 @@ no bit.
 import contextlib
 import contextvars
 import os
+import re
 import weakref
 
 import torch
@@ -271,6 +272,24 @@ def _backend(layers, gelu, keep_as, dtype) -> str:
     product += f" then GELU ({gelu})" if gelu else ""
     name = f"quicker product kernel, {product}, {str(dtype).removeprefix('torch.')}"
     return machine.fact(name, lambda: _quickest(candidates, layers, gelu, keep_as, dtype), choices=candidates)
+
+
+def kernels_known(products, dtype=torch.float32) -> str:
+    """The kernel each (in, out) product of `products` runs on this machine, as far as it is known
+    now: forced by MINISBERT_GEMM, the only one that runs here, or the machine's kept fact (`_backend`);
+    "measured at first use" before a first encode has measured it."""
+    forced = os.environ.get(BACKEND_VARIABLE, "auto")
+    candidates = [backend for backend in BACKENDS if runs(backend, dtype)]
+    kept, dtype_name = machine.known(), str(dtype).removeprefix("torch.")
+    described = []
+    for features_in, features_out in products:
+        if forced != "auto" or len(candidates) == 1:
+            kernel = forced if forced != "auto" else candidates[0]
+        else:
+            name = re.compile(rf"quicker product kernel, {features_in} x {features_out}( then GELU \(\w+\))?, {dtype_name}")
+            kernel = next((value for fact, value in kept.items() if name.fullmatch(fact)), "measured at first use")
+        described.append(f"{features_in} x {features_out} {kernel}")
+    return ", ".join(described)
 
 
 def _quickest(candidates, layers, gelu, keep_as, dtype) -> str:
