@@ -1,8 +1,10 @@
-"""The README's paragraphs on the studies, generated from the committed results.json files, so that
-every number in them is its key's and every verdict its test's (tests/experiments/test_study_writeups.py checks
-that the README holds exactly this text).
+"""The README's section on the studies, generated from the committed results.json files: a few short
+sentences on how every comparison is tested, then a table, one row per comparison (or, for a family
+of checks against a baseline, one row for the family), so that every number in it is its key's and
+every verdict its test's (tests/experiments/test_study_writeups.py checks that the README holds
+exactly this text).
 
-    python -m minisbert.experiments summary      # prints the paragraphs for README.md
+    python -m minisbert.experiments summary      # prints the section for README.md
 """
 
 import argparse
@@ -49,79 +51,111 @@ def selection_seeds(selection: dict) -> str:
     return f"{' and '.join(trained)} with {len(selection['models'][trained[0]]['runs'])} seeds each"
 
 
-def against_the_paper(rows: list) -> str:
-    """" Against the paper: it disagrees that ...; it agrees that ...": the claims table's verdicts, named."""
-    said = [f"disagrees that {'; that '.join(runner.disagreements(rows))}" if runner.disagreements(rows) else "",
-            "agrees that " + "; that ".join(row[0] for row in rows if row[4] == runner.AGREES)
-            if any(row[4] == runner.AGREES for row in rows) else ""]
-    if not any(said):
-        return " No claim of the paper can be set beside this run (its results.md's table says why)."
-    return " Against the paper's claims (its results.md's table), this run " + ", and ".join(x for x in said if x) + "."
+FOLDERS = {"Siamese vs. Triplet": "siamese-vs-triplet", "Embedding size": "embedding-size",
+           "SBERT's objectives": "sbert-objectives", "Model selection": "model-selection"}
+HEADER = ["study", "comparison (NDCG@10 unless named)", "verdict", "difference [95% interval, unadjusted]",
+          "p (Holm-adjusted)", "write-up"]
 
 
-def paragraphs(studies: Path = STUDIES) -> str:
+def comparison_row(test: dict, first: str, second: str) -> list:
+    """The verdict, difference with its interval, and adjusted p of one comparison (first - second)."""
+    if test.get("identical"):
+        return ["identical networks (not tested)", "", ""]
+    inference = test["two_level"]
+    verdict = verdicts.said(verdicts.outcome(test, "p_holm"), first, second, inference.get("margin"))
+    difference = f"{inference['difference']:+.4f} {verdicts.interval_text(inference)}"
+    return [verdict, difference, verdicts.p_text(*verdicts._p(test, "p_holm")).removeprefix("p ").removeprefix("= ")]
+
+
+def family_row(tests: dict, first: str, second: str) -> list:
+    """One row for a family of checks against a baseline: how many comparisons say what, naming the
+    detected ones, and the range of the differences (each interval is in the write-up)."""
+    said = {}
+    for name, test in tests.items():
+        cell = comparison_row(test, first, second)[0]
+        said.setdefault(cell, []).append(name)
+    plural = {word: word.replace("prefers ", "prefer ") if len(names) > 1 else word for word, names in said.items()}
+    verdict = "; ".join(f"{len(names)} {plural[word]}" + ("" if word == "not detectable" else f" ({', '.join(names)})")
+                        for word, names in sorted(said.items(), key=lambda item: -len(item[1])))
+    differences = [test["two_level"]["difference"] for test in tests.values() if not test.get("identical")]
+    return [verdict, f"{min(differences):+.4f} to {max(differences):+.4f} (each interval in the write-up)", ""]
+
+
+def claims_row(rows: list) -> list:
+    """The paper's claims set beside the run: how many it agrees and disagrees with (each claim, its
+    test and the reason for "not comparable" are in the write-up's table)."""
+    labels = [row[4] for row in rows]
+    if not rows or labels.count(runner.NOT_COMPARABLE) == len(rows):
+        return ["none can be set beside this run (the write-up's table says why)", "", ""]
+    counts = ", ".join(f"{labels.count(label)} {label}" for label in (runner.AGREES, runner.DISAGREES,
+                                                                      runner.NOT_COMPARABLE) if labels.count(label))
+    return [counts, "", ""]
+
+
+def section(studies: Path = STUDIES) -> str:
     svt = read_json(studies / "siamese-vs-triplet" / "results.json")
     epochs = read_json(studies / "siamese-vs-triplet" / "epochs-3-against-2" / "results.json")
     size = read_json(studies / "embedding-size" / "results.json")
     objectives = read_json(studies / "sbert-objectives" / "results.json")
     selection = read_json(studies / "model-selection" / "results.json")
     models = svt["models"]
-    lines = [
-        "Every study takes `--quick`, `--data`, `--model`, `--output DIR`, `--device` and `--seeds N`, resumes with "
-        "the same `--output`, and writes `results.md`, `results.json` and figures. Every difference is tested once, "
-        "by a two-level bootstrap that draws the seeds (" + seed_counts(studies) + ") and then the queries, so that its "
-        "interval carries the training runs' variance and the queries' (minisbert/evaluation/significance.py); its p's are "
-        f"Holm-adjusted within each family. A p above {verdicts.ALPHA:g} is \"not detectable\"; only its equivalence "
-        f"test at {verdicts.NDCG_MARGIN:g} NDCG@10 may call two models equivalent, and \"bound\" is the smallest margin "
-        "at which that adjusted test would hold. Figures per query or per seed are printed beside it as conditional, "
-        "deciding nothing. " + margin_sentence(studies)
-        + " The "
-        "committed runs start from all-MiniLM-L6-v2, already a sentence encoder, where the papers fine-tune raw "
-        "DistilBERT or RoBERTa; their machines are in each results.md. This text is `python -m minisbert.experiments "
-        "summary`, and `tests/experiments/test_study_writeups.py` checks that it and every `results.md` are what the code makes "
-        "of the stored results.",
-        "",
-        "**Siamese vs. Triplet** (Rygaard et al., \"Distance Dilemma\"), cosine against euclidean, NDCG@10: "
-        + "; ".join(f"{network}: {verdicts.brief(test, 'cosine', 'euclidean')}" for network, test in svt["tests"]["measures"].items())
-        + ". Against the start model: " + "; ".join(f"{name}: {verdicts.brief(test, 'trained', 'start')}"
-                                                  for name, test in svt["tests"]["against_start"].items()) + "."
-        + (f" The paper's two best networks, which it finds on par: Siamese cosine {models['siamese-cosine']['scores']['ndcg@10']:.4f}, "
-           f"Triplet euclidean at margin 5 {models['triplet-euclidean-margin5']['scores']['ndcg@10']:.4f}, "
-           f"{verdicts.brief(svt['tests']['on_par'], 'Siamese cosine', 'Triplet euclidean')}." if "on_par" in svt["tests"] else "")
-        + against_the_paper(siamese_vs_triplet_report.paper_claims(
-            siamese_vs_triplet.networks(svt["settings"]["margins"]), models, svt["tests"],
-            read_json(studies / "siamese-vs-triplet" / "run.json")))
-        + " 3 epochs against 2: " + "; ".join(f"{pair.split(':')[0]}: {verdicts.brief(test, '3 epochs', '2 epochs')}"
-                                             for pair, test in epochs["tests"].items()) + ". "
-        "[results](bench/studies/siamese-vs-triplet/results.md)",
-        "",
-        "**Embedding size** (Bagge et al., SRoBERTa), NDCG@10, each D against the base model: "
-        + "; ".join(f"D = {dim}: {verdicts.brief(test, f'D = {dim}', 'base')}" for dim, test in size["tests"]["against_base"].items())
-        + "; against the untrained start model: "
-        + "; ".join(f"D = {dim}: {verdicts.brief(test, f'D = {dim}', 'start')}" for dim, test in size["tests"]["against_start"].items())
-        + "." + against_the_paper(embedding_size_report.paper_claims(
-            argparse.Namespace(**size["settings"]), size["models"], size["tests"], size["search_speed"]))
-        + " [results](bench/studies/embedding-size/results.md)",
-        "",
-        "**SBERT's objectives** (Reimers and Gurevych, section 3), each against the start model, on STS-B (Spearman "
-        "difference, the mean over the seeds) and on SciFact (NDCG@10): "
-        + "; ".join(f"{name}: STS-B {verdicts.brief(tests['spearman'], 'trained', 'start')}; SciFact "
-                    f"{verdicts.brief(tests['ndcg@10'], 'trained', 'start')}"
-                    for name, tests in objectives["tests"].items() if name != "mnrl_vs_triplet")
-        + ". MNRL against triplet: STS-B " + verdicts.brief(objectives["tests"]["mnrl_vs_triplet"]["spearman"], "MNRL", "triplet")
-        + ", SciFact " + verdicts.brief(objectives["tests"]["mnrl_vs_triplet"]["ndcg@10"], "MNRL", "triplet") + "."
-        + against_the_paper(sbert_objectives.paper_claims()) + " "
-        "[results](bench/studies/sbert-objectives/results.md)",
-        "",
-        "**Model selection** (Silveri, BEIR; " + selection_seeds(selection) + "), each candidate against the best by "
-        f"NDCG@10, {selection['best']}: " + "; ".join(f"{name}: {verdicts.brief(test, name, 'best')}"
-                                            for name, test in selection["tests"]["ndcg@10"].items()) + "."
-        + against_the_paper(model_selection.paper_claims(selection["best"]))
-        + " [results](bench/studies/model-selection/results.md)",
-    ]
-    return "\n".join(lines) + "\n"
+    rows = []  # [study, comparison, verdict, difference, p, write-up]
+    study = "Siamese vs. Triplet"  # Rygaard et al., "Distance Dilemma"
+    for network, test in svt["tests"]["measures"].items():
+        rows.append([study, f"{network}: cosine - euclidean", *comparison_row(test, "cosine", "euclidean")])
+    if "on_par" in svt["tests"]:
+        rows.append([study, f"the paper's two best, on par in it: Siamese cosine ({models['siamese-cosine']['scores']['ndcg@10']:.4f})"
+                     f" - Triplet euclidean, margin 5 ({models['triplet-euclidean-margin5']['scores']['ndcg@10']:.4f})",
+                     *comparison_row(svt["tests"]["on_par"], "Siamese cosine", "Triplet euclidean")])
+    rows.append([study, f"each network - the start model ({len(svt['tests']['against_start'])})",
+                 *family_row(svt["tests"]["against_start"], "trained", "start")])
+    rows.append([study, f"3 epochs - 2, each network ({len(epochs['tests'])})",
+                 *family_row({pair.split(":")[0]: test for pair, test in epochs["tests"].items()}, "3 epochs", "2 epochs")])
+    rows.append([study, "the paper's claims", *claims_row(siamese_vs_triplet_report.paper_claims(
+        siamese_vs_triplet.networks(svt["settings"]["margins"]), models, svt["tests"],
+        read_json(studies / "siamese-vs-triplet" / "run.json")))])
+    study = "Embedding size"  # Bagge et al., SRoBERTa
+    for dim, test in size["tests"]["against_base"].items():
+        rows.append([study, f"D = {dim} - the base model", *comparison_row(test, f"D = {dim}", "base")])
+    rows.append([study, f"each D - the untrained start model ({len(size['tests']['against_start'])})",
+                 *family_row({f"D = {dim}": test for dim, test in size["tests"]["against_start"].items()}, "trained", "start")])
+    rows.append([study, "the paper's claims", *claims_row(embedding_size_report.paper_claims(
+        argparse.Namespace(**size["settings"]), size["models"], size["tests"], size["search_speed"]))])
+    study = "SBERT's objectives"  # Reimers and Gurevych, section 3
+    for name, tests in objectives["tests"].items():
+        first, second = ("MNRL", "triplet") if name == "mnrl_vs_triplet" else ("trained", "start")
+        what = "MNRL - triplet" if name == "mnrl_vs_triplet" else f"{name} - the start model"
+        rows.append([study, f"{what}, STS-B Spearman (mean over the seeds)", *comparison_row(tests["spearman"], first, second)])
+        rows.append([study, f"{what}, SciFact", *comparison_row(tests["ndcg@10"], first, second)])
+    rows.append([study, "the paper's claims", *claims_row(sbert_objectives.paper_claims())])
+    study = "Model selection"  # Silveri, BEIR
+    for name, test in selection["tests"]["ndcg@10"].items():
+        rows.append([study, f"{name} - the best, {selection['best']}", *comparison_row(test, name, "best")])
+    rows.append([study, "the paper's claims", *claims_row(model_selection.paper_claims(selection["best"]))])
+    shown, last = [], None
+    for row in rows:  # a study's name and write-up once, on its first row
+        first = row[0] != last
+        shown.append([f"**{row[0]}**" if first else "", *row[1:],
+                      f"[results](bench/studies/{FOLDERS[row[0]]}/results.md)" if first else ""])
+        last = row[0]
+    intro = (
+        "Every study takes `--quick`, `--data`, `--model`, `--output DIR`, `--device` and `--seeds N`, resumes with the "
+        "same `--output`, and writes `results.md`, `results.json` and figures.\n\n"
+        "Each comparison is tested once, by a two-level bootstrap that draws the seeds (" + seed_counts(studies) + ") and "
+        "then the queries (minisbert/evaluation/significance.py). Its p is Holm-adjusted within its family; its interval "
+        f"is not. A p above {verdicts.ALPHA:g} is \"not detectable\". Only an equivalence test at {verdicts.NDCG_MARGIN:g} "
+        "NDCG@10 may call two models equivalent. " + margin_sentence(studies) + " The committed runs start from "
+        "all-MiniLM-L6-v2, already a sentence encoder; the papers fine-tune raw DistilBERT or RoBERTa. Each write-up "
+        "names its machines, the per-seed and per-query figures, and the equivalence tests. The studies: Siamese vs. "
+        "Triplet (Rygaard et al., \"Distance Dilemma\"); embedding size (Bagge et al., SRoBERTa); SBERT's objectives "
+        "(Reimers and Gurevych, section 3); model selection (Silveri, BEIR; " + selection_seeds(selection) + ").\n\n"
+        "This section is `python -m minisbert.experiments summary`; `tests/experiments/test_study_writeups.py` checks that "
+        "it and every `results.md` are what the code makes of the stored results.\n\n")
+    table = ["| " + " | ".join(HEADER) + " |", "|---|---|---|---|---:|---|"]
+    table += ["| " + " | ".join(row) + " |" for row in shown]
+    return intro + "\n".join(table) + "\n"
 
 
 def main(argv=None):
     argparse.ArgumentParser(prog="python -m minisbert.experiments summary", description=__doc__).parse_args(argv)
-    print(paragraphs(), end="")
+    print(section(), end="")

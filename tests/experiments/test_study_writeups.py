@@ -37,7 +37,7 @@ UNSUPPORTED = [r"\bno change", r"\bdo(?:es)? not move", r"\bstays? where", r"\bw
                r"\b(?:is|are|was|were|stays?|remains?) the same\b", r"\bthe same (?:score|NDCG|quality|result)"]
 
 
-def readme_study_paragraphs() -> str:
+def readme_study_section() -> str:
     """The README's section on the studies, from its heading to the next one."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
     start = text.index("## The papers' studies")
@@ -99,7 +99,7 @@ def test_there_are_write_ups_to_check():
 
 @pytest.mark.parametrize("path", WRITEUPS + [REPO / "README.md"], ids=lambda p: str(p.relative_to(REPO)))
 def test_no_sentence_claims_no_change_without_an_equivalence_test(path):
-    text = readme_study_paragraphs() if path.name == "README.md" else path.read_text(encoding="utf-8")
+    text = readme_study_section() if path.name == "README.md" else path.read_text(encoding="utf-8")
     found = [m.group(0) for pattern in UNSUPPORTED for m in re.finditer(pattern, text, re.IGNORECASE)]
     assert not found, f"{path}: {found}"
 
@@ -111,8 +111,8 @@ def test_every_results_md_is_what_its_results_json_makes(path, monkeypatch):
     assert differences(written, rebuilt(path.parent)) == []
 
 
-def test_the_readmes_study_paragraphs_are_what_the_results_make():
-    assert readme_study_paragraphs().rstrip("\n").endswith(summary.paragraphs().rstrip("\n"))
+def test_the_readmes_study_section_is_what_the_results_make():
+    assert readme_study_section().rstrip("\n").endswith(summary.section().rstrip("\n"))
 
 
 def test_the_check_catches_another_networks_number_a_moved_cell_and_two_swapped_values():
@@ -138,7 +138,7 @@ def test_the_check_catches_another_networks_number_a_moved_cell_and_two_swapped_
     edited = written.replace(a, "SWAP").replace(b, a).replace("SWAP", b)
     assert edited != written and differences(edited, expected)
     # and the README's paragraphs
-    readme = summary.paragraphs()
+    readme = summary.section()
     assert differences(readme.replace(a, b, 1), readme) or a not in readme
 
 
@@ -188,7 +188,7 @@ VERDICT_WITH_BOUND = re.compile(r"(?P<word>equivalent within ±(?P<margin>[\d.]+
 
 @pytest.mark.parametrize("path", WRITEUPS + [REPO / "README.md"], ids=lambda p: str(p.relative_to(REPO)))
 def test_every_printed_bound_agrees_with_the_verdict_beside_it(path):
-    text = readme_study_paragraphs() if path.name == "README.md" else path.read_text(encoding="utf-8")
+    text = readme_study_section() if path.name == "README.md" else path.read_text(encoding="utf-8")
     found = list(VERDICT_WITH_BOUND.finditer(text))
     for match in found:  # printed to 4 decimals: a bound of 0.02 may sit beside either word
         bound = float(match["bound"])
