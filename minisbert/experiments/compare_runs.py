@@ -10,8 +10,8 @@ A claim that sets two runs against each other ("3 epochs improve on 2", "margin 
 needs its own test: the two runs' tables side by side say nothing about the difference between them.
 Every trained model the two results.json files both hold (the untrained controls are the same in
 both runs), or each FIRST:SECOND of --pairs, is tested as
-first - second on --metric: the mean difference, its 95% interval and p from the two-level bootstrap
-(seeds, then queries; verdicts.py), Holm-adjusted over the pairs, with the equivalence test at
+first - second on --metric: the mean difference, its 95% interval and p from the crossed t over seeds
+and queries (verdicts.py), the p Holm-adjusted over the pairs, with the equivalence test at
 verdicts.NDCG_MARGIN when the metric is NDCG@10; seed i of one is paired with seed i of the other.
 Both runs must have scored the same queries.
 

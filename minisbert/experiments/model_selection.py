@@ -17,8 +17,8 @@ one relevant document (datasets/qa_csv.py). Here each model ranks the test split
 metrics, with trec_eval's definitions (evaluation/metrics.py, definitions="trec") at --k (1 3 5 10 100 by
 default; --definitions st gives sentence-transformers' instead). The best model in each column is in
 bold, and every other candidate is tested against the best one (by NDCG@10) on every metric: the
-difference, its 95% interval and p from a bootstrap that draws the seeds and then the queries
-(verdicts.py), Holm-adjusted over the candidates. A candidate the test cannot tell from the best is not shown to be as good: the
+difference, its 95% interval and p from the crossed t over the seeds and the queries (verdicts.py),
+the p Holm-adjusted over the candidates. A candidate the test cannot tell from the best is not shown to be as good: the
 interval says how much worse it may be, and only an equivalence test at a margin (verdicts.NDCG_MARGIN,
 on NDCG@10) can say that it is within that margin of the best.
 

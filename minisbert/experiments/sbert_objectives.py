@@ -24,10 +24,9 @@ task it was not trained for. Each objective comes with its own data, as in the p
 and training data are confounded: a row says what this objective on this data does, not what the
 objective alone does (only triplet and MNRL share their data).
 
-Every difference from the start model is tested once, by a two-level bootstrap that draws the seeds
-and then the STS-B pairs or the queries (significance.two_level_spearman_draws for the mean over seeds
-of each seed's Spearman difference, significance.two_level_draws for NDCG@10; verdicts.py),
-Holm-adjusted over the objectives; --seeds N trains each objective N times.
+Every difference from the start model is tested once, over the seeds and the STS-B pairs or the
+queries together (significance.spearman_crossed for the mean over seeds of each seed's Spearman
+difference, significance.crossed_t for NDCG@10; verdicts.py), the p Holm-adjusted over the objectives; --seeds N trains each objective N times.
 
 Writes to OUTPUT (runner.py describes the folder): results.md (the table), results.json.
 Checked in tests/experiments/test_experiments.py.
@@ -158,7 +157,7 @@ def claims(results: dict, gold: np.ndarray) -> dict:
 def spearman_claim(a: dict, b: dict, gold: np.ndarray) -> dict:
     """The Spearman difference a - b on STS-B. The inference ("two_level"): the mean over the seeds of
     each seed's own Spearman difference (seed i against seed i, or against b's one network), with
-    significance.two_level_spearman_draws (SPEARMAN_RESAMPLES draws of seeds, then pairs). Beside it,
+    significance.spearman_crossed (the seeds' part, and the pairs' part from SPEARMAN_RESAMPLES draws). Beside it,
     conditional: significance.spearman_difference of the cosines averaged over the seeds (an ensemble of
     the seeds: the networks held fixed), and the seeds' own differences with the t over them."""
     test = significance.spearman_difference(a["sts_cosine"], b["sts_cosine"], gold,
@@ -171,9 +170,8 @@ def spearman_claim(a: dict, b: dict, gold: np.ndarray) -> dict:
         raise ValueError(f"cannot pair {len(ours)} seeds with {len(theirs)}: give both models the same seeds")
     rows = max(len(ours), len(theirs))
     ours, theirs = (np.repeat(x, rows, axis=0) if len(x) == 1 else x for x in (ours, theirs))
-    draws = significance.two_level_spearman_draws(ours, theirs, gold, verdicts.SPEARMAN_RESAMPLES, seed=0)
-    observed = float(np.mean([spearman(x, gold) - spearman(y, gold) for x, y in zip(ours, theirs)]))
-    test["two_level"] = {**significance.two_level(draws, observed), "seeds": rows, "queries": len(gold), "draws": draws}
+    test["two_level"] = {**significance.spearman_crossed(ours, theirs, gold, resamples=verdicts.SPEARMAN_RESAMPLES),
+                         "ci95_error": 0.0}
     if len(a.get("seeds", [])) > 1:
         ours, theirs = verdicts.paired_seeds(a, b, "spearman")
         test["seed_differences"] = [x - y for x, y in zip(ours, theirs)]

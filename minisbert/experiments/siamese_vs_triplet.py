@@ -35,7 +35,7 @@ pairs labelled 1 and 0. The controls share the table: the start model untrained,
 and with euclidean distance (each trained model is tested against the start scored with its own
 measure), and BM25.
 
-Every claim is tested once, by a bootstrap that draws the seeds and then the queries (verdicts.py):
+Every claim is tested once, by the crossed t over the seeds and the queries (verdicts.py):
 each trained model against the start model, and the cosine against the euclidean network of each
 architecture, with --seeds N training every model N times.
 

@@ -136,8 +136,8 @@ def report(s, trained: list, about: str, results: dict, tests: dict, num_queries
              for name, label, *_ in trained]),
         finding(trained, results, tests),
         "",
-        "**Equivalence margin**: " + verdicts.MARGIN_REASON + ". A network whose equivalence test (the two-level "
-        f"bootstrap's, Holm-adjusted) puts its difference within ±{verdicts.NDCG_MARGIN:g} is called equivalent; one whose "
+        "**Equivalence margin**: " + verdicts.MARGIN_REASON + ". A network whose equivalence test (the crossed "
+        f"t's, Holm-adjusted) puts its difference within ±{verdicts.NDCG_MARGIN:g} is called equivalent; one whose "
         "tests can tell neither way is called not detectable, with its interval; \"bound\" is the smallest margin at "
         "which the same adjusted equivalence test would hold. " + margin_record,
         "",

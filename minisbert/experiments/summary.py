@@ -141,8 +141,9 @@ def section(studies: Path = STUDIES) -> str:
     intro = (
         "Every study takes `--quick`, `--data`, `--model`, `--output DIR`, `--device` and `--seeds N`, resumes with the "
         "same `--output`, and writes `results.md`, `results.json` and figures.\n\n"
-        "Each comparison is tested once, by a two-level bootstrap that draws the seeds (" + seed_counts(studies) + ") and "
-        "then the queries (minisbert/evaluation/significance.py). Its p is Holm-adjusted within its family; its interval "
+        "Each comparison is tested once, by a t over the seeds (" + seed_counts(studies) + ") and the queries together, "
+        "each part of its variance at its own degrees of freedom, so that its 95% interval covers with five seeds "
+        "(minisbert/evaluation/significance.py, crossed_t). Its p is Holm-adjusted within its family; its interval "
         f"is not. A p above {verdicts.ALPHA:g} is \"not detectable\". Only an equivalence test at {verdicts.NDCG_MARGIN:g} "
         "NDCG@10 may call two models equivalent. " + margin_sentence(studies) + " The committed runs start from "
         "all-MiniLM-L6-v2, already a sentence encoder; the papers fine-tune raw DistilBERT or RoBERTa. Each write-up "

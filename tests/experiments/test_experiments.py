@@ -157,18 +157,20 @@ def test_each_difference_in_the_report_is_the_test_of_the_per_query_scores(svt_r
         assert {k: test[k] for k in expected} == expected  # the conditional per-query figures
         assert test["p_holm"] >= expected["p_randomization"]
         assert test["p_equivalence_holm"] >= expected["p_equivalence"]
-        # The inference: the two-level draws of the seeds x queries table (one seed here: the queries alone).
+        # The inference: the crossed t of the seeds x queries table (one seed here: the paired t over queries).
         first, second = (np.array(list(m["per_query"]["ndcg@10"].values())) for m in (models[name], start))
-        draws = significance.two_level_draws((first - second)[None], verdicts.RESAMPLES, seed=0)
+        crossed = significance.crossed_t((first - second)[None], verdicts.NDCG_MARGIN)
         inference = test["two_level"]
-        assert inference["ci95"] == np.quantile(draws, [0.025, 0.975]).tolist()
-        assert inference["p_holm"] >= inference["p"] == significance.bootstrap_p(draws)
-        # The bound is where the same Holm-adjusted equivalence test turns: it holds just above, not at it.
+        assert inference["ci95"] == crossed["ci95"]
+        assert inference["p_holm"] >= inference["p"] == crossed["p"]
+        # The bound is where the same Holm-adjusted equivalence test turns: it holds at the bound and not
+        # 1e-9 below it (the bisection stops within 1e-10).
         others = [t["two_level"]["p_equivalence"] for other, t in tests["against_start"].items()
                   if other != name and not t.get("identical") and "same_as" not in t]
         def holds(margin):
-            return significance.holm([significance.bootstrap_equivalence_p(draws, margin)] + others)[0] < verdicts.ALPHA
-        assert holds(np.nextafter(inference["bound"], 1)) and (inference["bound"] == 0 or not holds(inference["bound"]))
+            p_equivalence = significance.crossed_t((first - second)[None], margin)["p_equivalence"]
+            return significance.holm([p_equivalence] + others)[0] < verdicts.ALPHA
+        assert holds(inference["bound"]) and not holds(inference["bound"] - 1e-9)
     # The verdict sentences quote the tests.
     report = (output / "results.md").read_text()
     siamese = tests["measures"]["Siamese network"]
