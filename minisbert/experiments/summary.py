@@ -69,11 +69,15 @@ def comparison_row(test: dict, first: str, second: str) -> list:
 
 def family_row(tests: dict, first: str, second: str) -> list:
     """One row for a family of checks against a baseline: how many comparisons say what, naming the
-    detected ones, and the range of the differences (each interval is in the write-up)."""
-    said = {}
+    detected ones (one network under two names, "a = b", once), and the range of the differences (each
+    interval is in the write-up)."""
+    said, names = {}, list(tests)
     for name, test in tests.items():
+        if "same_as" in test:  # one network under two names (verdicts.family counts it once): said once
+            continue
+        twins = [other for other in names if tests[other].get("same_as") == names.index(name)]
         cell = comparison_row(test, first, second)[0]
-        said.setdefault(cell, []).append(name)
+        said.setdefault(cell, []).append(" = ".join([name, *twins]))
     plural = {word: word.replace("prefers ", "prefer ") if len(names) > 1 else word for word, names in said.items()}
     verdict = "; ".join(f"{len(names)} {plural[word]}" + ("" if word == "not detectable" else f" ({', '.join(names)})")
                         for word, names in sorted(said.items(), key=lambda item: -len(item[1])))
@@ -87,9 +91,9 @@ def claims_row(rows: list) -> list:
     labels = [row[4] for row in rows]
     if not rows or labels.count(runner.NOT_COMPARABLE) == len(rows):
         return ["none can be set beside this run (the write-up's table says why)", "", ""]
-    counts = ", ".join(f"{labels.count(label)} {label}" for label in (runner.AGREES, runner.DISAGREES,
-                                                                      runner.NOT_COMPARABLE) if labels.count(label))
-    return [counts, "", ""]
+    said = [f"{label} ({labels.count(label)}): " + "; ".join(row[0] for row in rows if row[4] == label)
+            for label in (runner.AGREES, runner.DISAGREES, runner.NOT_COMPARABLE) if labels.count(label)]
+    return [". ".join(said), "", ""]
 
 
 def section(studies: Path = STUDIES) -> str:
@@ -111,9 +115,12 @@ def section(studies: Path = STUDIES) -> str:
                  *family_row(svt["tests"]["against_start"], "trained", "start")])
     rows.append([study, f"3 epochs - 2, each network ({len(epochs['tests'])})",
                  *family_row({pair.split(":")[0]: test for pair, test in epochs["tests"].items()}, "3 epochs", "2 epochs")])
-    rows.append([study, "the paper's claims", *claims_row(siamese_vs_triplet_report.paper_claims(
-        siamese_vs_triplet.networks(svt["settings"]["margins"]), models, svt["tests"],
-        read_json(studies / "siamese-vs-triplet" / "run.json")))])
+    paper = read_json(studies / "siamese-vs-triplet" / "epochs-3" / "results.json")  # the paper's 3 epochs decide
+    rows.append([study, "the paper's claims (at its 3 epochs: the epochs-3 run)", *claims_row(
+        siamese_vs_triplet_report.paper_claims(siamese_vs_triplet.networks(paper["settings"]["margins"]),
+                                               paper["models"], paper["tests"],
+                                               read_json(studies / "siamese-vs-triplet" / "epochs-3" / "run.json"),
+                                               paper["settings"]["epochs"]))])
     study = "Embedding size"  # Bagge et al., SRoBERTa
     for dim, test in size["tests"]["against_base"].items():
         rows.append([study, f"D = {dim} - the base model", *comparison_row(test, f"D = {dim}", "base")])
@@ -145,7 +152,8 @@ def section(studies: Path = STUDIES) -> str:
         "each part of its variance at its own degrees of freedom, so that its 95% interval covers with five seeds "
         "(minisbert/evaluation/significance.py, crossed_t). Its p is Holm-adjusted within its family; its interval "
         f"is not. A p above {verdicts.ALPHA:g} is \"not detectable\". Only an equivalence test at {verdicts.NDCG_MARGIN:g} "
-        "NDCG@10 may call two models equivalent. " + margin_sentence(studies) + " The committed runs start from "
+        "NDCG@10 may call two models equivalent. Two names joined by \"=\" are one network, tested once (the write-up "
+        "says why). " + margin_sentence(studies) + " The committed runs start from "
         "all-MiniLM-L6-v2, already a sentence encoder; the papers fine-tune raw DistilBERT or RoBERTa. Each write-up "
         "names its machines, the per-seed and per-query figures, and the equivalence tests. The studies: Siamese vs. "
         "Triplet (Rygaard et al., \"Distance Dilemma\"); embedding size (Bagge et al., SRoBERTa); SBERT's objectives "
