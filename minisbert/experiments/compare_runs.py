@@ -102,15 +102,23 @@ def report(args, first: dict, second: dict, pairs: list, tests: list) -> str:
         "",
         machine_pairs(args, pairs),
         "",
+        *[f"- {name}: {records.about_line(run_record(folder))}" for name, folder in zip(args.names, (args.first, args.second))],
+        "",
         runner.markdown_table(["model", f"{label}, {one}", f"{label}, {other}", "difference"], rows),
         *[f"- {a if a == b else f'{a} against {b}'}: {verdicts.verdict(test, label, one, other, 'p_holm')}."
           for (a, b), test in zip(pairs, tests)],
         "",
         *([f"**Equivalence margin**: {verdicts.MARGIN_REASON}; \"bound\" is the smallest margin at which the "
            "same adjusted equivalence test would hold.", "",
-           *[f"- {name}: {records.margin_record(read_json(folder / 'run.json') if (folder / 'run.json').is_file() else {})}"
+           *[f"- {name}: {records.margin_record(run_record(folder))}"
              for name, folder in zip(args.names, (args.first, args.second))], ""] if args.metric == "ndcg@10" else []),
     ])
+
+
+def run_record(folder) -> dict:
+    """The run's run.json (its machines, notes and margin), or {} where it has none."""
+    path = Path(folder) / "run.json"
+    return read_json(path) if path.is_file() else {}
 
 
 def machine_pairs(args, pairs: list) -> str:
@@ -121,8 +129,7 @@ def machine_pairs(args, pairs: list) -> str:
     for folder in (args.first, args.second):
         models = Path(folder) / "models"
         entries = sorted(path.name for path in models.iterdir() if path.is_dir()) if models.is_dir() else []
-        made.append(records.made_on(read_json(Path(folder) / "run.json") if (Path(folder) / "run.json").is_file()
-                                    else {}, entries))
+        made.append(records.made_on(run_record(folder), entries))
     counts = {}
     for a, b in pairs:
         ours, theirs = (sorted((e for e in found if e.startswith(f"{name}-seed")),
