@@ -128,7 +128,7 @@ def report(s, about: str, results: dict, tests: dict, speed: dict, num_documents
         "",
         "Figure: dims.png (left: each trained D and each untrained projection against the untrained start model, "
         "each trained D against the base model (paired), with their 95% intervals, each seed's own difference beside "
-        f"its mean, and the ±{verdicts.NDCG_MARGIN:g} margin; right: search speed against D).",
+        f"its mean, and the equivalence margin, {verdicts.NDCG_MARGIN:g} either side of 0; right: search speed against D).",
         "",
     ]
     return "\n".join(lines)

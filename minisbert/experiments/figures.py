@@ -134,7 +134,7 @@ def dims_figure(path: Path, dims: list, results: dict, tests: dict, speed: dict,
     left.axhspan(*base.get("ci95", [0.0, 0.0]), color="tab:green", alpha=0.15)
     left.axhline(0, color="grey", linestyle=":", linewidth=1.5, label="start model, untrained")
     if margin:
-        left.axhspan(-margin, margin, color="grey", alpha=0.15, label=f"±{margin:g} equivalence margin")
+        left.axhspan(-margin, margin, color="grey", alpha=0.15, label=f"equivalence margin {margin:g} either side of 0")
     left.set_title(f"{label} differences; bars and band: 95% intervals (unadjusted),\n"
                    "small dots beside each marker: each seed's own difference", fontsize="medium")
     left.set_ylabel(f"{label} difference")
@@ -183,6 +183,6 @@ def differences(path: Path, tests: dict, xlabel: str, margin: float | None = Non
     ax.set_title(("dot filled: Holm-adjusted p < 0.05;\nhollow: not detectable after the adjustment;\n"
                   if adjusted else "dot filled: p < 0.05, hollow: not detectable;\n")
                  + "bar: the 95% interval, not adjusted; small dots below: each seed"
-                 + (f";\ngrey band: the ±{margin:g} equivalence margin" if margin else ""), fontsize="small")
+                 + (f";\ngrey band: the equivalence margin, {margin:g} either side of 0" if margin else ""), fontsize="small")
     ax.grid(alpha=0.3, axis="x")
     _save(fig, path)

@@ -188,7 +188,7 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
         runner.markdown_table(header, rows),
         f"Best by NDCG@10: **{best_model}**. Each other candidate against it (difference, 95% interval and p, "
         "Holm-adjusted over the candidates; every metric@k is in results.json; equivalence within "
-        f"±{verdicts.NDCG_MARGIN:g} on NDCG@10 only). "
+        f"{verdicts.NDCG_MARGIN:g} on NDCG@10 only). "
         + verdicts.method_text([t for family in tests.values() for t in family.values()]),
         "",
         *sentences,

@@ -86,13 +86,13 @@ def margin_record(run: dict) -> str:
     before = [record for record in records if "margin" not in record]
     if before and len(before) == len(records):
         return (f"This run predates the margin's record: its run.json records no margin, so nothing shows that "
-                f"±{verdicts.NDCG_MARGIN:g} was chosen before the run, and its equivalence tests were computed "
+                f"the margin {verdicts.NDCG_MARGIN:g} was chosen before the run, and its equivalence tests were computed "
                 "afterwards from the stored per-query scores (--report-only).")
     if before:
         return ("Part of this run predates the margin's record: run.json records no margin for "
                 + "; ".join(f"the run of {record.get('date', 'an unrecorded date')} ({made_by(record)})"
                             for record in before)
-                + f", so nothing shows that ±{verdicts.NDCG_MARGIN:g} was chosen before those models were made, and "
+                + f", so nothing shows that the margin {verdicts.NDCG_MARGIN:g} was chosen before those models were made, and "
                 "the equivalence tests were computed afterwards from the stored per-query scores. "
                 + _margin_in_force([record for record in records if "margin" in record]))
     return _margin_in_force(records)
@@ -102,13 +102,13 @@ def _margin_in_force(records: list) -> str:
     said = []
     for record in records:
         code = record.get("code") or {}
-        said.append(f"±{record['margin']:g} (code {code.get('commit', 'not recorded')[:12]}"
+        said.append(f"{record['margin']:g} (code {code.get('commit', 'not recorded')[:12]}"
                     + (", with uncommitted changes" if code.get("uncommitted_changes") else "")
                     + (f"; {made_by(record)}" if len(records) > 1 else "") + ")")
     text = ("The run's run.json records the margin in force when it made its models: " if len(records) == 1
             else "run.json records the margin in force when each later run made its models: ") + "; ".join(said) + "."
     if any(record["margin"] != verdicts.NDCG_MARGIN for record in records):
-        text += f" The tests here use ±{verdicts.NDCG_MARGIN:g}, set after the run."
+        text += f" The tests here use the margin {verdicts.NDCG_MARGIN:g}, set after the run."
     return text
 
 

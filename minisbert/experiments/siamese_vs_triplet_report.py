@@ -138,7 +138,7 @@ def report(s, trained: list, about: str, results: dict, tests: dict, num_queries
         finding(trained, results, tests),
         "",
         "**Equivalence margin**: " + verdicts.MARGIN_REASON + ". A network whose equivalence test (the crossed "
-        f"t's, Holm-adjusted) puts its difference within ±{verdicts.NDCG_MARGIN:g} is called equivalent; one whose "
+        f"t's, Holm-adjusted) puts its difference within {verdicts.NDCG_MARGIN:g} of 0 is called equivalent; one whose "
         "tests can tell neither way is called not detectable, with its interval; \"bound\" is the smallest margin at "
         "which the same adjusted equivalence test would hold. " + margin_record,
         "",
@@ -153,8 +153,8 @@ def report(s, trained: list, about: str, results: dict, tests: dict, num_queries
         "Figures: loss.png (training loss per step, first seed; Siamese on a log scale, Triplet on a linear one), "
         "pca.png (PCA of the normalised test-triplet embeddings, five triplets, first seed), differences.png (each "
         "network's NDCG@10 difference from the start model: the bar the 95% interval over seeds and queries, the dot filled "
-        f"where the Holm-adjusted p is below 0.05, each seed's own difference below it, the ±{verdicts.NDCG_MARGIN:g} "
-        "margin as a grey band).",
+        f"where the Holm-adjusted p is below 0.05, each seed's own difference below it, the equivalence margin "
+        f"({verdicts.NDCG_MARGIN:g} either side of 0) as a grey band).",
         "",
     ]
     return "\n".join(lines)

@@ -240,15 +240,16 @@ def scaled_error(error: float, p: float, adjusted: float) -> float:
 
 def p_text(p: float, error: float = 0.0, threshold: float = ALPHA) -> str:
     """"p = 0.034", "p < 0.001", or with its Monte Carlo error where the p lies within SHOWN_WITHIN
-    errors of the threshold: "p = 0.048 ± 0.002"."""
+    errors of the threshold: "p = 0.048 (Monte Carlo error 0.002)". In the documents ± is kept for one
+    thing, the standard deviation over the seeds."""
     said = "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
-    return said + (f" ± {error:.3f}" if error and abs(p - threshold) < SHOWN_WITHIN * error else "")
+    return said + (f" (Monte Carlo error {error:.3f})" if error and abs(p - threshold) < SHOWN_WITHIN * error else "")
 
 
 def end_text(value: float, error: float) -> str:
     """An interval's end, "+0.0123", with its Monte Carlo error where the end lies within SHOWN_WITHIN
-    errors of 0 (where a redraw could move it across): "-0.0001 ± 0.0004"."""
-    return f"{value:+.4f}" + (f" ± {error:.4f}" if error and abs(value) < SHOWN_WITHIN * error else "")
+    errors of 0 (where a redraw could move it across): "-0.0001 (Monte Carlo error 0.0004)"."""
+    return f"{value:+.4f}" + (f" (Monte Carlo error {error:.4f})" if error and abs(value) < SHOWN_WITHIN * error else "")
 
 
 def interval_text(test: dict) -> str:
@@ -294,18 +295,18 @@ def said(result: tuple, first: str, second: str, margin) -> str:
     word, sign = result
     if word == "prefers":
         return f"prefers {first if sign > 0 else second}"
-    return f"equivalent within ±{margin:g}" if word == "equivalent" else word
+    return f"equivalent (margin {margin:g})" if word == "equivalent" else word
 
 
 def figures_text(test: dict, p_key: str = "p_holm") -> str:
-    """"+0.0123 [+0.0031, +0.0215], p = 0.008; equivalence p = 0.300, bound ±0.0262": the inference's
+    """"+0.0123 [+0.0031, +0.0215], p = 0.008; equivalence p = 0.300, bound 0.0262": the inference's
     difference, 95% interval, p and (with a margin) equivalence p and bound."""
     inference = test["two_level"]
     text = f"{inference['difference']:+.4f} {interval_text(inference)}, {p_text(*_p(test, p_key))}"
     if "p_equivalence" in inference:
         text += f"; equivalence {p_text(*_p_equivalence(test, p_key))}"
         if "bound" in inference:
-            text += f", bound ±{inference['bound']:.4f}"
+            text += f", bound {inference['bound']:.4f}"
     return text
 
 
@@ -362,7 +363,8 @@ def method_text(tests: list) -> str:
         "seeds' part, a queries' part and their interaction in its variance, each taken at its own degrees of freedom "
         "(4 for five seeds), so that the interval covers with the seeds there are. From it come the 95% interval "
         "(unadjusted), the p of a zero difference and, with a margin, the equivalence p (two one-sided tests; "
-        f"equivalent when the 90% interval lies inside ±margin), each p Holm-adjusted within its family; \"bound\" is "
+        f"equivalent when the 90% interval lies inside the margin either side of 0), each p Holm-adjusted within its "
+        "family; \"bound\" is "
         f"the smallest margin at which the same adjusted equivalence test would hold. A p below {ALPHA:g} decides; "
         "nothing else does. Its numbers are exact; a Spearman difference's pairs' part is drawn (" + (
             " or ".join(f"{count:,}" for count in draws) if draws else "no") + " draws), and the largest Monte Carlo "
@@ -382,7 +384,7 @@ def plotted(test: dict) -> dict:
 
 
 def brief(test: dict, first: str, second: str) -> str:
-    """"prefers X (+0.0123 [+0.0040, +0.0210], p < 0.001; equivalence p = 0.300, bound ±0.0262)": the
+    """"prefers X (+0.0123 [+0.0040, +0.0210], p < 0.001; equivalence p = 0.300, bound 0.0262)": the
     verdict of the one inference (Holm-adjusted) and figures_text; "identical (not tested)" for identical models."""
     if test.get("identical"):
         return "identical (not tested)"
