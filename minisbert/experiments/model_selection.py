@@ -108,12 +108,26 @@ def main(argv=None):
     # The best model by NDCG@10, and every other one tested against it on every metric.
     keys = [f"{key}@{k}" for _, key in COLUMNS for k in s.k]
     best_model = max(results, key=lambda name: results[name]["scores"][BEST_BY])
-    others = [name for name in results if name != best_model]
-    tests = {key: dict(zip(others, verdicts.family([
-        verdicts.claim(results[name], results[best_model], key, verdicts.NDCG_MARGIN if key == BEST_BY else None)
-        for name in others]))) for key in keys} if others else {}
+    tests = claims(results, best_model, keys)
     study.write_results({"settings": vars(s), "models": results, "best": best_model, "tests": tests},
                         report(s, study.about(), results, tests, best_model, keys, test, study.margin_record()))
+
+
+def claims(results: dict, best_model: str, keys: list) -> dict:
+    """{metric: {candidate: its test against the best}} for every metric of `keys`, each family Holm-adjusted
+    over the candidates. A metric equal to one tested already on every query of every model (NDCG@1 and
+    Precision@1 where relevance is binary) is that result again: tested once, under the first
+    ({"tested_in": it})."""
+    others = [name for name in results if name != best_model]
+    tests = {}
+    for key in keys if others else []:
+        same = next((earlier for earlier in tests if all(verdicts.per_seed(results[name], key) ==
+                                                         verdicts.per_seed(results[name], earlier) for name in results)),
+                    None)
+        tests[key] = {name: {"tested_in": same} for name in others} if same else dict(zip(others, verdicts.family([
+            verdicts.claim(results[name], results[best_model], key, verdicts.NDCG_MARGIN if key == BEST_BY else None)
+            for name in others])))
+    return tests
 
 
 def trained_candidates(s, args, study: runner.Study, test) -> dict:
@@ -189,7 +203,8 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
         f"Best by NDCG@10: **{best_model}**. Each other candidate against it (difference, 95% interval and p, "
         "Holm-adjusted over the candidates; every metric@k is in results.json; equivalence within "
         f"{verdicts.NDCG_MARGIN:g} on NDCG@10 only). "
-        + verdicts.method_text([t for family in tests.values() for t in family.values()]),
+        + verdicts.method_text([t for family in tests.values() for t in family.values() if "tested_in" not in t])
+        + same_metrics(tests),
         "",
         *sentences,
         "",
@@ -206,6 +221,14 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
         "",
         deviations(s),
     ])
+
+
+def same_metrics(tests: dict) -> str:
+    """" Precision@1 equals NDCG@1 on every query of every model here: tested once, as NDCG@1.", or ""."""
+    pairs = {key: next(iter(family.values()))["tested_in"] for key, family in tests.items()
+             if "tested_in" in next(iter(family.values()), {})}
+    return "".join(f" {key} equals {earlier} on every query of every model here: tested once, as {earlier}."
+                   for key, earlier in pairs.items())
 
 
 def deviations(s) -> str:

@@ -232,12 +232,8 @@ def recomputed_tests(folder) -> dict:
     if experiment == "embedding-size":
         return embedding_size.claims(settings, results["models"])
     if experiment == "model-selection":
-        models, best = results["models"], results["best"]
         keys = [f"{key}@{k}" for _, key in model_selection.COLUMNS for k in settings.k]
-        others = [name for name in models if name != best]
-        return {key: dict(zip(others, verdicts.family([
-            verdicts.claim(models[name], models[best], key, verdicts.NDCG_MARGIN if key == model_selection.BEST_BY
-                           else None) for name in others]))) for key in keys}
+        return model_selection.claims(results["models"], results["best"], keys)
     try:  # sbert-objectives: its Spearman tests need STS-B's gold scores, which results.json does not hold
         sts_test = datasets.load_stsb("test", folder=sbert_objectives.named_or_folder(settings.stsb, "stsb"))
     except (OSError, ValueError) as error:
