@@ -257,6 +257,17 @@ def paper_claims(trained: list, results: dict, tests: dict, run: dict, epochs: i
         rows.append(["its two best networks, Siamese cosine and Triplet euclidean (margin 5), perform on par", "4.1",
                      "no figure", verdicts.brief(tests["on_par"], "Siamese cosine", "Triplet euclidean"),
                      runner.AGREES if word[0] == "equivalent" else runner.DISAGREES])
+    small, paper = "triplet-cosine-margin1", f"triplet-cosine-margin{PAPER_MARGIN:g}"
+    if small in ndcg and paper in ndcg:
+        shifts = [shift for name, other, shift in same_networks(trained, results) if {name, other} == {small, paper}]
+        rows.append([f"the Triplet cosine network trained with ε = 1 performs similarly to ε = {PAPER_MARGIN:g}", "4.1",
+                     "no figure (\"similar performance\")",
+                     f"{labels[small]}: {ndcg[small]:.4f}; {labels[paper]}: {ndcg[paper]:.4f}; " + (
+                         "one network: its NDCG@10 equal on every query in every seed" + (
+                             " (every step's loss the margins' difference apart: the hinge never reached 0, so the "
+                             "margin did not change the gradient)" if shifts[0] is not None else "")
+                         if shifts else "no test of the two against each other here"),
+                     runner.AGREES if shifts else runner.NOT_COMPARABLE])
     order = sorted(ndcg, key=ndcg.get, reverse=True)
     cosine_triplets = [name for name, _, arch, measure, _ in trained if (arch, measure) == ("triplet", "cosine")]
     if cosine_triplets:
