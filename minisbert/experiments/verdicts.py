@@ -325,7 +325,7 @@ def conditional_text(test: dict, p_key: str = "p_holm") -> str:
 
 def verdict(test: dict, label: str, first: str, second: str, p_key: str = "p_holm") -> str:
     """What the inference of (first - second) says: "prefers <first or second>", "equivalent within
-    ±margin" or "not detectable; the 95% interval runs from a to b", with the difference, its interval
+    ±margin" or "not detectable; the unadjusted 95% interval runs from a to b", with the difference, its interval
     over seeds and queries, p (and with a margin the equivalence p and bound) in parentheses, then the
     conditional figures, labelled as deciding nothing."""
     if test.get("identical"):
@@ -336,7 +336,9 @@ def verdict(test: dict, label: str, first: str, second: str, p_key: str = "p_hol
     if result[0] == "not detectable":
         low, high = inference["ci95"]
         error = inference.get("ci95_error", 0.0)
-        return f"not detectable; the 95% interval runs from {end_text(low, error)} to {end_text(high, error)} ({numbers})"
+        adjusted = " after Holm's adjustment" if p_key == "p_holm" else ""
+        return (f"not detectable{adjusted}; the unadjusted 95% interval runs from {end_text(low, error)} to "
+                f"{end_text(high, error)} ({numbers})")
     return f"{said(result, first, second, inference.get('margin'))} ({numbers})"
 
 

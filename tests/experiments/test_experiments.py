@@ -544,7 +544,8 @@ def test_verdicts_say_what_the_tests_can_tell():
     assert verdicts.verdict(outcome(-0.4, 0.001), "NDCG@10", "D = 8", "base", "p_holm").startswith("prefers base (")
     # p above 0.05 and no equivalence test: the interval, never "no difference"
     said = verdicts.verdict(outcome(0.001, 0.8), "NDCG@10", "D = 32", "base", "p_holm")
-    assert said.startswith("not detectable; the 95% interval runs from -0.0090 to +0.0110 (")
+    assert said.startswith("not detectable after Holm's adjustment; the unadjusted 95% interval runs from -0.0090 to "
+                           "+0.0110 (")
     # p above 0.05 and the equivalence test passes: equivalent within the margin
     said = verdicts.verdict(outcome(0.001, 0.8, 0.01), "NDCG@10", "D = 32", "base", "p_holm")
     assert said.startswith("equivalent (margin 0.02) (") and "equivalence p = 0.010, bound 0.0150;" in said
@@ -555,7 +556,8 @@ def test_verdicts_say_what_the_tests_can_tell():
              "against_projection": {"8": outcome(0.0, 0.9), "32": outcome(0.0, 0.9)},
              "against_base": {"8": outcome(-0.4, 0.001), "32": outcome(0.001, 0.8)}}
     summary = embedding_size_report.training_summary(tests, [8, 32])
-    assert "- D = 32 against the base: not detectable; the 95% interval runs from -0.0090 to +0.0110" in summary
+    assert ("- D = 32 against the base: not detectable after Holm's adjustment; the unadjusted 95% interval runs "
+            "from -0.0090 to +0.0110") in summary
     assert "- D = 8 against the base: prefers base (" in summary
 
 
