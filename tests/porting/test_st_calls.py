@@ -222,6 +222,9 @@ def test_prompts_are_saved_and_read_back(tmp_path):
 
 
 def test_util_matches_sentence_transformers(st):
+    from minisbert import util as ported  # sentence-transformers' `from sentence_transformers import util`, ported
+
+    assert ported is util
     tensors, facts = st
     queries, corpus = tensors["full"][:2], tensors["full"][2:]
     found = util.semantic_search(queries, corpus, top_k=3)
