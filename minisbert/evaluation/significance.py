@@ -328,13 +328,14 @@ def crossed_t(differences, margin: float | None = None, level: float = 0.95) -> 
     square has its own degrees of freedom (S - 1, Q - 1, (S - 1)(Q - 1)), and with 5 seeds the seeds'
     is 4: a normal quantile covers well below 95% where the seeds dominate, as does a two-level
     bootstrap (seeds, then queries, drawn with replacement: A. B. Owen, "The pigeonhole bootstrap",
-    Annals of Applied Statistics 1, 2007), whose variance holds about (S - 1)/S of the seeds' part. So each component is
-    scaled by its own Student's t quantile: the one-sided reach at level α is
+    Annals of Applied Statistics 1, 2007), whose variance holds about (S - 1)/S of the seeds' part.
+    So each component is scaled by its own Student's t quantile: the one-sided reach at level α is
         r(α) = sqrt(Σ c_i M_i t_{df_i}(1 - α)²)
     (signed as t(1 - α) is), the exact t interval of the dominant component where one dominates and
-    wider between. Simulated (20,000 tables each) at 5 and 3 seeds and 300 or 1,379 queries, from seeds
-    to queries dominating, its 95% interval held δ 95.0% to 96.4% of the time, where a normal interval
-    with the two-level bootstrap's variance held it 77.6% to 95.7% (the tests hold it at 94% or more). With S = 1 it is the paired t over the queries.
+    wider between. Simulated (20,000 tables each) at 5 and 3 seeds and 300 or 1,379 queries, from
+    seeds to queries dominating, its 95% interval held δ 95.0% to 96.4% of the time, where a normal
+    interval with the two-level bootstrap's variance held it 77.6% to 95.7% (the tests hold it at 94%
+    or more). With S = 1 it is the paired t over the queries.
 
     Returns "difference", "ci95" (mean ± r((1 - level) / 2)), "p" (two-sided, H0: δ = 0: 2 α where
     r(α) = |mean|), "seeds", "queries", and given a margin "margin" and "p_equivalence" (two one-sided
@@ -467,7 +468,8 @@ def spearman_crossed(x_a, x_b, gold, margin: float | None = None, resamples: int
     mean = float(each.mean())
     result = crossed_inference(mean, seed_parts + [(pair_part, n - 1)], margin)
     spread = math.sqrt(2 / (len(draws) - 1))
-    low, high = (crossed_inference(mean, seed_parts + [(pair_part * (1 + side * spread), n - 1)])["p"] for side in (-1, 1))
+    low, high = (crossed_inference(mean, seed_parts + [(pair_part * (1 + side * spread), n - 1)])["p"]
+                 for side in (-1, 1))
     return result | {"p_error": abs(high - low) / 2, "seeds": seeds, "queries": n, "resamples": len(draws)}
 
 

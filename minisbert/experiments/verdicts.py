@@ -5,8 +5,8 @@ The inference: significance.crossed_t on the seeds x queries table of difference
 seed i, the same queries in every seed), a t inference for a crossed model whose variance has a
 seeds' part, a queries' part and their interaction, each taken at its own degrees of freedom, so
 that with five seeds its interval still covers (simulated: 95.0% to 96.4% for a nominal 95%; the
-two-level bootstrap it replaces held about 4/5 of the seeds' part and covered 86% where the seeds
-dominate). For a Spearman difference, significance.spearman_crossed. From it come the 95% interval,
+two-level bootstrap it replaces holds about 4/5 of the seeds' part, and a normal interval of its
+variance covered 86% where the seeds dominate). For a Spearman difference, significance.spearman_crossed. From it come the 95% interval,
 the p of "no difference" and the p of "a difference of at least NDCG_MARGIN" (two one-sided tests),
 each p Holm-adjusted within its family; the interval is not adjusted, and says so where it is printed.
 A difference is detected when its adjusted p is below ALPHA; it may be called equivalent only when the
