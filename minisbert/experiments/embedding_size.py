@@ -214,7 +214,8 @@ def claims(s, results: dict) -> dict:
     with euclidean distance ("against_start"), each untrained PCA projection against that start
     model ("projection_cost": what the size alone costs), the base model against that start model
     ("base_moved"), and each D against the base model on the paper's own metric, top-1 accuracy
-    ("accuracy_against_base"). A D whose projection is the start model is tested against the start
+    ("accuracy_against_base"), and each D against the next smaller one on it ("accuracy_larger",
+    keyed "larger:smaller"). A D whose projection is the start model is tested against the start
     once; its "against_projection" entry says so ({"tested_in": "against_start"}), and the projection
     family's Holm counts only the projections tested."""
     def each_dim(name: str, other, metric: str = MAIN_METRIC, margin=verdicts.NDCG_MARGIN) -> dict:
@@ -237,6 +238,10 @@ def claims(s, results: dict) -> dict:
         "base_moved": verdicts.family([verdicts.claim(results["base"], results["untrained-euclidean"], MAIN_METRIC,
                                                   verdicts.NDCG_MARGIN)])[0],
         "accuracy_against_base": each_dim("d{dim}", "base", "accuracy@1", None),
+        "accuracy_larger": dict(zip([f"{larger}:{smaller}" for smaller, larger in zip(s.dims, s.dims[1:])],
+                                    verdicts.family([verdicts.claim(results[f"d{larger}"], results[f"d{smaller}"],
+                                                                    "accuracy@1") for smaller, larger in
+                                                     zip(s.dims, s.dims[1:])]))),
     }
 
 

@@ -406,13 +406,25 @@ def deviation_table(rows: list, paper: str = "paper") -> str:
 
 
 CLAIM_HEADER = ["the paper's claim", "section", "the paper's figure", "here", "here, it"]
-AGREES, DISAGREES, NOT_COMPARABLE = "agrees", "disagrees", "not comparable"
+AGREES, DISAGREES, NOT_SHOWN, NOT_COMPARABLE = "agrees", "disagrees", "not shown", "not comparable"
+LABELS = (AGREES, DISAGREES, NOT_SHOWN, NOT_COMPARABLE)
+LABELS_SAID = ("agrees: the test here finds what the paper claims; disagrees: it finds otherwise; not shown: it can "
+               "tell neither way; not comparable: the quantity or the setting differs (the row says which).")
 
 
 def claims_table(rows: list) -> str:
     """The paper's claims beside this run: rows (claim, section, the paper's figure, this run's figure,
-    AGREES / DISAGREES / NOT_COMPARABLE), each made by the study's own `paper_claims` from results.json."""
-    return markdown_table(CLAIM_HEADER, rows)
+    one of LABELS), each made by the study's own `paper_claims` from results.json, and what each label means."""
+    return markdown_table(CLAIM_HEADER, rows) + "\n" + LABELS_SAID + "\n"
+
+
+def preference_label(outcome: tuple, expected: int) -> str:
+    """A claimed preference (expected: the sign of first - second the paper claims) against the test's
+    outcome (verdicts.outcome): found, AGREES; the other way or equivalent, DISAGREES; neither, NOT_SHOWN."""
+    word, sign = outcome
+    if word == "not detectable":
+        return NOT_SHOWN
+    return AGREES if (word, sign) == ("prefers", expected) else DISAGREES
 
 
 def disagreements(rows: list) -> list:

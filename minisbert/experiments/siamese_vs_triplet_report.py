@@ -251,12 +251,13 @@ def paper_claims(trained: list, results: dict, tests: dict, run: dict, epochs: i
             word = verdicts.outcome(test, "p_holm")
             rows.append([claim, section, "no figure in the text (its table is not printed)", f"{network}, cosine - euclidean: "
                          f"{verdicts.brief(test, 'cosine', 'euclidean')}",
-                         runner.AGREES if word == ("prefers", expected) else runner.DISAGREES])
+                         runner.preference_label(word, expected)])
     if "on_par" in tests:
         word = verdicts.outcome(tests["on_par"], "p_holm")
         rows.append(["its two best networks, Siamese cosine and Triplet euclidean (margin 5), perform on par", "4.1",
                      "no figure", verdicts.brief(tests["on_par"], "Siamese cosine", "Triplet euclidean"),
-                     runner.AGREES if word[0] == "equivalent" else runner.DISAGREES])
+                     runner.AGREES if word[0] == "equivalent" else
+                     runner.NOT_SHOWN if word[0] == "not detectable" else runner.DISAGREES])
     small, paper = "triplet-cosine-margin1", f"triplet-cosine-margin{PAPER_MARGIN:g}"
     if small in ndcg and paper in ndcg:
         shifts = [shift for name, other, shift in same_networks(trained, results) if {name, other} == {small, paper}]

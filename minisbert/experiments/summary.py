@@ -92,7 +92,7 @@ def claims_row(rows: list) -> list:
     if not rows or labels.count(runner.NOT_COMPARABLE) == len(rows):
         return ["none can be set beside this run (the write-up's table says why)", "", ""]
     said = [f"{label} ({labels.count(label)}): " + "; ".join(row[0] for row in rows if row[4] == label)
-            for label in (runner.AGREES, runner.DISAGREES, runner.NOT_COMPARABLE) if labels.count(label)]
+            for label in runner.LABELS if labels.count(label)]
     return [". ".join(said), "", ""]
 
 
@@ -153,7 +153,7 @@ def section(studies: Path = STUDIES) -> str:
         "(minisbert/evaluation/significance.py, crossed_t). Its p is Holm-adjusted within its family; its interval "
         f"is not. A p above {verdicts.ALPHA:g} is \"not detectable\". Only an equivalence test at {verdicts.NDCG_MARGIN:g} "
         "NDCG@10 may call two models equivalent. Two names joined by \"=\" are one network, tested once (the write-up "
-        "says why). " + margin_sentence(studies) + " The committed runs start from "
+        "says why). The paper's claims, labelled: " + runner.LABELS_SAID + " " + margin_sentence(studies) + " The committed runs start from "
         "all-MiniLM-L6-v2, already a sentence encoder; the papers fine-tune raw DistilBERT or RoBERTa. Each write-up "
         "names its machines, the per-seed and per-query figures, and the equivalence tests. The studies: Siamese vs. "
         "Triplet (Rygaard et al., \"Distance Dilemma\"); embedding size (Bagge et al., SRoBERTa); SBERT's objectives "

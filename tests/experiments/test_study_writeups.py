@@ -248,3 +248,19 @@ def test_the_stored_tests_are_what_the_code_computes_from_the_records(path, monk
     monkeypatch.chdir(REPO)
     stored = json.loads(path.read_text(encoding="utf-8"))["tests"]
     assert json.loads(json.dumps(recomputed_tests(path.parent))) == stored
+
+
+def test_a_claim_is_labelled_by_its_test_and_every_table_uses_the_four_labels():
+    # A claimed preference: found, agrees; found the other way or within the margin, disagrees; a test that
+    # tells neither way shows nothing, so "not shown", never "disagrees".
+    assert runner.preference_label(("prefers", 1), 1) == runner.AGREES
+    assert runner.preference_label(("prefers", -1), 1) == runner.DISAGREES
+    assert runner.preference_label(("equivalent", 0), 1) == runner.DISAGREES
+    assert runner.preference_label(("not detectable", 0), -1) == runner.NOT_SHOWN
+    for path in WRITEUPS:
+        text = path.read_text(encoding="utf-8")
+        if "| the paper's claim |" not in text:
+            continue
+        table = text.split("| the paper's claim |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+        assert table and all(row.rsplit("|", 2)[-2].strip() in runner.LABELS for row in table), path
+        assert runner.LABELS_SAID in text, path
