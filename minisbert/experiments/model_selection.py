@@ -185,7 +185,7 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
     best = {key: max(result["scores"][key] for result in results.values()) for key in keys}
     rows = [[name] + [bold_if(result["scores"][key], best[key]) for key in keys] for name, result in results.items()]
     tested_keys = [f"{key}@10" for _, key in COLUMNS]
-    sentences = [f"- {name} against {best_model}: {verdicts.verdict(tests[BEST_BY][name], 'NDCG@10', name, best_model, 'p_holm')}."
+    sentences = [f"- {name} against {best_model}: {verdicts.verdict(tested(tests, BEST_BY)[name], 'NDCG@10', name, best_model, 'p_holm')}."
                 for name in results if name != best_model]
     return "\n".join([
         "# Model selection",
@@ -209,7 +209,7 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
         *sentences,
         "",
         runner.markdown_table(["model"] + [f"{title}@10 difference from {best_model}" for title, _ in COLUMNS],
-                              [[name] + [verdicts.difference_cell(tests[key][name]) for key in tested_keys]
+                              [[name] + [verdicts.difference_cell(tested(tests, key)[name]) for key in tested_keys]
                                for name in results if name != best_model]) if tests else "",
         f"**Equivalence margin** (NDCG@10): {verdicts.MARGIN_REASON}; \"bound\" is the smallest margin at which the "
         f"same adjusted equivalence test would hold. {margin_record}",
@@ -221,6 +221,13 @@ def report(s, about: str, results: dict, tests: dict, best_model: str, keys: lis
         "",
         deviations(s),
     ])
+
+
+def tested(tests: dict, key: str) -> dict:
+    """{candidate: test} of metric `key`: its own family, or the one it was tested in ({"tested_in": ...})."""
+    family = tests[key]
+    first = next(iter(family.values()), {})
+    return tests[first["tested_in"]] if "tested_in" in first else family
 
 
 def same_metrics(tests: dict) -> str:
