@@ -103,8 +103,9 @@ def two_level_test(a: dict, b: dict, metric: str, margin: float | None = None) -
     table (seed_table), exact ("p_error" and "ci95_error" 0), with "equivalence_p", the equivalence p
     at any margin (kept for family's bound, and removed there)."""
     d = seed_table(per_seed(a, metric), per_seed(b, metric))
-    mean, parts = significance.crossed_parts(d)
-    result = {**significance.crossed_t(d, margin), "p_error": 0.0, "ci95_error": 0.0}
+    mean, parts = significance.crossed_parts(d)  # crossed_t's own two steps, its terms kept for the bound
+    result = {**significance.crossed_inference(mean, parts, margin), "seeds": d.shape[0], "queries": d.shape[1],
+              "p_error": 0.0, "ci95_error": 0.0}
     if margin is not None:
         result["p_equivalence_error"] = 0.0
     return result | {"equivalence_p": lambda m: significance.crossed_inference(mean, parts, m)["p_equivalence"]}
