@@ -143,6 +143,29 @@ def test_one_query_that_cannot_be_screened_is_searched_in_float32(monkeypatch):
     assert merged == []
 
 
+
+@needs_int8
+def test_a_span_that_fails_the_screen_leaves_the_next_span_screened(monkeypatch):
+    # Three spans of 4,032, 16,128 and 64,512 unit rows, scoring 0.1, 0.2 and 0 with the query e0. The
+    # second fails the screen (every row reaches the k-th best of the first); scored in float32, it
+    # raises the k-th best to 0.2, which no row of the third can reach: that span must be screened
+    # (it passes, with no candidate), not skipped by a back-off meant for blocks of equal size.
+    generator = torch.Generator().manual_seed(4)
+    spans = ((4032, 0.1), (16128, 0.2), (64512, 0.0))
+    parts = []
+    for rows, along in spans:
+        rest = torch.nn.functional.normalize(torch.randn(rows, 23, generator=generator), dim=1)
+        parts.append(torch.cat([torch.full((rows, 1), along), rest * (1 - along**2) ** 0.5], dim=1))
+    corpus = torch.cat(parts)
+    prepared = prepare_corpus(corpus, screen=True)
+    merged = screened_spans(monkeypatch)
+    query = torch.eye(24)[:1]
+    scores, indices = search(query, prepared, 10, way="spans, int8")
+    plain_scores, plain_indices = search(query, corpus, 10, way="plain")
+    assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
+    assert len(merged) == 2 and merged[0] is None, "the screen was not tried on the second span and again on the third"
+    assert merged[1] is not None and merged[1][0].numel() == 0
+
 # ---- The int8 blocks of a search of many queries -------------------------------------------------
 
 needs_int8_blocks = pytest.mark.skipif(not int8_blocks.int8_blocks_exact(24),

@@ -10,7 +10,10 @@ float32 one. Every screen implements:
                                            reaches `floor` (Qc,), and the floor; or None
 
 `Screen` wraps one: it rescores the candidates in float32, keeps those above the floor, and after a
-failure (too many candidates) waits before trying again. A screen changes only speed. Where nothing
+failure (too many candidates) waits before trying again, where the chunks are alike (the blocks of
+many queries); spans that grow (a few queries) try it at every span, each larger than the last and
+met with a k-th best no lower, so a wait would skip the most rows just when the screen is likeliest
+to pass. A screen changes only speed. Where nothing
 is kept yet the floor is -inf: a screen of many queries then picks each query's best entries of its
 k best groups, `Screen` scores them, and the lowest makes a floor (`own_floor`).
 """
@@ -37,9 +40,10 @@ class Chunk:
 class Screen:
     """One screen (`Int8Blocks`, `Int8RowsScreen`) with the float32 rescoring beside it (cosine, dot)."""
 
-    def __init__(self, queries: torch.Tensor, approximate):
-        """queries (Q, d) float32 as multiplied (unit rows for cosine); `approximate` the screen."""
-        self.queries, self.approximate = queries, approximate
+    def __init__(self, queries: torch.Tensor, approximate, waits: bool = True):
+        """queries (Q, d) float32 as multiplied (unit rows for cosine); `approximate` the screen;
+        `waits`: after a failure, skip chunks (doubling) before trying again."""
+        self.queries, self.approximate, self.waits = queries, approximate, waits
         # Per query chunk (keyed by its first row): failures in a row, and blocks to wait (doubling).
         self.failures: dict[int, int] = {}
         self.wait: dict[int, int] = {}
@@ -66,7 +70,7 @@ class Screen:
             return None
         if found is None:
             self.failures[rows.start] = self.failures.get(rows.start, 0) + 1
-            self.wait[rows.start] = 2 ** self.failures[rows.start] - 1
+            self.wait[rows.start] = 2 ** self.failures[rows.start] - 1 if self.waits else 0
             return None
         self.failures[rows.start] = 0
         cand_rows, cand_cols, floor = found

@@ -65,7 +65,7 @@ def search_spans(inputs: SearchInputs, screen: bool = False, one_span: bool = Fa
     block_buffer = torch.empty(num_queries * height, device=device)
     product = SpanProduct(queries, height)
     rows_screen = Int8RowsScreen(queries, height) if screen else None
-    screened = Screen(queries, rows_screen) if screen and rows_screen.usable() else None
+    screened = Screen(queries, rows_screen, waits=False) if screen and rows_screen.usable() else None
     first, reach = None if one_span else FIRST_SPAN_ROWS, 0.0
     for start, rows in _spans(num_docs, span, top_values.shape[1], first, SPAN_GROWTH if screened else None):
         if screened is not None:
