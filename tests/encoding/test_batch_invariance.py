@@ -142,15 +142,17 @@ def test_the_forward_pass_of_one_text_equals_it_in_a_padded_batch(model, texts, 
 
 @pytest.mark.parametrize("dtype, kernel", ways(fast_linear.BACKENDS))
 def test_no_kernel_is_called_with_a_shape_that_depends_on_the_batch(model, texts, dtype, kernel, monkeypatch):
-    """Each product gets whole tiles, aligned, at most STACK_TILES of them a call, and only where this
-    machine's kernel keeps a tile's bits in a stack (else one a call); each attention call gets the
-    number of texts its length decides; the Dense layer is one of the products."""
+    """Each product gets whole tiles (the encoder's tile, or the Dense layer's own), aligned, at most
+    STACK_ROWS rows a call, and more than one tile only where this machine's kernel keeps a tile's bits
+    in a stack for that product (else one a call); each attention call gets the number of texts its
+    length decides; the Dense layer is one of the products."""
     monkeypatch.setenv(fast_linear.BACKEND_VARIABLE, kernel)
     model.encode(texts[:2], dtype=dtype)  # the machine's facts are known before the calls are watched
     products, attention = [], []
     for backend, product in list(fast_linear.PRODUCTS.items()):
         def watched(x, weights, gelu, out, product=product):
-            products.append((x.shape[0], out.shape[0], x.is_contiguous() and x.data_ptr() % 64 == 0, x.shape[1]))
+            products.append((x.shape[0], out.shape[0], x.is_contiguous() and x.data_ptr() % 64 == 0, x.shape[1],
+                             out.shape[1]))
             return product(x, weights, gelu, out)
 
         monkeypatch.setitem(fast_linear.PRODUCTS, backend, watched)
@@ -162,15 +164,33 @@ def test_no_kernel_is_called_with_a_shape_that_depends_on_the_batch(model, texts
     model.encode(texts[:17], batch_size=5, dtype=dtype)  # batches of 5, 5, 5 and 2 texts
     model.encode(many, batch_size=len(many), dtype=dtype)
     model.encode(texts * 4, batch_size=128, dtype=dtype)  # one batch of more rows than a call gets
-    tile = fast_linear.tile_rows(products_of(model), getattr(torch, dtype))
-    assert products and all(rows == written and rows % tile == 0 and aligned and rows <= fast_linear.STACK_ROWS
-                            for rows, written, aligned, _ in products)  # whole tiles in, as many out, aligned
-    stacked = all(fast_linear.keeps_tiles(kernel, layers, gelu, getattr(torch, dtype), tile)
-                  for layers, gelu in products_of(model))
-    calls = {rows for rows, _, _, _ in products}
-    assert max(calls) == (fast_linear.STACK_ROWS if stacked else tile) and (len(calls) > 2 or not stacked)
+    # The encoder's tokens and the Dense layer's texts are tiled apart, each by its own products' facts
+    # (on one CPU kind the Dense layer kept 16-row tiles where a block's products needed 32), and each
+    # product gets stacks of tiles only where its own kernel keeps a tile's bits in one.
+    dtype_ = getattr(torch, dtype)
+    encoder_products = fast_encoder.products(model.encoder.layers[0], model.encoder.config.activation)
+    tile = fast_linear.tile_rows(encoder_products, dtype_)
+    dense_tile = fast_linear.tile_rows([([model.dense.linear], None)], dtype_)
+    shapes = {(layers[0].in_features, sum(layer.out_features for layer in layers)): (layers, gelu, tile)
+              for layers, gelu in encoder_products}  # the test's model: no two products of one shape
+    dense_shape = (model.dense.linear.in_features, model.dense.linear.out_features)
+    shapes[dense_shape] = ([model.dense.linear], None, dense_tile)
+    assert len(shapes) == 5 and products and {(fan_in, out) for *_, fan_in, out in products} == set(shapes)
+    for (fan_in, out), (layers, gelu, its_tile) in shapes.items():
+        calls = [(rows, written, aligned) for rows, written, aligned, i, o in products if (i, o) == (fan_in, out)]
+        keeps = fast_linear.keeps_tiles(kernel, layers, gelu, dtype_, its_tile)
+        assert all(rows == written and rows % its_tile == 0 and aligned and rows <= fast_linear.STACK_ROWS
+                   for rows, written, aligned in calls), (fan_in, out)  # whole tiles in, as many out, aligned
+        sizes = {rows for rows, _, _ in calls}
+        if (fan_in, out) != dense_shape:
+            # A block's product: the batch of 128 texts is cut into stacks of STACK_ROWS, or a tile a call.
+            assert max(sizes) == (fast_linear.STACK_ROWS if keeps else its_tile), (fan_in, out)
+            assert len(sizes) > 2 or not keeps, (fan_in, out)
+        else:
+            assert keeps or sizes == {its_tile}  # the Dense layer: a tile a call unless it keeps them
     width = MINILM_WIDTHS["hidden_size"]
-    assert sum(1 for rows, _, _, fan_in in products if fan_in == width and rows <= 2 * tile) >= 6  # short batches
+    assert sum(1 for rows, _, _, fan_in, out in products
+               if fan_in == width and rows <= 2 * shapes[fan_in, out][2]) >= 6  # short batches
     # Attention: a text alone, or among ATTENTION_TEXTS of its length where the machine's check allows it.
     assert attention and {count for count, _ in attention} <= {1, fast_encoder.ATTENTION_TEXTS}
     heads, head_size = model.encoder.config.num_heads, model.encoder.config.head_size
