@@ -204,7 +204,9 @@ def claims(s, results: dict) -> dict:
     equivalence test at verdicts.NDCG_MARGIN), each family Holm-adjusted: "against_start" (each network
     against the start model scored with its measure), "measures" (per architecture and margin: the
     cosine network against the euclidean one) and, at the paper's margin, "on_par" (Siamese cosine
-    against Triplet euclidean, which the paper finds on par)."""
+    against Triplet euclidean, which the paper finds on par), "preferred" (Siamese cosine against each
+    other network) and "poorest" (each other network against Triplet cosine): the paper's conclusions
+    (section 6), keyed by the other network."""
     trained = networks(s.margins)
     start = {"cosine": results["untrained"], "euclidean": results["untrained-euclidean"]}
     against_start = verdicts.family([verdicts.claim(results[name], start[measure], MAIN_METRIC, verdicts.NDCG_MARGIN)
@@ -221,4 +223,10 @@ def claims(s, results: dict) -> dict:
         tests["on_par"] = verdicts.family([verdicts.claim(results["siamese-cosine"],
                                                           results[f"triplet-euclidean-margin{PAPER_MARGIN:g}"],
                                                           MAIN_METRIC, verdicts.NDCG_MARGIN)])[0]
+        for key, network, first in (("preferred", "siamese-cosine", True),
+                                    ("poorest", f"triplet-cosine-margin{PAPER_MARGIN:g}", False)):
+            others = [name for name, *_ in trained if name != network]
+            tests[key] = dict(zip(others, verdicts.family([verdicts.claim(
+                *((results[network], results[other]) if first else (results[other], results[network])),
+                MAIN_METRIC, verdicts.NDCG_MARGIN) for other in others])))
     return tests

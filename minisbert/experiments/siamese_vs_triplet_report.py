@@ -269,24 +269,14 @@ def paper_claims(trained: list, results: dict, tests: dict, run: dict, epochs: i
                              "margin did not change the gradient)" if shifts[0] is not None else "")
                          if shifts else "no test of the two against each other here"),
                      runner.AGREES if shifts else runner.NOT_COMPARABLE])
-    order = sorted(ndcg, key=ndcg.get, reverse=True)
-    cosine_triplets = [name for name, _, arch, measure, _ in trained if (arch, measure) == ("triplet", "cosine")]
-    if cosine_triplets:
-        paper = f"triplet-cosine-margin{PAPER_MARGIN:g}"
-        poorest = paper in ndcg and all(ndcg[paper] <= ndcg[name] for name, *_ in trained)
-        rows.append(["the Triplet network with cosine similarity shows substantially poorer results than the rest",
-                     "6", "no figure", "; ".join(f"{labels[name]}: {ndcg[name]:.4f}, rank {order.index(name) + 1} of "
-                                                 f"{len(order)} networks by mean NDCG@10" for name in cosine_triplets),
-                     runner.AGREES if poorest else runner.DISAGREES])
-    if "siamese-cosine" in ndcg:
-        test = tests["against_start"]["siamese-cosine"]
-        word = verdicts.outcome(test, "p_holm")
-        above = [labels[name] for name in order[:order.index("siamese-cosine")]]
-        rows.append(["\"the Siamese network structure in combination with cosine similarity is to be preferred\"", "6",
-                     "the shortest training of the two best networks",
-                     f"against the start model, {verdicts.brief(test, 'trained', 'start')}; by mean NDCG@10 below "
-                     + (", ".join(above) or "no network"),
-                     runner.AGREES if word == ("prefers", 1) and not above else runner.DISAGREES])
+    for key, network, claim, good in (
+            ("poorest", f"triplet-cosine-margin{PAPER_MARGIN:g}", "the Triplet network with cosine similarity shows substantially poorer results than the rest",
+             {("prefers", 1)}),
+            ("preferred", "siamese-cosine", "\"the Siamese network structure in combination with cosine similarity is to be preferred\"",
+             {("prefers", 1), ("equivalent", 0)})):
+        if key in tests:
+            rows.append([claim, "6", "no figure" if key == "poorest" else "the shortest training of the two best networks",
+                         *family_claim(tests[key], labels, network, key == "poorest", good)])
     ratios = siamese_time_ratios(trained, results)
     if ratios is not None:
         timed_alike = not records.paused(run) and " and " not in records.machines(run)
@@ -305,6 +295,24 @@ def paper_claims(trained: list, results: dict, tests: dict, run: dict, epochs: i
         rows = [[claim, section, paper, f"{here}; {epochs} epochs here, {PAPER_EPOCHS} in the paper: decided by "
                  f"the {PAPER_EPOCHS}-epoch run", runner.NOT_COMPARABLE] for claim, section, paper, here, _ in rows]
     return rows
+
+
+def family_claim(tests: dict, labels: dict, network: str, against: bool, good: set) -> list:
+    """This run's cell and the label of a claim about `network` against every other (tests: the other
+    network's name -> the test, the other network first where `against`, else `network`): AGREES where every
+    test finds an outcome in `good`, DISAGREES where one finds another (an identical network, one network
+    under two names, is left out), NOT_SHOWN where some cannot tell."""
+    found = {other: verdicts.outcome(test, "p_holm") for other, test in tests.items()}
+    tested = [word for word in found.values() if word[0] != "identical"]
+    label = (runner.AGREES if all(word in good for word in tested) else
+             runner.DISAGREES if any(word[0] != "not detectable" and word not in good for word in tested) else
+             runner.NOT_SHOWN)
+    cell = "; ".join(f"against {labels[other]}: " + ("identical (one network)" if word[0] == "identical" else
+                                                     verdicts.brief(tests[other], *((labels[other], labels[network])
+                                                                                    if against else
+                                                                                    (labels[network], labels[other]))))
+                     for other, word in found.items())
+    return [f"{MAIN_LABEL}, {labels[network]} against each other network (Holm-adjusted): {cell}", label]
 
 
 def siamese_time_ratios(trained: list, results: dict):

@@ -75,6 +75,20 @@ def claim(a: dict, b: dict, metric: str, margin: float | None = None) -> dict:
     return test
 
 
+def difference_of(model: dict, first: str, second: str) -> dict:
+    """The model with one metric, f"{first} - {second}": each query's value of `first` less its value of
+    `second`, in every run and seed (the means too), so that `claim` tests whether the gap between two
+    models differs between the two metrics: a difference of differences, one inference."""
+    name = f"{first} - {second}"
+
+    def gap(per_query: dict) -> dict:
+        return {query: value - per_query[second][query] for query, value in per_query[first].items()}
+
+    runs = [{"per_query": {name: gap(run["per_query"])}} for run in model.get("runs", []) if "per_query" in run]
+    return {"per_query": {name: gap(model["per_query"])}, "scores": {name: model["scores"][first] - model["scores"][second]},
+            "seeds": [{name: seed[first] - seed[second]} for seed in model.get("seeds", [])], "runs": runs}
+
+
 def per_seed(model: dict, metric: str) -> list:
     """The model's {query id: value} of `metric` in each seed: each run's, where the runs keep them, else
     its own per_query (one network, or a model trained with one seed)."""

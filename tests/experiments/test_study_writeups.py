@@ -9,7 +9,7 @@ What "correct" means for a write-up:
   (minisbert/experiments/summary.py), built from the same results.json files;
 - it never reads "no change" into a test that cannot show one: phrases such as "does not move",
   "costs nothing", "as good" or "no difference" do not occur;
-- every verdict follows from the one inference stored beside it (the two-level bootstrap): its word
+- every verdict follows from the one inference stored beside it (the crossed t): its word
   from its Holm-adjusted p's, which are Holm's adjustment of the family's stored p's; every printed
   equivalence bound lies below the margin exactly where the verdict says "equivalent"; and (slow) the
   stored tests are what the study's own code computes again from the per-seed, per-query records.
@@ -264,3 +264,55 @@ def test_a_claim_is_labelled_by_its_test_and_every_table_uses_the_four_labels():
         table = text.split("| the paper's claim |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
         assert table and all(row.rsplit("|", 2)[-2].strip() in runner.LABELS for row in table), path
         assert runner.LABELS_SAID in text, path
+
+
+def test_a_claim_about_one_network_against_every_other_needs_every_test(monkeypatch):
+    # "Poorest" needs every other network found better; "preferred" every other found worse or within the
+    # margin. One test the other way makes it disagree, one that tells neither way (and none the other
+    # way) leaves it not shown; an identical network (one network under two names) is left out.
+    monkeypatch.setattr(verdicts, "brief", lambda test, first, second: "figures")
+    labels = {name: name.upper() for name in "abcd"}
+
+    def label(outcomes: dict, good: set) -> str:
+        tests = {name: {"identical": True} if word == "identical" else {"word": word}
+                 for name, word in outcomes.items()}
+        monkeypatch.setattr(verdicts, "outcome", lambda test, p_key: ("identical", 0) if test.get("identical")
+                            else test["word"])
+        return siamese_vs_triplet_report.family_claim(tests, labels, "a", True, good)[1]
+
+    better, worse, equivalent, unclear = ("prefers", 1), ("prefers", -1), ("equivalent", 0), ("not detectable", 0)
+    poorest, preferred = {better}, {better, equivalent}
+    assert label({"b": better, "c": better, "d": "identical"}, poorest) == runner.AGREES
+    assert label({"b": better, "c": unclear, "d": better}, poorest) == runner.NOT_SHOWN
+    assert label({"b": better, "c": unclear, "d": equivalent}, poorest) == runner.DISAGREES
+    assert label({"b": worse, "c": better, "d": better}, poorest) == runner.DISAGREES
+    assert label({"b": better, "c": equivalent, "d": "identical"}, preferred) == runner.AGREES
+    assert label({"b": better, "c": unclear, "d": equivalent}, preferred) == runner.NOT_SHOWN
+    assert label({"b": worse, "c": unclear, "d": better}, preferred) == runner.DISAGREES
+
+
+def test_the_gap_between_two_models_is_tested_as_a_difference_of_differences():
+    # difference_of makes each query's accuracy@1 - accuracy@5, in every seed, so the claim's difference is
+    # (top-1 gap) - (top-5 gap) between the two models, averaged over seeds and queries: computed here directly.
+    rng = np.random.default_rng(0)
+    queries = [f"q{i}" for i in range(40)]
+
+    def model():
+        runs = [{"per_query": {metric: dict(zip(queries, rng.integers(0, 2, 40).astype(float).tolist()))
+                               for metric in ("accuracy@1", "accuracy@5")}} for _ in range(3)]
+        mean = {metric: {q: float(np.mean([r["per_query"][metric][q] for r in runs])) for q in queries}
+                for metric in ("accuracy@1", "accuracy@5")}
+        seeds = [{metric: float(np.mean(list(r["per_query"][metric].values()))) for metric in mean} for r in runs]
+        scores = {metric: float(np.mean(list(values.values()))) for metric, values in mean.items()}
+        return {"per_query": mean, "runs": runs, "seeds": seeds, "scores": scores}
+
+    large, small = model(), model()
+    name = embedding_size_report.GAP_METRIC
+    test = verdicts.claim(verdicts.difference_of(large, "accuracy@1", "accuracy@5"),
+                          verdicts.difference_of(small, "accuracy@1", "accuracy@5"), name)
+    per_seed = [[(a["per_query"]["accuracy@1"][q] - b["per_query"]["accuracy@1"][q])
+                 - (a["per_query"]["accuracy@5"][q] - b["per_query"]["accuracy@5"][q]) for q in queries]
+                for a, b in zip(large["runs"], small["runs"])]
+    # Sums of whole numbers are exact in float64 in any order; only a division rounds (2^-53 of the value).
+    assert test["two_level"]["difference"] == pytest.approx(np.mean(per_seed), abs=1e-12)
+    assert test["two_level"]["seeds"] == 3 and test["two_level"]["queries"] == 40
