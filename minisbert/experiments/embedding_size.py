@@ -217,8 +217,8 @@ def claims(s, results: dict) -> dict:
     ("accuracy_against_base"), and each D against the next smaller one on it ("accuracy_larger",
     keyed "larger:smaller"), and the largest D against the smallest on the gap between the two metrics
     the paper reads (top-1 accuracy less top-5 accuracy, "accuracy_gap_shrinks": positive where the
-    two sizes differ less at top 5 than at top 1). A D whose projection is the start model is tested against the start
-    once; its "against_projection" entry says so ({"tested_in": "against_start"}), and the projection
+    two sizes differ less at top 5 than at top 1). A D whose projection is the start model is tested
+    against the start once; its "against_projection" entry says so ({"tested_in": "against_start"}), and the projection
     family's Holm counts only the projections tested."""
     def each_dim(name: str, other, metric: str = MAIN_METRIC, margin=verdicts.NDCG_MARGIN) -> dict:
         return dict(zip(map(str, s.dims), verdicts.family(
@@ -245,8 +245,8 @@ def claims(s, results: dict) -> dict:
                                                                     "accuracy@1") for smaller, larger in
                                                      zip(s.dims, s.dims[1:])]))),
         **({"accuracy_gap_shrinks": verdicts.family([verdicts.claim(
-            *(verdicts.difference_of(results[f"d{dim}"], "accuracy@1", "accuracy@5") for dim in (s.dims[-1], s.dims[0])),
-            GAP_METRIC)])[0]} if len(s.dims) > 1 else {}),
+            *(verdicts.difference_of(results[f"d{dim}"], "accuracy@1", "accuracy@5")
+              for dim in (s.dims[-1], s.dims[0])), GAP_METRIC)])[0]} if len(s.dims) > 1 else {}),
     }
 
 

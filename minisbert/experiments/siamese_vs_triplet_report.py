@@ -269,14 +269,15 @@ def paper_claims(trained: list, results: dict, tests: dict, run: dict, epochs: i
                              "margin did not change the gradient)" if shifts[0] is not None else "")
                          if shifts else "no test of the two against each other here"),
                      runner.AGREES if shifts else runner.NOT_COMPARABLE])
-    for key, network, claim, good in (
-            ("poorest", f"triplet-cosine-margin{PAPER_MARGIN:g}", "the Triplet network with cosine similarity shows substantially poorer results than the rest",
-             {("prefers", 1)}),
-            ("preferred", "siamese-cosine", "\"the Siamese network structure in combination with cosine similarity is to be preferred\"",
-             {("prefers", 1), ("equivalent", 0)})):
+    for key, network, claim, paper, good in (
+            ("poorest", f"triplet-cosine-margin{PAPER_MARGIN:g}",
+             "the Triplet network with cosine similarity shows substantially poorer results than the rest",
+             "no figure", {("prefers", 1)}),
+            ("preferred", "siamese-cosine",
+             "\"the Siamese network structure in combination with cosine similarity is to be preferred\"",
+             "the shortest training of the two best networks", {("prefers", 1), ("equivalent", 0)})):
         if key in tests:
-            rows.append([claim, "6", "no figure" if key == "poorest" else "the shortest training of the two best networks",
-                         *family_claim(tests[key], labels, network, key == "poorest", good)])
+            rows.append([claim, "6", paper, *family_claim(tests[key], labels, network, key == "poorest", good)])
     ratios = siamese_time_ratios(trained, results)
     if ratios is not None:
         timed_alike = not records.paused(run) and " and " not in records.machines(run)

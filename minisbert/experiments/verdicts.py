@@ -85,7 +85,8 @@ def difference_of(model: dict, first: str, second: str) -> dict:
         return {query: value - per_query[second][query] for query, value in per_query[first].items()}
 
     runs = [{"per_query": {name: gap(run["per_query"])}} for run in model.get("runs", []) if "per_query" in run]
-    return {"per_query": {name: gap(model["per_query"])}, "scores": {name: model["scores"][first] - model["scores"][second]},
+    return {"per_query": {name: gap(model["per_query"])},
+            "scores": {name: model["scores"][first] - model["scores"][second]},
             "seeds": [{name: seed[first] - seed[second]} for seed in model.get("seeds", [])], "runs": runs}
 
 

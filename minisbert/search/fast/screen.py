@@ -13,9 +13,9 @@ float32 one. Every screen implements:
 failure (too many candidates) waits before trying again, where the chunks are alike (the blocks of
 many queries); spans that grow (a few queries) try it at every span, each larger than the last and
 met with a k-th best no lower, so a wait would skip the most rows just when the screen is likeliest
-to pass. A screen changes only speed. Where nothing
-is kept yet the floor is -inf: a screen of many queries then picks each query's best entries of its
-k best groups, `Screen` scores them, and the lowest makes a floor (`own_floor`).
+to pass. A screen changes only speed. Where nothing is kept yet the floor is -inf: a screen of many
+queries then picks each query's best entries of its k best groups, `Screen` scores them, and the
+lowest makes a floor (`own_floor`).
 """
 
 from dataclasses import dataclass
