@@ -69,8 +69,9 @@ class Screen:
         if found is None and unknown:  # no wait: the next chunk brings a floor
             return None
         if found is None:
-            self.failures[rows.start] = self.failures.get(rows.start, 0) + 1
-            self.wait[rows.start] = 2 ** self.failures[rows.start] - 1 if self.waits else 0
+            if self.waits:
+                self.failures[rows.start] = self.failures.get(rows.start, 0) + 1
+                self.wait[rows.start] = 2 ** self.failures[rows.start] - 1
             return None
         self.failures[rows.start] = 0
         cand_rows, cand_cols, floor = found
