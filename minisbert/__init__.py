@@ -15,12 +15,16 @@ Folders by job, each with its plain rooms first and its fast room (fast/) beside
                   significance, lexical (BM25, Jaccard), tables
     porting/      sentence-transformers' calls: its class, prompts, precision=, util, what is refused
     common/       what every job shares: files, progress, the CPU and its facts, precision, unit rows
-                  and exact scores, fetching weights
+                  and exact scores, fetching weights, torch's elementwise functions settled at import
     datasets/     readers and where each dataset is found
     experiments/  the papers' studies, apart from the library a user imports
 
 The plain rooms never import a fast one: `load` plugs the fast path in (encoding/backend.py).
 """
+
+from .common import vector_math as _vector_math
+
+_vector_math.settle()  # torch's elementwise functions, before any call that splits across threads
 
 
 def load(name_or_path, device=None, fast: bool = True, **st_options):
