@@ -177,3 +177,15 @@ def test_at_k_equal_to_n_the_exact_scoring_is_done_in_pieces(way, monkeypatch):
     plain_scores, plain_indices = search(queries, prepared, corpus.shape[0], way="plain")
     assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
     assert largest and max(largest) <= 2**16, max(largest)
+
+
+def test_the_float16_screen_is_bounded_for_the_rows_dimension():
+    """half_screen_error(d, |c|max) grows with d, the number of products a score adds; a search of 3
+    queries over rows of d = 384 is screened with the bound for 384 (the query matrix's two sizes are
+    easily swapped, and its 3 would give a bound too small to prove anything by)."""
+    from minisbert.search.bounds import half_screen_error
+
+    prepared = prepare_corpus(torch.randn(100, DIM, generator=torch.Generator().manual_seed(4)), "cosine", screen=False)
+    inputs = check_inputs(torch.randn(3, DIM), prepared, 5, "cosine", 1024, None, None)
+    assert half_screen_error(3, 1.0) < half_screen_error(DIM, 1.0)  # the swap would matter
+    assert device._HalfScreen(inputs).error == half_screen_error(DIM, device.largest_norm(prepared))

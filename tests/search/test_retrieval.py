@@ -12,11 +12,11 @@ here is checked way by way.
 """
 
 import dataclasses
+import math
 import re
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -321,8 +321,8 @@ def test_off_a_cpu_the_device_way_is_chosen():
     # choose_way reads the device's type alone, so the choice is checked here without a GPU.
     inputs = search_module.check_inputs(torch.randn(3, 8), torch.randn(50, 8), 2, None, 1024, None, None)
     assert search_module.choose_way(inputs) != "device"
-    for device in ("cuda", "mps"):
-        assert search_module.choose_way(replace(inputs, device=torch.device(device))) == "device"
+    for kind in ("cuda", "mps"):
+        assert search_module.choose_way(replace(inputs, device=torch.device(kind))) == "device"
 
 
 def test_a_corpus_chunk_size_given_bounds_the_device_way_s_blocks_even_at_the_default(monkeypatch):
@@ -1220,3 +1220,31 @@ def test_an_old_corpus_file_with_a_row_not_of_norm_1_is_refused_naming_the_row(t
     save_file({"rows": rows}, str(path), metadata={"format": search_module.OLD_FORMATS[0], "score": "cosine"})
     with pytest.raises(ValueError, match=r"old.safetensors: row 2 has norm 1.99999\d*, not 1"):  # 2 in float32
         search_module.load_corpus(path)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("row 3 NaN", r"old.safetensors: corpus row 3 contains NaN"),
+    ("norm 3 moved", r"old.safetensors: its 'norms' \(torch.float64\) do not match its rows' float64 norms"),
+    ("norms in float32", r"old.safetensors: its 'norms' \(torch.float32\) do not match its rows' float64 norms"),
+])
+def test_an_old_corpus_file_damaged_is_refused_naming_what_is_wrong(tmp_path, damage, message):
+    """Format 3 wrote the rows and their float64 norms without a digest, so load_corpus checks each:
+    a row that is not finite is named by its number; norms that are not the rows' own (one moved by
+    one float64 step, or the right values kept in float32) are refused, whatever their dtype."""
+    from safetensors.torch import save_file
+
+    corpus = prepare_corpus(torch.randn(6, 8, generator=torch.Generator().manual_seed(3)), "dot", screen=False)
+    rows, norms = corpus.rows.clone(), corpus.norms.clone()
+    if damage == "row 3 NaN":
+        rows[3, 5] = math.nan
+    elif damage == "norm 3 moved":
+        norms[3] = torch.nextafter(norms[3], torch.tensor(math.inf, dtype=torch.float64))
+    else:
+        norms = norms.float()
+    path = tmp_path / "old.safetensors"
+    save_file({"rows": rows, "norms": norms}, str(path), metadata={"format": search_module.OLD_FORMATS[-1], "score": "dot"})
+    with pytest.raises(ValueError, match=message):
+        search_module.load_corpus(path)
+    save_file({"rows": corpus.rows, "norms": corpus.norms}, str(path),  # undamaged, it loads
+              metadata={"format": search_module.OLD_FORMATS[-1], "score": "dot"})
+    assert torch.equal(search_module.load_corpus(path).norms, corpus.norms)

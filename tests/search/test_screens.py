@@ -9,7 +9,8 @@ tests/search/test_search_property.py runs every way, these among them, against t
 import pytest
 import torch
 
-from minisbert.search.fast import int8_blocks, int8_rows
+from minisbert.search import ways as ways_module
+from minisbert.search.fast import int8_blocks, int8_rows, spans_blocks
 from minisbert.search import choose_way, load_corpus, prepare_corpus, search
 from minisbert.search.inputs import check_inputs
 
@@ -119,6 +120,29 @@ def test_an_int8_product_that_saturates_is_not_used(monkeypatch):
     monkeypatch.setattr(torch, "_int_mm", saturating)
     assert not int8_rows._int8_product_runs(24)  # what the machine's fact is measured by
     assert not int8_rows._int8_product_runs(24, 16)
+
+
+def test_the_probe_of_the_int8_product_holds_the_extremes_at_every_sign_pairing():
+    # The probe's first four rows are all +-LEVELS: one row against itself, against its negation and
+    # against a row of alternating signs gives d·L², -d·L² and 0, the largest sums of either sign
+    # a kernel must hold exactly (with an even d).
+    rows = int8_rows.probe_integers(1024, 24, int8_rows.LEVELS)
+    extremes = rows[:4].long()
+    assert extremes.abs().eq(int8_rows.LEVELS).all()
+    assert set((extremes @ extremes.T).flatten().tolist()) == {24 * int8_rows.LEVELS**2, -24 * int8_rows.LEVELS**2, 0}
+    assert rows[4:].abs().max() <= int8_rows.LEVELS
+
+
+def test_an_int8_product_that_does_not_run_is_not_exact(monkeypatch):
+    # torch raises where its int8 product is not built for the CPU or the shape: a probe that cannot run
+    # is no evidence of exact sums.
+    def not_built(left, right, out=None):
+        raise RuntimeError("_int_mm: not built for this CPU")
+
+    monkeypatch.setattr(torch, "_int_mm", not_built)
+    rows = int8_rows.probe_integers(64, 24, int8_rows.LEVELS)
+    assert not int8_rows.exact_product(rows, rows[:1].T.contiguous())
+    assert not int8_rows._int8_product_runs(24)
 
 
 def test_which_corpora_keep_an_int8_copy():
@@ -263,18 +287,40 @@ def test_which_searches_screen_with_int8_blocks():
         search(torch.randn(300, 24), corpus, 5, score="euclidean", way="blocks, int8")
 
 
-def test_which_way_each_search_takes():
-    from minisbert.search.fast import tuning
-    corpus = torch.randn(20_000, 24)
-    small = torch.randn(tuning.SMALL_CORPUS_ROWS, 24)
-    prepared = prepare_corpus(corpus, screen=True)
-    pays = int8_blocks.int8_blocks_exact(24) and int8_blocks.int8_blocks_pay(24)
-    few = tuning.FEW_QUERIES_INT8 if pays else tuning.FEW_QUERIES
-    assert ways(1, small) == ways(few, small) == "one span"
-    assert ways(few, corpus) == "spans" and ways(few + 1, corpus).startswith("blocks")
-    screened = prepared.int8_copy is not None
-    for num_queries in (1, tuning.SCREENED_FEW_QUERIES, tuning.FEW_QUERIES_INT8):
-        runs = int8_rows.int8_product_runs(24, torch.device("cpu"), num_queries)
-        assert ways(num_queries, prepared) == ("spans, int8" if screened and runs else "spans")
-    assert ways(tuning.SCREENED_FEW_QUERIES - 1, prepared) == "spans"
-    assert ways(few + 1, prepared).startswith("blocks")
+@pytest.mark.parametrize("int8_blocks_pay", [True, False])
+def test_the_table_gives_each_count_of_queries_its_way(monkeypatch, int8_blocks_pay):
+    """WAYS read as bench/README.md gives its reasons ("Search"), with the machine's facts set: int8
+    products are exact here, and the int8 blocks pay or not. Over a small corpus every few queries
+    take "one span". Over a larger one: one query, and from SCREENED_FEW_QUERIES up to FEW_QUERIES_INT8,
+    are screened with a prepared corpus's int8 copy ("spans, int8"); 2 or 3 queries, and any count over
+    rows as given or without the copy, read spans up to FEW_QUERIES. More queries than that read blocks,
+    and where the int8 blocks pay, more than FEW_QUERIES_INT8 already do, through int8 products
+    ("blocks, int8"). Euclidean scores are never screened with int8 products (no int8 copy, no int8
+    blocks): a row's |c|^2 is not in an int8 product."""
+    from minisbert.search.fast.tuning import FEW_QUERIES, FEW_QUERIES_INT8, SCREENED_FEW_QUERIES, SMALL_CORPUS_ROWS
+
+    for where in (ways_module, spans_blocks):
+        monkeypatch.setattr(where, "int8_product_runs", lambda *_: True)
+    monkeypatch.setattr(ways_module, "int8_blocks_exact", lambda dim: True)
+    monkeypatch.setattr(ways_module, "int8_blocks_pay", lambda dim: int8_blocks_pay)
+    generator = torch.Generator().manual_seed(5)
+    small, large = (torch.randn(rows, 8, generator=generator) for rows in (SMALL_CORPUS_ROWS, SMALL_CORPUS_ROWS + 1))
+    counts = (1, 2, SCREENED_FEW_QUERIES - 1, SCREENED_FEW_QUERIES, FEW_QUERIES_INT8, FEW_QUERIES_INT8 + 1,
+              FEW_QUERIES, FEW_QUERIES + 1)
+    for score in ("cosine", "dot", "euclidean"):
+        int8 = score != "euclidean"
+        for corpus, rows, prepared in ((small, SMALL_CORPUS_ROWS, False), (large, SMALL_CORPUS_ROWS + 1, False),
+                                       (prepare_corpus(large, score, screen=True), SMALL_CORPUS_ROWS + 1, True)):
+            for count in counts:
+                blocks_int8 = int8 and int8_blocks_pay and count > FEW_QUERIES_INT8
+                if count > FEW_QUERIES or blocks_int8:
+                    expected = "blocks, int8" if blocks_int8 else "blocks"
+                elif rows <= SMALL_CORPUS_ROWS:
+                    expected = "one span"
+                elif int8 and prepared and (count == 1 or SCREENED_FEW_QUERIES <= count <= FEW_QUERIES_INT8):
+                    expected = "spans, int8"
+                else:
+                    expected = "spans"
+                queries = torch.randn(count, 8, generator=generator)
+                checked = check_inputs(queries, corpus, 5, None if prepared else score, 1024, None, None)
+                assert choose_way(checked) == expected, (score, rows, prepared, count)
