@@ -38,11 +38,12 @@ suite: tests marked slow are deselected.
 --limit N picks N mutants per room at random from all of them, the same ones for the same --seed (and
 a smaller N picks a subset of a larger one's), so that two runs can be compared. The markdown report
 (--report) lists each room's rate, the overall rate, every survivor with a column saying why it
-survives, and the test that caught each caught mutant. Each room's results are kept in a JSON file
-beside it, so that a room run again alone replaces its own results and keeps the others' (a room whose
-tests take minutes, as the search's, is run alone with a smaller --limit: `--room search --limit 6`). What was
-written by hand in the report (a survivor's explanation, a last section headed "## Notes") is kept when
-it is written again.
+survives (a reason that starts "Equivalent" leaves the survivor out of a second rate, the share
+caught of the mutants a test could catch), and the test that caught each caught mutant. Each room's
+results are kept in a JSON file beside it, so that a room run again alone replaces its own results
+and keeps the others' (a room whose tests take minutes, as the search's, is run alone with a smaller
+--limit: `--room search --limit 6`). What was written by hand in the report (a survivor's
+explanation, a last section headed "## Notes") is kept when it is written again.
 """
 
 import argparse
@@ -53,6 +54,7 @@ import os
 import platform
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -404,6 +406,11 @@ def written_explanations(report: Path) -> dict:
     return explanations
 
 
+def shown_equivalent(why: str) -> bool:
+    """Whether a survivor's written reason says it is equivalent (it starts "Equivalent")."""
+    return why.strip().lower().startswith("equivalent")
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -449,21 +456,27 @@ def markdown(rooms: dict, explanations: dict) -> str:
         names = [room for room, r in rooms.items() if run_of(r) == (command, date, machine)]
         minutes = sum(rooms[room]["minutes"] for room in names)
         out.append(f"{number}. `{command}` on {date}, {machine}, {minutes:.0f} minutes: {', '.join(names)}")
-    out += ["", "| room | tests | mutants run (of all) | caught | of which timeouts | survived | caught rate | run |",
-            "|---|---|---|---|---|---|---|---|"]
-    all_run = all_caught = all_timeouts = 0
+    out += ["", "| room | tests | mutants run (of all) | caught | of which timeouts | survived | caught rate | "
+                "survivors shown equivalent | caught of the rest | run |", "|---|---|---|---|---|---|---|---|---|---|"]
+    all_run = all_caught = all_timeouts = all_equivalent = 0
     for room, r in rooms.items():
         run_number = runs.index(run_of(r)) + 1
         if r["broken"]:
-            out.append(f"| {room} | {', '.join(r['tests'])} | not run: {r['broken']} | | | | | {run_number} |")
+            out.append(f"| {room} | {', '.join(r['tests'])} | not run: {r['broken']} | | | | | | | {run_number} |")
             continue
         counts = {kind: sum(o["result"] == kind for o in r["outcomes"]) for kind in ("caught", "timeout", "survived")}
         caught, run = counts["caught"] + counts["timeout"], len(r["outcomes"])
+        # A survivor whose written reason starts "Equivalent" was read and shown to be one (no input tells
+        # it apart): no test can catch it, so the rate of the rest is the share of catchable bugs caught.
+        equivalent = sum(o["result"] == "survived" and shown_equivalent(explanations.get(survivor_key(
+            o["where"], o["change"], o["code"]), "")) for o in r["outcomes"])
         all_run, all_caught, all_timeouts = all_run + run, all_caught + caught, all_timeouts + counts["timeout"]
+        all_equivalent += equivalent
         out.append(f"| {room} | {', '.join(r['tests'])} | {run} ({r['total']}) | {caught} | {counts['timeout']} | "
-                   f"{counts['survived']} | {rate(caught, run)} | {run_number} |")
+                   f"{counts['survived']} | {rate(caught, run)} | {equivalent} | {rate(caught, run - equivalent)} | "
+                   f"{run_number} |")
     out.append(f"| **all** | | {all_run} | {all_caught} | {all_timeouts} | {all_run - all_caught} | "
-               f"**{rate(all_caught, all_run)}** | |")
+               f"**{rate(all_caught, all_run)}** | {all_equivalent} | **{rate(all_caught, all_run - all_equivalent)}** | |")
     left_out = sum(r["left_out"] for r in rooms.values())
     out += ["", f"Places left out as unable to matter (inside raise, warnings.warn, f-strings, annotations, "
                 f"__repr__): {left_out}.", "", "## Survivors", "",
@@ -507,7 +520,7 @@ def main(argv=None) -> int:
     if args.limit is not None and args.limit < 1 or args.jobs < 1:
         parser.error("--limit and --jobs must be at least 1")
     rooms = args.room or list(ROOMS)
-    command = "python tests/mutate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python tests/mutate.py " + shlex.join(argv if argv is not None else sys.argv[1:])
 
     started, clock = datetime.now(), time.monotonic()
     copies = [copy_repository() for _ in range(args.jobs)]

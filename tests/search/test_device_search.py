@@ -189,3 +189,16 @@ def test_the_float16_screen_is_bounded_for_the_rows_dimension():
     inputs = check_inputs(torch.randn(3, DIM), prepared, 5, "cosine", 1024, None, None)
     assert half_screen_error(3, 1.0) < half_screen_error(DIM, 1.0)  # the swap would matter
     assert device._HalfScreen(inputs).error == half_screen_error(DIM, device.largest_norm(prepared))
+
+
+@pytest.mark.parametrize("score", ["cosine", "dot", "euclidean"])
+def test_large_rows_as_given_are_proved_not_sent_to_the_plain_loop(score, one_thread):
+    """Rows and queries of norm about 4e12, as given: euclidean scores near -(8e12)² = -6.4e25 and dot
+    scores near 1.6e25 lie far inside float32 (3.4e38), so the device way proves every query itself.
+    A fallback keeps the plain loop's bits and loses the speed, so only the count can show a check of
+    "near float32's limit" that is too strict (a cube for the square would put 5e38 past the limit)."""
+    generator = torch.Generator().manual_seed(7)
+    corpus = torch.randn(3000, 16, generator=generator) * 1e12
+    queries = torch.randn(5, 16, generator=generator) * 1e12
+    *_, choice = search(queries, corpus, 5, score=score, way="device", return_way=True)
+    assert choice.fell_back == 0

@@ -97,6 +97,19 @@ def assert_score_bound_holds(case: str, score: str, queries, rows, multiplied_qu
         assert (error <= bound).all(), f"{case}, {order}: off by {float((error / bound).max()):.3g} bounds"
 
 
+def test_the_float32_unit_is_what_rounding_to_float32_can_move_a_value_by():
+    """u = 2^-24 (section 1): rounding to float32 moves a value by at most u of itself, and by all but
+    a hair of it for a value just short of halfway between 1 and the next float32. Every bound is a
+    multiple of u, so a u too small is a bound some inputs break, and one too large proves less."""
+    just_short = 1 + F32_UNIT * (1 - 2.0**-20)  # rounds down to 1
+    moved = abs(just_short - float(torch.tensor(just_short, dtype=torch.float64).float())) / just_short
+    assert 0.999 * F32_UNIT < moved <= F32_UNIT
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(100_000, dtype=torch.float64, generator=generator) * 1e3
+    assert ((values - values.float().double()).abs() <= F32_UNIT * values.abs()).all()
+
+
+
 def test_the_float32_score_bound_holds_in_any_order_of_summation():
     """|s_fl - s_x| <= E for every score, every kind of row and every order of the float32 sum:
     cosine and dot against the exact score rounded to float32, euclidean's key 2 q·c - |c|² against
