@@ -386,6 +386,10 @@ def test_a_search_returns_the_way_it_took_as_a_value_and_a_prepared_corpus_shows
         assert choice == logged[1] and choice.forced == (way is not None) and choice.fell_back == 0
         checked = search_module.check_inputs(queries, target, 7, None, 1024, None, None)
         assert choice.name == (way or search_module.choose_way(checked))
+    # A prepared corpus is one object: compared by identity (its tensors have no single truth value) and
+    # usable as a key, as a user keeps corpora by what they prepared.
+    first, again = prepare_corpus(corpus, screen=False), prepare_corpus(corpus, screen=False)
+    assert first == first and first != again and {first: "a", again: "b"}[first] == "a"
     for prepared in (prepare_corpus(corpus, screen=True), prepare_corpus(corpus, "euclidean", screen=False)):
         shown = repr(prepared)
         assert shown.startswith(f"PreparedCorpus(3,000 rows of d = 16, score={prepared.score!r}, on cpu, ")
