@@ -953,6 +953,32 @@ def test_largest_allocation_is_one_block_whatever_the_corpus_size(score, way):
     assert max(largest.values()) <= max(32 * 256 * 8, SETTLE_PIECE * 16 * 8)
 
 
+@pytest.mark.parametrize("way", WAY_NAMES)
+@pytest.mark.parametrize("score", SCORES)
+def test_at_k_equal_to_n_every_way_allocates_no_more_than_its_answer_and_a_piece(score, way, monkeypatch):
+    """k = N keeps every row of every query, so every kept row is scored exactly. Gathered at once, its
+    row beside each query would take Q x N x d float64 numbers (8 x 1,000 x 64 x 8 bytes = 4 MB here,
+    20 GB for 96 queries over 70,000 rows of d = 384); the CPU ways score SETTLE_PIECE pairs at a time,
+    the device ways DEVICE_RESCORE_ENTRIES numbers (made that many here: on a GPU it is 256 MB). So
+    the largest allocation is twice the answer (a merge sets the kept rows beside the new ones: 2 x Q
+    x N int64 numbers, 128 KB; a block of the whole (Q, N) is smaller), a chunk of rows in float64 for
+    their norms (a corpus chunk, here all 1,000 rows: 512 KB, whatever k is) or one piece of the exact
+    scoring (1,024 x 64 float64 numbers, 512 KB), and the answer is the plain loop's."""
+    monkeypatch.setattr(device, "DEVICE_RESCORE_ENTRIES", SETTLE_PIECE * 64)
+    generator = torch.Generator().manual_seed(8)
+    num_queries, num_docs, dim = 8, 1_000, 64
+    queries, rows = torch.randn(num_queries, dim, generator=generator), torch.randn(num_docs, dim, generator=generator)
+    # The int8 and float16 screens need a prepared corpus with its copies; the rest search rows as given.
+    corpus = prepare_corpus(rows, score, screen=True) if way in ("spans, int8", "device, half") else rows
+    search(queries, corpus, 1, score=score, way=way)  # a fact measured on a first search is not counted
+    with LargestNewTensor() as recorder:
+        found = search(queries, corpus, num_docs, score=score, way=way)
+    expected = search_module.search(queries, corpus, num_docs, score=score, way="plain")
+    assert all(torch.equal(a, b) for a, b in zip(found, expected))
+    assert recorder.largest_bytes <= max(2 * num_queries * num_docs * 8, num_docs * dim * 8, SETTLE_PIECE * dim * 8), (
+        way, score, recorder.largest_bytes)
+
+
 # ---- GPU ---------------------------------------------------------------------------------
 
 
