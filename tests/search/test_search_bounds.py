@@ -21,7 +21,8 @@ from minisbert.search.fast import int8_blocks, int8_rows
 from minisbert.search.fast.device import HalfRows
 from minisbert.search.fast.screen import Chunk
 from minisbert.search import prepare_corpus
-from minisbert.search.bounds import F32_UNIT, PRODUCT_UNITS, ROUGH, Bounds, half_screen_error, summation_error
+from minisbert.search.bounds import (F32_UNIT, HALF_SUBNORMAL_ERROR, HALF_UNIT, INT8_STEP_ERROR, PRODUCT_UNITS, ROUGH,
+                                     Bounds, half_screen_error, int8_rows_coefficients, summation_error)
 
 U = F32_UNIT
 CASES = 150
@@ -108,6 +109,36 @@ def test_the_float32_unit_is_what_rounding_to_float32_can_move_a_value_by():
     values = torch.randn(100_000, dtype=torch.float64, generator=generator) * 1e3
     assert ((values - values.float().double()).abs() <= F32_UNIT * values.abs()).all()
 
+
+
+def test_the_float16_units_are_what_rounding_to_float16_can_move_a_value_by():
+    """u_h = 2^-11 and ε_h = 2^-25 (section 4): rounding to float16 moves a normal number by at most u_h
+    of itself and a number below 2^-14 by at most ε_h, each nearly reached (by values just short of
+    halfway between two float16 numbers). A smaller constant is a screen bound some rows break."""
+    # float32 values, as the screen rounds them (a float64 value would be rounded twice, via float32).
+    generator = torch.Generator().manual_seed(1)
+    normal = torch.rand(200_000, generator=generator) * 2.0 + 2.0**-14  # [2^-14, 2 + 2^-14)
+    moved = ((normal.double() - normal.half().double()).abs() / normal.double()).max()
+    assert 0.99 * HALF_UNIT < moved <= HALF_UNIT
+    small = torch.rand(200_000, generator=generator) * 2.0**-14  # float16's subnormals
+    moved = (small.double() - small.half().double()).abs().max()
+    assert 0.99 * HALF_SUBNORMAL_ERROR < moved <= HALF_SUBNORMAL_ERROR
+
+
+def test_the_int8_coefficients_cover_each_term_of_their_bound():
+    """Section 2: s_fl <= s_q s (q'·c') + α |e_c| + β |ĉ| needs α >= |q| + 3u |q̂| + γ_d |q| (the
+    error of q against e_c, the scalings, the float32 sum) and β >= |e_q| + 3u |q̂| + γ_d |q|, with
+    |q̂| <= |q| + |e_q|. Checked for every dimension and size, with e_q = 0 too (a query its int8 copy
+    holds exactly), where nothing but σ and γ_d is left in β."""
+    for dim in (1, 16, 384, 1024):
+        gamma = summation_error(dim)
+        for size in (1e-3, 1.0, 1e3):
+            for error in (0.0, 1e-6 * size, 0.01 * size):
+                norms, errors = torch.tensor([size], dtype=torch.float64), torch.tensor([error], dtype=torch.float64)
+                alpha, beta = int8_rows_coefficients(dim, norms, errors)[:, 0].tolist()
+                scalings = 3 * F32_UNIT * (size + error)
+                assert alpha >= size + scalings + gamma * size, (dim, size, error)
+                assert beta >= error + scalings + gamma * size, (dim, size, error)
 
 
 def test_the_float32_score_bound_holds_in_any_order_of_summation():
@@ -368,6 +399,21 @@ def loaded_blocks(queries, rows, divided: bool):
         return blocks, rows / divisors
     blocks.load_chunk(Chunk(rows, None, None, float(norms.amax()), None))
     return blocks, rows
+
+
+@needs_int8_blocks
+def test_the_int8_step_error_is_the_most_a_block_entry_moves():
+    """INT8_STEP_ERROR = 1/2 + 2^-14 (section 3): c / s is rounded to float32 before it is rounded to an
+    integer, so an entry lies within half a step and a float32 rounding of c' (127 u) of its int8 value;
+    entries built halfway between two steps come within 2^-20 of half a step."""
+    step = 1 / 127
+    halves = (torch.arange(-126, 126, dtype=torch.float64) + 0.5) * step  # every halfway point
+    rows = halves.repeat(1, 4).reshape(-1, 24).float()
+    rows[:, 0] = 127 * step  # the piece's largest entry: its step is `step`
+    blocks, _ = loaded_blocks(torch.ones(1, 24), rows, False)
+    scale = float(blocks.scales[0])
+    moved = (rows.double() / scale - blocks.chunk_buffer[: rows.shape[0]].double()).abs().max()
+    assert 0.5 - 2.0**-20 < moved <= INT8_STEP_ERROR
 
 
 @needs_int8_blocks
