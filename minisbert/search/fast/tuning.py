@@ -24,7 +24,7 @@ SPAN_ROWS = 2**19 - GROUP_SIZE  # long spans (a few dozen torch calls each); no 
 SPAN_ENTRIES = 2**22  # a span's (Q, span) float32 scores: at most 16 MB
 FIRST_SPAN_ROWS = 4096 - GROUP_SIZE  # the first span is short, so that the k-th best is known early
 SPAN_GROWTH = 4  # a screened search's spans grow this many times a step, each meeting a k-th best high enough
-NORM_PIECE_ROWS = 2048  # raw rows are measured a piece at a time, right after their product, in the cache. bench: "Search, norms"
+NORM_PIECE_ROWS = 2048  # raw rows are measured a piece at a time, in the cache after its product. bench: "Search, norms"
 PIECE_BYTES = 64 * 2**20  # a corpus stored in another dtype is copied to float32 this many bytes at a time
 PIECE_ENTRIES = 2**16  # entries of a (piece, Q') product the span product copies while in the L2 cache
 
