@@ -113,6 +113,13 @@ def product_error(dim: int, unit: float, reach_squared, norms_sum):
     relative = (2 * unit + unit * unit) * reach_squared
     return SLACK * (1 + summation_error(dim)) * (relative + 2 * (1 + unit) * FLUSH * dim**0.5 * norms_sum
                                                    + dim * FLUSH * FLUSH)
+# A unit row's norm, bounded instead of summed. `unit_rows` divides a row x by n, its norm computed in
+# float64 (within (d/2 + 1) 2^-53 of itself: `row_norms`' sum and root), rounds each quotient to float64
+# (2^-53) and then to float32 (u): every entry lies within (1 + u)(1 + 2^-53)(1 + (d/2 + 1) 2^-53) of
+# |x_i| / |x|, so the row's norm is at most 1 + u + (d + 4) 2^-53 < 1 + 2u for d < 2^27 (0 for a zero row).
+# The searches multiply by a query's norm only in their bounds, so a cosine query (and a chunk of
+# rows as given) takes this bound instead of a second fixed-order sum (search/inputs.py's `scored_rows`).
+UNIT_NORM = 1 + 2 * F32_UNIT
 # Rows as given that a fast way measures itself, and where it leaves them to the plain search's checks:
 RAW_NORM_SLACK = 1 + 2.0**-10  # float32 norms are off by less than 2^-10 of themselves (d < 16,000)
 SMALLEST_COSINE_NORM = 2.0**-60  # cosine: rows below this norm (zero rows too) are left to the plain loop

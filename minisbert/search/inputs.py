@@ -1,5 +1,6 @@
 """What the plain search (search/plain.py) and its fast ways (minisbert/fast/) share: the inputs'
-checks and the step that decides every result (`settle`). The error bounds are in search/bounds.py.
+checks and the step that decides every result: candidates scored exactly and ranked (`settle` in
+the plain loop, `exact_top_k` at the end of every fast way). The error bounds are in search/bounds.py.
 
 Checks (`check_inputs`, and each corpus chunk as it is read): 2-D floating-point inputs of one
 dimension; k and the chunk sizes positive integers; every row, rounded to float32 (`scored_rows`),
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from ..common.fileio import write_safetensors
-from .bounds import product_unit
+from .bounds import UNIT_NORM, product_unit
 from ..common.similarity import exact_scores, row_norms, unit_rows
 
 SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
@@ -54,10 +55,13 @@ class PreparedCorpus:
         write_safetensors(Path(path), tensors, {"format": CORPUS_FORMAT, "score": self.score})
 
 
-def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int,
+                bounded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`chunk`'s (n, d) rows rounded to float32, checked, as `score` scores them (unit rows for cosine),
     and their float64 norms. The rows searched are the float32 ones, whatever dtype was given: every
-    check, norm, unit row and score is of them (a float64 entry beyond float32's range rounds to inf)."""
+    check, norm, unit row and score is of them (a float64 entry beyond float32's range rounds to inf).
+    bounded: for cosine, a bound on each unit row's norm (search/bounds.py's UNIT_NORM; 0 for a zero
+    row) rather than the norm itself: all a search needs of them (its error bounds), one sum fewer."""
     chunk = chunk.to(torch.float32)  # (n, d)
     norms = row_norms(chunk)  # (n,) float64, inf or NaN only for a row holding inf or NaN
     fits = norms <= torch.finfo(torch.float32).max ** (0.5 if score == "euclidean" else 1.0)  # False for NaN too
@@ -67,7 +71,7 @@ def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int) -> tuple
                          "again or drop it")
     if score == "cosine":
         chunk = unit_rows(chunk, norms)
-        norms = row_norms(chunk)
+        norms = torch.where(norms > 0, UNIT_NORM, 0.0) if bounded else row_norms(chunk)
     return chunk, norms
 
 
@@ -77,7 +81,7 @@ class SearchInputs:
     that needs other values (more results, other blocks) makes a new one (`dataclasses.replace`)."""
 
     queries: torch.Tensor  # (Q, d) float32 on `device`, as scored (unit rows for cosine)
-    query_norms: torch.Tensor  # (Q,) float64 norms of those rows
+    query_norms: torch.Tensor  # (Q,) float64 norms of those rows (for cosine bounds on them: `scored_rows`)
     corpus: torch.Tensor  # (N, d) as given (any floating dtype and device), or a prepared corpus's rows
     k: int  # results per query: min(k asked for, N)
     score: str
@@ -89,13 +93,20 @@ class SearchInputs:
     product_unit: float = 0.0  # how far torch's products here may round each input (search/bounds.py's `product_unit`)
 
     def corpus_chunk(self, start: int, size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows start to start + size (default corpus_chunk_size) as scored and checked, and their norms."""
+        """Rows start to start + size (default corpus_chunk_size) as scored and checked, and their norms
+        (of rows as given for cosine, bounds on them: `scored_rows`)."""
         end = start + (size or self.corpus_chunk_size)
         if self.prepared is not None:
             return self.prepared.rows[start:end].to(self.device), self.prepared.norms[start:end].to(self.device)
-        rows, norms = scored_rows(self.corpus[start:end].to(self.device), self.score, "corpus", start)
+        rows, norms = scored_rows(self.corpus[start:end].to(self.device), self.score, "corpus", start, bounded=True)
         self.check_scores_fit(norms, start)
         return rows, norms
+
+    def rows_as_scored(self, indices: torch.Tensor) -> torch.Tensor:
+        """(M, d) float32 corpus rows `indices` as the contract scores them: a prepared corpus's, or rows
+        as given rounded to float32 (unit rows for cosine, as `scored_rows` makes them)."""
+        rows = self.corpus.index_select(0, indices.to(self.corpus.device)).to(self.device, torch.float32)
+        return unit_rows(rows) if self.score == "cosine" and self.prepared is None else rows
 
     def check_scores_fit(self, norms: torch.Tensor, start: int) -> None:
         """Raise if the largest query and any of these (n,) corpus norms could score beyond float32, naming
@@ -132,7 +143,7 @@ def check_inputs(queries, corpus, k, score, query_chunk_size, corpus_chunk_size,
     queries, corpus = as_embedding_matrix(queries, "queries"), as_embedding_matrix(corpus, "corpus")
     check_arguments(queries, corpus, k, score, query_chunk_size, corpus_chunk_size)
     device = torch.device(device) if device is not None else corpus.device
-    queries, query_norms = scored_rows(queries.to(device), score, "queries", 0)
+    queries, query_norms = scored_rows(queries.to(device), score, "queries", 0, bounded=True)
     inputs = SearchInputs(queries, query_norms, corpus, min(int(k), corpus.shape[0]), score, int(query_chunk_size),
                           int(corpus_chunk_size or DEFAULT_CORPUS_CHUNK_SIZE), device, return_numpy, prepared,
                           product_unit(device))
@@ -151,6 +162,35 @@ def settle(queries: torch.Tensor, doc_rows, candidates: tuple, doc_start: int, s
         piece = slice(start, start + SETTLE_PIECE)
         values[piece] = exact_scores(queries.index_select(0, rows[piece]), doc_rows(columns[piece]), score)
     merge_candidates(-values if score == "euclidean" else values, candidates, doc_start, top_values, top_indices)
+
+
+def exact_top_k(queries: torch.Tensor, doc_rows, columns: torch.Tensor, score: str, k: int, piece: int,
+                padded: bool = False):
+    """The (Q, k) exact values (negated distances for euclidean) and corpus rows, best first, of each
+    query's candidates, (Q, K) corpus `columns` given by doc_rows as scored; equal values by lower
+    row. `padded`: columns may hold -1 (fewer candidates), which come last as -inf. The candidates of
+    all Q queries are scored about `piece` pairs at a time (at least one each), so memory stays
+    bounded at any K; no step reads a value back (a GPU's search waits for nothing here)."""
+    columns = columns.sort(dim=1).values  # (Q, K) ascending: a stable sort by value keeps equal ones in row order
+    missing = columns < 0 if padded else None
+    queries = queries.double()[:, None, :]  # (Q, 1, d)
+    width = max(1, piece // max(1, columns.shape[0]))  # candidates of each query scored at once
+    parts = [_exact_part(queries, doc_rows, part.clamp_min(0) if padded else part, score)
+             for part in columns.split(width, dim=1)]
+    values = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # (Q, K)
+    if score == "euclidean":
+        values = -values
+    if missing is not None:
+        values = values.masked_fill(missing, -math.inf)
+    # + 0.0 makes -0.0 equal to 0.0 for every sort (a radix sort tells them apart); the values keep their sign.
+    order = (values + 0.0).sort(dim=1, descending=True, stable=True).indices[:, :k]  # (Q, k)
+    return values.gather(1, order), columns.gather(1, order)
+
+
+def _exact_part(queries: torch.Tensor, doc_rows, columns: torch.Tensor, score: str) -> torch.Tensor:
+    """(Q, w) exact scores of the (Q, 1, d) float64 queries with their (Q, w) corpus rows."""
+    docs = doc_rows(columns.flatten()).unflatten(0, columns.shape)  # (Q, w, d)
+    return exact_scores(queries.expand_as(docs), docs, score)  # each query's row read w times
 
 
 def merge_candidates(values: torch.Tensor, candidates: tuple, doc_start: int, top_values: torch.Tensor,

@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 from minisbert.search.fast import device
 from minisbert.search.fast.tuning import DEVICE_BLOCK_ENTRIES
 from minisbert.search import WAYS, prepare_corpus, search
+from minisbert.search import inputs as search_inputs
 from minisbert.search.inputs import check_inputs
 
 VIEWS = {"aten::" + name for name in ("slice", "select", "numpy_T", "t", "transpose", "flatten", "unflatten",
@@ -165,16 +166,16 @@ def test_at_k_equal_to_n_the_exact_scoring_is_done_in_pieces(way, monkeypatch):
     scores DEVICE_RESCORE_ENTRIES of them at a time. Here that budget is made small (2^16, where the
     whole would be 16 x 2,000 x 384 = 12.3M), each scoring is held to it, and the answer is the plain
     loop's bits."""
-    monkeypatch.setattr(device, "DEVICE_RESCORE_ENTRIES", 2**16)
-    largest = []
-    exact_scores = device.exact_scores
-    monkeypatch.setattr(device, "exact_scores", lambda q, rows, score: largest.append(rows.numel())
-                        or exact_scores(q, rows, score))
     generator = torch.Generator().manual_seed(3)
     corpus, queries = torch.randn(2000, DIM, generator=generator), torch.randn(16, DIM, generator=generator)
     prepared = prepare_corpus(corpus, "cosine", screen=False)
-    scores, indices = search(queries, prepared, corpus.shape[0], way=way)
     plain_scores, plain_indices = search(queries, prepared, corpus.shape[0], way="plain")
+    monkeypatch.setattr(device, "DEVICE_RESCORE_ENTRIES", 2**16)
+    largest = []
+    exact_scores = search_inputs.exact_scores  # the rescoring every fast way ends in (`exact_top_k`)
+    monkeypatch.setattr(search_inputs, "exact_scores", lambda q, rows, score: largest.append(rows.numel())
+                        or exact_scores(q, rows, score))
+    scores, indices = search(queries, prepared, corpus.shape[0], way=way)
     assert torch.equal(indices, plain_indices) and torch.equal(scores, plain_scores)
     assert largest and max(largest) <= 2**16, max(largest)
 

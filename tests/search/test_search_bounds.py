@@ -21,8 +21,9 @@ from minisbert.search.fast import int8_blocks, int8_rows
 from minisbert.search.fast.device import HalfRows
 from minisbert.search.fast.screen import Chunk
 from minisbert.search import prepare_corpus
+from minisbert.common.similarity import unit_rows
 from minisbert.search.bounds import (F32_UNIT, HALF_SUBNORMAL_ERROR, HALF_UNIT, INT8_STEP_ERROR, PRODUCT_UNITS, ROUGH,
-                                     Bounds, half_screen_error, int8_rows_coefficients, summation_error)
+                                     UNIT_NORM, Bounds, half_screen_error, int8_rows_coefficients, summation_error)
 
 U = F32_UNIT
 CASES = 150
@@ -125,6 +126,21 @@ def test_the_float16_units_are_what_rounding_to_float16_can_move_a_value_by():
     small = torch.rand(200_000, generator=generator) * 2.0**-14  # float16's subnormals
     moved = (small.double() - small.half().double()).abs().max()
     assert 0.99 * HALF_SUBNORMAL_ERROR < moved <= HALF_SUBNORMAL_ERROR
+
+
+def test_a_unit_row_has_a_norm_of_at_most_the_unit_norm_bound():
+    """UNIT_NORM = 1 + 2u (section 1), what a search takes for a cosine query's norm: the unit rows
+    `unit_rows` makes of random rows of every dimension and of scales from 1e-30 to 1e30 have norms
+    (summed exactly) at most UNIT_NORM, and some above 1 (by up to 0.79u at d = 2 and 3 with this
+    seed, each entry rounded once more to float32): a bound of 1 would let a row's bound fall short."""
+    generator = torch.Generator().manual_seed(2)
+    largest = 0.0
+    for dim in DIMS:
+        rows = torch.randn(5_000, dim, generator=generator) * torch.logspace(-30, 30, 5_000)[:, None]
+        norms = exact_norms(unit_rows(rows).double().numpy())
+        assert norms.max() <= UNIT_NORM, (dim, (norms.max() - 1) / U)
+        largest = max(largest, norms.max())
+    assert largest > 1 + U / 2
 
 
 def test_the_int8_coefficients_cover_each_term_of_their_bound():

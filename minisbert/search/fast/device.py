@@ -29,8 +29,7 @@ import torch
 
 from ..bounds import (LARGEST_RAW_SCORE, RAW_NORM_SLACK, ROUGH, SMALLEST_COSINE_NORM, Bounds, half_screen_error,
                       linear_error)
-from ..inputs import SearchInputs
-from ...common.similarity import exact_scores, unit_rows
+from ..inputs import SearchInputs, exact_top_k
 from .tuning import DEVICE_RESCORE_ENTRIES, HALF_KEPT_BEYOND_K, KEPT_BEYOND_K
 
 
@@ -68,7 +67,9 @@ def _search(inputs: SearchInputs, screen, beyond: int):
     for first in range(0, queries.shape[0], inputs.query_chunk_size):
         rows = slice(first, first + inputs.query_chunk_size)
         top, columns = _screened(inputs, screen, rows, kept)  # (Qc, K), best first
-        values, indices = _rescored(inputs, rows, columns, k)  # (Qc, k)
+        # Scored DEVICE_RESCORE_ENTRIES numbers at a time, so that memory stays bounded at any k up to N.
+        values, indices = exact_top_k(queries[rows], inputs.rows_as_scored, columns, inputs.score, k,
+                                      max(1, DEVICE_RESCORE_ENTRIES // queries.shape[1]))  # (Qc, k)
         # Every row left out scored at most the K-th kept: -inf where every row is kept (left to prove:
         # that rows as given could be measured).
         last = top[:, -1] if kept < num_docs else top.new_full(top.shape[:1], -math.inf)  # (Qc,)
@@ -102,36 +103,6 @@ def _merged(blocks: list, kept: int):
     tops, columns = (torch.cat(parts, dim=1) for parts in zip(*blocks))  # (Qc, blocks K)
     top, where = tops.topk(min(kept, tops.shape[1]), dim=1)
     return top, columns.gather(1, where)
-
-
-def _rescored(inputs: SearchInputs, rows: slice, columns: torch.Tensor, k: int):
-    """The (Qc, k) exact values (negated distances for euclidean) and rows of the best of the (Qc, K)
-    kept `columns`: exact scores, equal ones by lower row. Scored DEVICE_RESCORE_ENTRIES numbers at a
-    time (a piece of every query's kept rows), so that memory stays bounded at any k up to N."""
-    columns = columns.sort(dim=1).values  # (Qc, K), ascending: a stable sort by score keeps ties in row order
-    queries = inputs.queries[rows].double()[:, None, :]  # (Qc, 1, d)
-    width = max(1, DEVICE_RESCORE_ENTRIES // (columns.shape[0] * queries.shape[2]))  # kept rows scored at once
-    pieces = [_exact(inputs, queries, part) for part in columns.split(width, dim=1)]
-    exact = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (Qc, K)
-    if inputs.score == "euclidean":
-        exact = -exact
-    # + 0.0 makes -0.0 equal to 0.0 for every sort (a radix sort tells them apart); the values keep their sign.
-    order = (exact + 0.0).sort(dim=1, descending=True, stable=True).indices[:, :k]  # (Qc, k)
-    return exact.gather(1, order), columns.gather(1, order)
-
-
-def _exact(inputs: SearchInputs, queries: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """(Qc, w) exact scores of the (Qc, 1, d) float64 queries with their (Qc, w) corpus rows."""
-    docs = _rows_as_scored(inputs, columns.flatten()).unflatten(0, columns.shape)  # (Qc, w, d)
-    return exact_scores(queries.expand_as(docs), docs, inputs.score)  # each query's row read w times
-
-
-def _rows_as_scored(inputs: SearchInputs, indices: torch.Tensor) -> torch.Tensor:
-    """(M, d) float32 corpus rows as the contract scores them: a prepared corpus's, or rows as given
-    rounded to float32 (unit rows for cosine, as search/inputs.py's `scored_rows` makes them)."""
-    corpus = inputs.corpus
-    doc = corpus.index_select(0, indices.to(corpus.device)).to(inputs.device, torch.float32)
-    return unit_rows(doc) if inputs.score == "cosine" and inputs.prepared is None else doc
 
 
 class _Screen:

@@ -48,6 +48,9 @@ class SpanProduct:
         """rows (n, d) float32, contiguous; block (Q', n), rows contiguous: block = factors rows^T."""
         for start in range(0, rows.shape[0], self.piece_rows):
             piece = rows[start : start + self.piece_rows]  # (p, d)
+            if self.padded.shape[0] == 1:  # one row, as given: the (p, 1) product is the block's row piece itself
+                torch.mm(piece, self.padded.T, out=block[:, start : start + piece.shape[0]].T)
+                continue
             if self.way != "onednn":
                 scores = torch.mm(piece, self.padded.T, out=self.scratch[: piece.shape[0]])  # (p, Q'')
             else:

@@ -2,8 +2,9 @@
 
 Every way here keeps each query's top k + KEPT_BEYOND_K rows by float32 scores, dropping on the way
 only rows that provably cannot be in the exact top-k (`_threshold`). `finish` proves that nothing
-left out could be, and scores the kept rows that can exactly (`settle`); a query it cannot prove
-(ties crowding the kept rows) goes to the plain loop (minisbert/search/ways.py's `_settled`).
+left out could be, and scores the kept rows that can exactly (search/inputs.py's `exact_top_k`, the
+rescoring every fast way ends in); a query it cannot prove (ties crowding the kept rows) goes to the
+plain loop (minisbert/search/ways.py's `_settled`).
 
 A few queries (`search_spans`) go no faster than the corpus is read: one product per long span
 (SPAN_ROWS), by the kernel measured quickest here (search/fast/span_product.py), one filter and one merge.
@@ -30,8 +31,7 @@ from functools import partial
 import torch
 
 from ..bounds import LARGEST_RAW_SCORE, RAW_NORM_SLACK, ROUGH, SMALLEST_COSINE_NORM, Bounds
-from ..inputs import SearchInputs, merge_candidates, settle
-from ...common.similarity import unit_rows
+from ..inputs import SETTLE_PIECE, SearchInputs, exact_top_k, merge_candidates
 from .int8_blocks import Int8Blocks
 from .int8_rows import Int8RowsScreen, int8_product_runs, int8_rows, int8_screen_pays
 from .screen import Chunk, Screen
@@ -126,8 +126,8 @@ def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Te
     queries it cannot prove them for (for the plain loop). A row can be in the exact top-k only if
     its approximate score reaches the floor of the k-th kept one (`Bounds`, rows of norm at most
     `reach`). A row left out was below such a floor when met (`_threshold`) or below the K-th kept
-    score: where that is below the floor, the kept rows scored exactly (`settle`) are the answer;
-    where not (K rows within 2E of the k-th: ties), the query is unproved."""
+    score: where that is below the floor, the kept rows scored exactly (`exact_top_k`) hold the
+    answer; where not (K rows within 2E of the k-th: ties), the query is unproved."""
     k, num_docs = inputs.k, inputs.corpus.shape[0]
     bounds = Bounds(inputs.score, inputs.query_norms, reach, inputs.queries.shape[1], **ROUGH,
                     unit=inputs.product_unit)
@@ -135,16 +135,12 @@ def finish(inputs: SearchInputs, top_values: torch.Tensor, top_indices: torch.Te
     unproved = (top_indices[:, -1] >= 0) & ~(top_values[:, -1] < floor)
     if top_values.shape[1] >= num_docs:  # every row is kept
         unproved[:] = False
-    values = torch.full((top_values.shape[0], k), -math.inf, device=top_values.device)  # (Q, k)
-    indices = torch.full_like(values, -1, dtype=torch.long)  # (Q, k)
-    # Only kept rows at or above the floor can be in the exact top-k: those are scored exactly.
-    rows, slots = ((top_indices >= 0) & (top_values >= floor[:, None])).nonzero(as_tuple=True)  # (M,), (M,)
-
-    def doc_rows(columns):
-        doc = inputs.corpus.index_select(0, columns.to(inputs.corpus.device)).to(inputs.device, torch.float32)
-        return unit_rows(doc) if inputs.score == "cosine" and inputs.prepared is None else doc
-
-    settle(inputs.queries, doc_rows, (rows, top_indices[rows, slots]), 0, inputs.score, values, indices)
+    # Only kept rows at or above the floor can be in the exact top-k: the first of each list, best first.
+    above = top_values >= floor[:, None]  # (Q, K)
+    width = max(k, int(above.sum(dim=1).max()) if above.shape[0] else 0)  # k at least: (Q, k) comes back
+    columns = top_indices[:, :width].masked_fill(~above[:, :width], -1)  # (Q, W)
+    values, indices = exact_top_k(inputs.queries, inputs.rows_as_scored, columns, inputs.score, k, SETTLE_PIECE,
+                                  padded=True)
     return values, indices, unproved
 
 
