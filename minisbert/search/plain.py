@@ -35,9 +35,10 @@ The loop. For each (query chunk, corpus chunk) block it
     3. scores the candidates exactly and merges them into the running top-k (`settle`).
 
 Memory is a few blocks whatever N is; sentence-transformers' `util.semantic_search` is step 1 and
-a top-k. The checks and `settle` are in search/inputs.py, shared with minisbert/fast/; the bounds in
-search/bounds.py (with what TF32 or bfloat16 products add where torch is set to them: the search
-reads that setting and never changes it). Tested in
+a top-k. The checks and `settle` are in search/inputs.py, beside `exact_top_k`, the same exact
+scores of the rows the fast ways (search/fast/) keep; the bounds in search/bounds.py (with what
+TF32 or bfloat16 products add where torch is set to them: the search reads that setting and never
+changes it). Tested in
 tests/search/test_retrieval.py against brute force, in tests/search/test_search_property.py against exact
 arithmetic, and every way against this loop; the bounds in tests/search/test_search_bounds.py.
 """
