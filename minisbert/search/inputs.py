@@ -71,7 +71,7 @@ def scored_rows(chunk: torch.Tensor, score: str, name: str, start: int,
                          "again or drop it")
     if score == "cosine":
         chunk = unit_rows(chunk, norms)
-        norms = torch.where(norms > 0, UNIT_NORM, 0.0) if bounded else row_norms(chunk)
+        norms = (norms > 0).to(norms.dtype) * UNIT_NORM if bounded else row_norms(chunk)  # float64, as the norms
     return chunk, norms
 
 

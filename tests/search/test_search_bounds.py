@@ -22,6 +22,7 @@ from minisbert.search.fast.device import HalfRows
 from minisbert.search.fast.screen import Chunk
 from minisbert.search import prepare_corpus
 from minisbert.common.similarity import unit_rows
+from minisbert.search.inputs import check_inputs
 from minisbert.search.bounds import (F32_UNIT, HALF_SUBNORMAL_ERROR, HALF_UNIT, INT8_STEP_ERROR, PRODUCT_UNITS, ROUGH,
                                      UNIT_NORM, Bounds, half_screen_error, int8_rows_coefficients, summation_error)
 
@@ -141,6 +142,10 @@ def test_a_unit_row_has_a_norm_of_at_most_the_unit_norm_bound():
         assert norms.max() <= UNIT_NORM, (dim, (norms.max() - 1) / U)
         largest = max(largest, norms.max())
     assert largest > 1 + U / 2
+    # A cosine search takes the bound as its queries' norms, in float64 as the bounds compute (0 for a zero query).
+    queries = torch.cat([torch.randn(2, 8, generator=generator), torch.zeros(1, 8)])
+    taken = check_inputs(queries, torch.randn(5, 8, generator=generator), 1, "cosine", 1024, None, None).query_norms
+    assert taken.dtype == torch.float64 and taken.tolist() == [UNIT_NORM, UNIT_NORM, 0.0]
 
 
 def test_the_int8_coefficients_cover_each_term_of_their_bound():
