@@ -120,10 +120,23 @@ def product_error(dim: int, unit: float, reach_squared, norms_sum):
 # The searches multiply by a query's norm only in their bounds, so a cosine query (and a chunk of
 # rows as given) takes this bound instead of a second fixed-order sum (search/inputs.py's `scored_rows`).
 UNIT_NORM = 1 + 2 * F32_UNIT
-# Rows as given that a fast way measures itself, and where it leaves them to the plain search's checks:
-RAW_NORM_SLACK = 1 + 2.0**-10  # float32 norms are off by less than 2^-10 of themselves (d < 16,000)
-SMALLEST_COSINE_NORM = 2.0**-60  # cosine: rows below this norm (zero rows too) are left to the plain loop
+# Rows as given that a fast way measures itself in float32 (`raw_reach`), and where it leaves them to the
+# plain search's checks. A float32 norm m of a row of norm n is within γ_d / 2 + u < 2^-11 of n (d <
+# 16,000) where no square falls below float32's normal range. A kernel may flush such a square to zero
+# (x86 kernels do after torch.set_flush_denormal(True)): d of them lose less than d 2^-126 of n², so
+# n <= m (1 + 2^-10) + √d 2^-63. A cosine row is divided by m: for n >= 2^-40 the flushed squares move
+# m by less than d 2^-127 / n² < 2^-33 of itself, inside E's 1% of its 4u; smaller rows go to the plain loop.
+RAW_NORM_SLACK = 1 + 2.0**-10  # float32 norms are off by less than 2^-10 of themselves (d < RAW_DIMS) ...
+FLUSHED_NORM = 2.0**-63  # ... and by less than √d times this where squares are flushed to zero
+RAW_DIMS = 16_000  # rows of this many entries or more are left to the plain search's checks
+SMALLEST_COSINE_NORM = 2.0**-40  # cosine: rows below this norm (zero rows too) are left to the plain loop
 LARGEST_RAW_SCORE = torch.finfo(torch.float32).max / 4  # ... and rows whose scores could come near float32's limit
+
+
+def raw_reach(largest, dim: int):
+    """An upper bound on the norms of rows of `dim` entries whose largest float32 norm is `largest`
+    (a float or a tensor), as above."""
+    return largest * RAW_NORM_SLACK + dim**0.5 * FLUSHED_NORM
 
 
 class Bounds:

@@ -686,6 +686,40 @@ def test_tiny_rows_have_true_cosines():
     assert_within_rounding(scores, expected_scores, queries, corpus, indices, "cosine", roundings=2)
 
 
+def test_rows_whose_squares_are_flushed_to_zero_have_true_cosines_in_every_way():
+    # After torch.set_flush_denormal(True) x86 kernels flush results below 2^-126 to zero, squares
+    # among them: a row (2^-59, 2^-64, ..., 2^-64) of d = 384 has a float32 norm of 2^-59 where its
+    # norm is 1.17 times that, so its float32 cosine 0.8 comes out 0.94. Another row at cosine 0.9
+    # is the true top 1: a way that trusted the float32 norm would screen it out below the first.
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormal numbers to zero")
+    try:
+        dim = 384
+        tiny = torch.full((dim,), 2.0**-64, dtype=torch.float64)
+        tiny[0] = 2.0**-59
+        unit = tiny / tiny.norm()
+        across = torch.zeros(dim, dtype=torch.float64)
+        across[1] = 1.0
+        across -= (across @ unit) * unit
+        query = 0.8 * unit + 0.6 * across / across.norm()  # unit: cos(query, tiny) = 0.8
+        other = torch.zeros(dim, dtype=torch.float64)
+        other[2] = 1.0
+        other -= (other @ query) * query
+        best = 3.0 * (0.9 * query + math.sqrt(1 - 0.81) * other / other.norm())  # cos(query, best) = 0.9
+        corpus = torch.stack([tiny, best]).float()
+        assert float(torch.linalg.vector_norm(corpus[0])) == 2.0**-59  # the squares were flushed
+        for way in WAY_NAMES:
+            try:
+                scores, indices = search_module.search(query.float()[None], corpus, 1, way=way)
+            except ValueError as error:
+                assert "cannot run here" in str(error)
+                continue
+            assert indices.tolist() == [[1]], way
+            assert abs(float(scores[0, 0]) - 0.9) < 1e-6, way  # float32's rounding of the cosines
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def test_huge_rows_have_true_cosines():
     # Squares of entries near 1e30 overflow in float32 (the norm of such a 384-long row would come
     # out as inf, and every cosine as 0); the rows are finite, so their cosines are well defined.

@@ -23,8 +23,9 @@ from minisbert.search.fast.screen import Chunk
 from minisbert.search import prepare_corpus
 from minisbert.common.similarity import unit_rows
 from minisbert.search.inputs import check_inputs
-from minisbert.search.bounds import (F32_UNIT, HALF_SUBNORMAL_ERROR, HALF_UNIT, INT8_STEP_ERROR, PRODUCT_UNITS, ROUGH,
-                                     UNIT_NORM, Bounds, half_screen_error, int8_rows_coefficients, summation_error)
+from minisbert.search.bounds import (F32_UNIT, HALF_SUBNORMAL_ERROR, HALF_UNIT, INT8_STEP_ERROR, PRODUCT_UNITS, RAW_DIMS,
+                                     RAW_NORM_SLACK, ROUGH, SLACK, SMALLEST_COSINE_NORM, UNIT_NORM, Bounds,
+                                     half_screen_error, int8_rows_coefficients, raw_reach, summation_error)
 
 U = F32_UNIT
 CASES = 150
@@ -148,6 +149,38 @@ def test_a_unit_row_has_a_norm_of_at_most_the_unit_norm_bound():
     assert taken.dtype == torch.float64 and taken.tolist() == [UNIT_NORM, UNIT_NORM, 0.0]
 
 
+@pytest.mark.parametrize("flushed", [False, True])
+def test_the_norms_of_rows_as_given_are_bounded_by_their_float32_norms_even_with_squares_flushed(flushed):
+    """`raw_reach` (section 1): a row's norm is at most its float32 norm m (1 + 2^-10) + √d 2^-63,
+    with squares below 2^-126 kept as subnormals or flushed to zero (torch.set_flush_denormal(True)),
+    for rows of every dimension and of scales from 2^-80 to 2^40. Rows of entries just below 2^-63,
+    whose squares all fall below 2^-126, reach the bound within 2^-19 where they are flushed (m = 0:
+    at some dimensions, as torch's kernel for the shape sums).
+    And the arithmetic the bound's constants rest on: γ_d / 2 + u, the float32 norm's error, is at most
+    half of RAW_NORM_SLACK's 2^-10 for d < RAW_DIMS, and at SMALLEST_COSINE_NORM the flushed squares
+    move a cosine row's norm by less than E's 1% of its 4u."""
+    assert summation_error(RAW_DIMS) / 2 + U <= (RAW_NORM_SLACK - 1) / 2
+    assert RAW_DIMS * 2.0**-127 / SMALLEST_COSINE_NORM**2 < (SLACK - 1) * ROUGH["roundings"] * U
+    if flushed and not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormal numbers to zero")
+    try:
+        generator, reached = torch.Generator().manual_seed(3), []
+        for dim in DIMS:
+            scales = 2.0 ** torch.linspace(-80, 40, 2_000)[:, None]
+            rows = torch.randn(2_000, dim, generator=generator) * scales * (torch.rand(2_000, dim, generator=generator) < 0.5)
+            rows = torch.cat([rows.float(), torch.full((1, dim), 2.0**-63 * (1 - 2.0**-20))])
+            measured = torch.linalg.vector_norm(rows, dim=1)  # float32, as the fast ways measure them
+            exact = torch.from_numpy(exact_norms(rows.double().numpy()))
+            bound = raw_reach(measured.double(), dim)
+            assert (exact <= bound).all(), (dim, float((exact / bound).max()))
+            if float(measured[-1]) == 0:  # every square flushed (the kernel may sum some shapes otherwise)
+                assert float(exact[-1] / bound[-1]) > 1 - 2.0**-19, dim
+                reached.append(dim)
+    finally:
+        torch.set_flush_denormal(False)
+    assert bool(reached) == flushed, reached
+
+
 def test_the_int8_coefficients_cover_each_term_of_their_bound():
     """Section 2: s_fl <= s_q s (q'·c') + α |e_c| + β |ĉ| needs α >= |q| + 3u |q̂| + γ_d |q| (the
     error of q against e_c, the scalings, the float32 sum) and β >= |e_q| + 3u |q̂| + γ_d |q|, with
@@ -242,6 +275,27 @@ def test_the_bound_of_products_of_rounded_inputs_holds_and_is_nearly_reached(pre
     bound = float(Bounds("dot", torch.tensor([norm]), norm, dim, unit=unit).error)
     assert sums[0, 0] == dim and error <= bound
     assert error / bound > 0.9, error / bound  # about 0.98 for bfloat16 and TF32 at d = 384
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_the_flush_term_of_products_of_rounded_inputs_is_nearly_reached(precision):
+    """E_p's term 2 (1 + u_p) η √d (|q| + R) (search/bounds.py): an input below 2^-126 that the product
+    flushes to zero loses its whole product with the other input. q = (2^20, ..., 2^20) against
+    c = (x, ..., x), x = 2^-126 (1 - 2^-7) (held exactly in TF32 and bfloat16, then flushed): every
+    product is lost, d 2^20 x in all, half of the term (its 2 is for euclidean's 2 q·c, so a dot
+    score reaches half): E's own d 2^-124 for products flushed in float32 is 2^-19 of it. And the
+    same with q and c swapped, where R is the large one."""
+    unit = PRODUCT_UNITS[precision]
+    dim, large, small = 384, 2.0**20, 2.0**-126 * (1 - 2.0**-7)
+    for query_entry, row_entry in ((large, small), (small, large)):
+        query, row = np.full((1, dim), query_entry), np.full((1, dim), row_entry)
+        bits = {"tf32": 11, "bf16": 8}[precision]
+        assert (rounded_inputs(query, bits) * rounded_inputs(row, bits) == 0).all()  # every product flushed
+        error = abs(float(np.float32(exact_dots(query, row)[0, 0])))  # the float32 sum of the flushed products is 0
+        bound = float(Bounds("dot", torch.from_numpy(exact_norms(query)), float(exact_norms(row)[0]), dim,
+                             unit=unit).error[0])
+        # (1 - 2^-7) / (2.02 (1 + u_p) (1 + γ_d)), less E_p's 2 u_p |q| R beside it: 0.487 (bfloat16), 0.491 (TF32)
+        assert 0.48 < error / bound <= 1, (query_entry, error / bound)
 
 
 def test_the_floors_give_up_no_more_than_the_bound_and_a_rounding():

@@ -27,8 +27,8 @@ import warnings
 
 import torch
 
-from ..bounds import (LARGEST_RAW_SCORE, RAW_NORM_SLACK, ROUGH, SMALLEST_COSINE_NORM, Bounds, half_screen_error,
-                      linear_error)
+from ..bounds import (LARGEST_RAW_SCORE, RAW_DIMS, RAW_NORM_SLACK, ROUGH, SMALLEST_COSINE_NORM, Bounds, half_screen_error,
+                      linear_error, raw_reach)
 from ..inputs import SearchInputs, exact_top_k
 from .tuning import DEVICE_RESCORE_ENTRIES, HALF_KEPT_BEYOND_K, KEPT_BEYOND_K
 
@@ -174,22 +174,24 @@ class _RowsAsGiven(_Screen):
 
     def unproved(self, rows: slice, kth: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """Unproved queries (`_unproved`), and every query where a row's float32 norm is not finite,
-        below SMALLEST_COSINE_NORM (cosine: zero rows too) or makes a score come near float32's limit:
-        the plain loop then checks the rows, and raises where it raises."""
+        below SMALLEST_COSINE_NORM (cosine: zero rows too) or makes a score come near float32's limit,
+        or rows have RAW_DIMS entries or more: the plain loop then checks the rows, and raises where it raises."""
         inputs = self.inputs
+        dim = inputs.queries.shape[1]
+        if dim >= RAW_DIMS:
+            return torch.ones(kth.shape, dtype=torch.bool, device=kth.device)
         smallest, largest = self.smallest.min(), self.largest.max()
         if inputs.score == "cosine":  # unit rows made by dividing by float32 norms: norms below RAW_NORM_SLACK
-            slope, offset = linear_error(inputs.queries.shape[1], RAW_NORM_SLACK, **ROUGH,
-                                         unit=inputs.product_unit)
+            slope, offset = linear_error(dim, RAW_NORM_SLACK, **ROUGH, unit=inputs.product_unit)
             unproved = _unproved(inputs.query_norms[rows], kth, last, slope, offset)
             return unproved | ~((smallest >= SMALLEST_COSINE_NORM) & (largest < torch.inf))
-        reach = largest.double() * RAW_NORM_SLACK  # a 0-d tensor: no wait for the host
+        reach = raw_reach(largest.double(), dim)  # a 0-d tensor: no wait for the host
         largest_query = inputs.query_norms.max()
         largest_score = largest_query * reach if inputs.score == "dot" else (largest_query + reach) ** 2
         measurable = largest_score <= LARGEST_RAW_SCORE  # False for a NaN norm too
         if inputs.score == "euclidean":
             return _unproved_euclidean(inputs, rows, kth, last, reach, **ROUGH) | ~measurable
-        slope, offset = linear_error(inputs.queries.shape[1], 1.0, **ROUGH, unit=inputs.product_unit)
+        slope, offset = linear_error(dim, 1.0, **ROUGH, unit=inputs.product_unit)
         return _unproved(inputs.query_norms[rows], kth, last, slope * reach, offset) | ~measurable
 
 

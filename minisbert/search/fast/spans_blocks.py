@@ -30,7 +30,7 @@ from functools import partial
 
 import torch
 
-from ..bounds import LARGEST_RAW_SCORE, RAW_NORM_SLACK, ROUGH, SMALLEST_COSINE_NORM, Bounds
+from ..bounds import LARGEST_RAW_SCORE, RAW_DIMS, RAW_NORM_SLACK, ROUGH, SMALLEST_COSINE_NORM, Bounds, raw_reach
 from ..inputs import SETTLE_PIECE, SearchInputs, exact_top_k, merge_candidates
 from .int8_blocks import Int8Blocks
 from .int8_rows import Int8RowsScreen, int8_product_runs, int8_rows, int8_screen_pays
@@ -170,11 +170,11 @@ def _prepared_chunk(inputs: SearchInputs, start: int, rows: int, copy=None) -> C
 
 def _raw_reach(inputs: SearchInputs, norms: torch.Tensor) -> float | None:
     """For rows as given with (n,) float32 `norms`: an upper bound on their norms as multiplied (unit
-    rows for cosine), or None where a row or a score needs the plain search's checks."""
-    if norms.numel() == 0:
+    rows for cosine), or None where a row, a score or the rows' length needs the plain search's checks."""
+    if norms.numel() == 0 or inputs.queries.shape[1] >= RAW_DIMS:
         return None
     smallest, largest = (float(value) for value in torch.aminmax(norms))
-    largest *= RAW_NORM_SLACK
+    largest = raw_reach(largest, inputs.queries.shape[1])
     query_norm = float(inputs.query_norms.max()) if inputs.query_norms.numel() else 0.0
     largest_score = {"cosine": 1.0, "dot": query_norm * largest, "euclidean": (query_norm + largest) ** 2}
     if not (largest < math.inf and (inputs.score != "cosine" or smallest >= SMALLEST_COSINE_NORM)  # a NaN fails too
