@@ -10,6 +10,7 @@ and the row.
 """
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,13 +225,15 @@ def merge_top_k(scores, indices, other_scores, other_indices, k: int, largest: b
 def as_embedding_matrix(embeddings, name: str) -> torch.Tensor:
     """`embeddings` as a detached torch tensor, checked to be a 2-D floating-point matrix. A numpy array
     of any byte order and strides is taken (torch reads only native order and non-negative strides:
-    such an array is copied to one it reads, the same values)."""
+    such an array is copied to one it reads, the same values); any other, read-only ones too, is read in place."""
     if isinstance(embeddings, np.ndarray):
         if embeddings.dtype.kind == "f" and not embeddings.dtype.isnative:
             embeddings = embeddings.astype(embeddings.dtype.newbyteorder("="))
         if any(stride < 0 for stride in embeddings.strides):
             embeddings = np.ascontiguousarray(embeddings)
-        embeddings = torch.from_numpy(embeddings)
+        with warnings.catch_warnings():  # a read-only array (a memory map) is read, never written: torch's warning is moot
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+            embeddings = torch.from_numpy(embeddings)
     if not isinstance(embeddings, torch.Tensor):
         raise ValueError(f"{name} must be a torch tensor or numpy array, got {type(embeddings).__name__}")
     if embeddings.device.type == "meta":

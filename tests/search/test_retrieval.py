@@ -16,6 +16,7 @@ import math
 import re
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -29,7 +30,7 @@ from minisbert.search.fast import device, int8_blocks, screen, span_product
 from minisbert.common import machine
 from minisbert.search.fast import spans_blocks as fast_retrieval
 from minisbert.search import WAY_NAMES, load_corpus, prepare_corpus
-from minisbert.search.inputs import SETTLE_PIECE, merge_top_k
+from minisbert.search.inputs import SETTLE_PIECE, as_embedding_matrix, merge_top_k
 
 from ..conftest import REPO
 from ..tolerances import search_scores_apart
@@ -1266,6 +1267,36 @@ def test_numpy_inputs_of_any_byte_order_and_strides_are_searched_as_their_values
         assert all(np.array_equal(a, b) for a, b in zip(search_module.search(queries.astype(">f8"), form, 5), expected))
     flipped = search_module.search(queries, corpus[::-1], 5)[1]  # rows numbered as given: reversed
     assert np.array_equal(39 - flipped, expected[1])
+
+
+def test_a_numpy_corpus_torch_can_read_is_searched_in_place_not_copied(tmp_path):
+    # A corpus of a million rows copied is gigabytes more: arrays torch reads as they are (any
+    # non-negative strides, a broadcast row among them, a read-only memory map) are taken in place;
+    # only reversed strides and another byte order, which torch cannot read, are copied.
+    generator = np.random.default_rng(6)
+    corpus = generator.standard_normal((40, 8)).astype(np.float32)
+    np.save(tmp_path / "corpus.npy", corpus)
+    mapped = np.load(tmp_path / "corpus.npy", mmap_mode="r")
+    for form in (corpus, corpus[::2], corpus[:, ::2], np.broadcast_to(corpus[0], (1_000_000, 8)), mapped):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch's warning that a read-only array may not be written: it is not
+            taken = as_embedding_matrix(form, "corpus")
+        assert np.shares_memory(taken.numpy(), form) and np.array_equal(taken.numpy(), form)
+    for form in (corpus[::-1], corpus.astype(">f4")):
+        taken = as_embedding_matrix(form, "corpus")
+        assert not np.shares_memory(taken.numpy(), form) and np.array_equal(taken.numpy(), form)
+    # Every way only reads it: over the read-only map (a write there would fault) as over the array, which stays as it was.
+    given = corpus.copy()
+    for way in WAY_NAMES:
+        for score in SCORES:
+            try:
+                answers = [search_module.search(corpus[:3], rows, 5, score=score, way=way) for rows in (mapped, corpus)]
+            except ValueError as error:
+                assert "cannot run here" in str(error)
+                continue
+            expected = search_module.search(given[:3], given, 5, score=score, way="plain")
+            assert all(np.array_equal(a, b) for answer in answers for a, b in zip(answer, expected)), (way, score)
+            assert np.array_equal(corpus, given), (way, score)
 
 
 def test_a_meta_tensor_is_refused_naming_it():
