@@ -409,6 +409,11 @@ def test_the_int8_copy_bound_holds(dim):
     outside = (largest < int8_rows.SMALLEST_ENTRY) | (largest > int8_rows.LARGEST_ENTRY)
     error_norms = copy.terms[:, 0]
     assert torch.isposinf(error_norms[outside]).all() and torch.isfinite(error_norms[~outside]).all()
+    # Each term the copy keeps bounds its quantity (section 2), exactly computed: for rows it holds
+    # exactly |e_c| is 0, and the bound is what covers ĉ's rounding to float32.
+    c_hat = copy.values.double() * copy.scales.double()[:, None]  # s c', exact in float64
+    exact_terms = torch.stack([(rows.double() - c_hat).norm(dim=1), c_hat.norm(dim=1)], dim=1)[~outside]
+    assert (copy.terms[~outside].double() >= exact_terms).all()
     queries = torch.cat([torch.randn(1, dim, generator=generator), rows[1001:1002], rows[:1] * 2.0**-20])
     for screened in (queries[:1], queries[1:2], queries[2:], queries):  # alone, and three in one product
         screen = int8_rows.Int8RowsScreen(screened, rows.shape[0])
