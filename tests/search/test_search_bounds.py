@@ -25,7 +25,8 @@ from minisbert.common.similarity import unit_rows
 from minisbert.search.inputs import check_inputs
 from minisbert.search.bounds import (F32_UNIT, HALF_SUBNORMAL_ERROR, HALF_UNIT, INT8_STEP_ERROR, PRODUCT_UNITS, RAW_DIMS,
                                      RAW_NORM_SLACK, ROUGH, SLACK, SMALLEST_COSINE_NORM, UNIT_NORM, Bounds,
-                                     half_screen_error, int8_rows_coefficients, raw_reach, summation_error)
+                                     half_screen_error, int8_rows_coefficients, linear_error, raw_reach,
+                                     summation_error)
 
 U = F32_UNIT
 CASES = 150
@@ -296,6 +297,22 @@ def test_the_flush_term_of_products_of_rounded_inputs_is_nearly_reached(precisio
                              unit=unit).error[0])
         # (1 - 2^-7) / (2.02 (1 + u_p) (1 + γ_d)), less E_p's 2 u_p |q| R beside it: 0.487 (bfloat16), 0.491 (TF32)
         assert 0.48 < error / bound <= 1, (query_entry, error / bound)
+
+
+def test_the_linear_form_a_device_search_takes_is_section_1s_bound():
+    """`linear_error`'s slope |q| + offset (what a search on a GPU compares with, computed without the
+    host) is `Bounds`' E for cosine and dot: for every dimension, query norm and row norm from 2^-125 to
+    2^10, both kinds of float32 score (`ROUGH` too) and every product setting, equal but for float64
+    rounding and E_p's d η² counted twice (2^-252 d, far below it)."""
+    rng = np.random.default_rng(58)
+    for _ in range(CASES):
+        dim, unit = int(rng.choice(DIMS)), float(rng.choice([0.0, *PRODUCT_UNITS.values()]))
+        query_norm, largest = (float(2.0 ** rng.uniform(-125, 10)) for _ in range(2))  # E_p's flush terms show below 2^-100
+        counts = ROUGH if rng.random() < 0.5 else {"sums": 1, "roundings": 2}
+        slope, offset = linear_error(dim, largest, **counts, unit=unit)
+        expected = float(Bounds("dot", torch.tensor([query_norm], dtype=torch.float64), largest, dim, **counts,
+                                unit=unit).error[0])
+        assert slope * query_norm + offset == pytest.approx(expected, rel=1e-12, abs=0), (dim, unit, query_norm, largest)
 
 
 def test_the_floors_give_up_no_more_than_the_bound_and_a_rounding():
