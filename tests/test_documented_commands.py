@@ -116,6 +116,8 @@ COMMANDS = {
     "--methods minisbert-dot minisbert-cosine floor-norms plain faiss": SMALL_SEARCH,
     "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 10000 --queries 1 16 1000 --methods "
     "minisbert-dot minisbert-cosine minisbert-prepared floor floor-norms plain faiss": SMALL_SEARCH,
+    "python bench/retrieval.py --peer-python PEER/bin/python --sizes 200000 10000 --queries 1 16 --methods "
+    "minisbert-dot minisbert-cosine minisbert-prepared floor-norms plain faiss": SMALL_SEARCH,
     'python bench/retrieval.py --sizes 10000 200000 --queries 1 16 1000 --methods plain --ways "one span" spans blocks':
         Run("--sizes 2000 --queries 1 40 --repeats 1"),
     "python bench/train.py --peer-python PEER/bin/python --repeats 3": Run("--pairs 32 --repeats 1", slow=True,
