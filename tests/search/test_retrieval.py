@@ -708,7 +708,8 @@ def test_rows_whose_squares_are_flushed_to_zero_have_true_cosines_in_every_way()
         other -= (other @ query) * query
         best = 3.0 * (0.9 * query + math.sqrt(1 - 0.81) * other / other.norm())  # cos(query, best) = 0.9
         corpus = torch.stack([tiny, best]).float()
-        assert float(torch.linalg.vector_norm(corpus[0])) == 2.0**-59  # the squares were flushed
+        if float(torch.linalg.vector_norm(corpus, dim=1)[0]) != 2.0**-59:  # as the ways measure a span's rows
+            pytest.skip("torch's norm kernel here does not flush these squares: nothing to show")
         for way in WAY_NAMES:
             try:
                 scores, indices = search_module.search(query.float()[None], corpus, 1, way=way)

@@ -179,7 +179,9 @@ def test_the_norms_of_rows_as_given_are_bounded_by_their_float32_norms_even_with
                 reached.append(dim)
     finally:
         torch.set_flush_denormal(False)
-    assert bool(reached) == flushed, reached
+    assert flushed or not reached, reached
+    if flushed and not reached:
+        pytest.skip("the bound held, but torch's norm kernel here flushed no row's squares: its flush term went untried")
 
 
 def test_the_int8_coefficients_cover_each_term_of_their_bound():
