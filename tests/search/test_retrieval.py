@@ -49,6 +49,17 @@ def search(*args, **kwargs):
         raise
 
 
+def search_if_it_runs(*args, **kwargs):
+    """minisbert.search.search, or None where the forced way cannot run on these inputs here (for a
+    test that tries every way in turn)."""
+    try:
+        return search_module.search(*args, **kwargs)
+    except ValueError as error:
+        if "cannot run here" in str(error):
+            return None
+        raise
+
+
 def exact_scores(queries, corpus, score):
     """(Q, N) every score in float64: distances for euclidean."""
     queries = torch.as_tensor(queries).double()
@@ -711,11 +722,10 @@ def test_rows_whose_squares_are_flushed_to_zero_have_true_cosines_in_every_way()
         if float(torch.linalg.vector_norm(corpus, dim=1)[0]) != 2.0**-59:  # as the ways measure a span's rows
             pytest.skip("torch's norm kernel here does not flush these squares: nothing to show")
         for way in WAY_NAMES:
-            try:
-                scores, indices = search_module.search(query.float()[None], corpus, 1, way=way)
-            except ValueError as error:
-                assert "cannot run here" in str(error)
+            answer = search_if_it_runs(query.float()[None], corpus, 1, way=way)
+            if answer is None:
                 continue
+            scores, indices = answer
             assert indices.tolist() == [[1]], way
             assert abs(float(scores[0, 0]) - 0.9) < 1e-6, way  # float32's rounding of the cosines
     finally:
@@ -1290,10 +1300,8 @@ def test_a_numpy_corpus_torch_can_read_is_searched_in_place_not_copied(tmp_path)
     given = corpus.copy()
     for way in WAY_NAMES:
         for score in SCORES:
-            try:
-                answers = [search_module.search(corpus[:3], rows, 5, score=score, way=way) for rows in (mapped, corpus)]
-            except ValueError as error:
-                assert "cannot run here" in str(error)
+            answers = [search_if_it_runs(corpus[:3], rows, 5, score=score, way=way) for rows in (mapped, corpus)]
+            if answers[0] is None:
                 continue
             expected = search_module.search(given[:3], given, 5, score=score, way="plain")
             assert all(np.array_equal(a, b) for answer in answers for a, b in zip(answer, expected)), (way, score)
