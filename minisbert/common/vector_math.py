@@ -4,7 +4,7 @@ process first runs one on more than one thread.
 torch builds for x86 with Intel MKL compute these through MKL's vector math library: a call over more
 than 2,048 values is cut into pieces, one a thread, and each piece is one call of MKL's function. The
 first such call in a process can give one piece other last bits than every later call gives the same
-values (seen on an Intel Xeon with AVX-512, family 6 model 207: bench/README.md has the counts), as if
+values (seen on one CPU kind: bench/README.md names it and has the counts), as if
 MKL chose its code for that piece while it was still choosing; a later call never differs. So one call
 of one value, on this thread alone, is made when minisbert is imported (minisbert/__init__.py): the
 first call that splits across threads comes after it, and every call gives a value the same bits in
