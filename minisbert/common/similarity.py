@@ -25,6 +25,8 @@ functions; tests/common/test_similarity.py checks each against its definition co
 float64, tests/porting/test_st_calls.py against sentence-transformers' own results.
 """
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -139,11 +141,13 @@ def checked_pair(a, b, function: str) -> tuple:
     a, b = as_rows(a, "a"), as_rows(b, "b")
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"embeddings of different sizes: a has {a.shape[1]} dimensions, b has {b.shape[1]}")
-    return a, b
+    common = torch.promote_types(a.dtype, b.dtype)  # float16 beside float32 compares in float32
+    return a.to(common), b.to(common)
 
 
 def as_rows(embeddings, name: str) -> torch.Tensor:
-    """Embeddings as a 2-D tensor: (D,) -> (1, D), (n, D) as it is; a list of embeddings stacked."""
+    """Embeddings as a 2-D floating-point tensor: (D,) -> (1, D), (n, D) as it is; a list of embeddings
+    stacked; a numpy array of any byte order and strides (`array_as_tensor`). Integers are refused."""
     if isinstance(embeddings, list) and embeddings:
         if all(isinstance(row, torch.Tensor) for row in embeddings):
             embeddings = torch.stack(embeddings)
@@ -152,11 +156,29 @@ def as_rows(embeddings, name: str) -> torch.Tensor:
         else:
             embeddings = torch.tensor(embeddings, dtype=torch.float32)
     if isinstance(embeddings, np.ndarray):
-        embeddings = torch.from_numpy(embeddings)
+        embeddings = array_as_tensor(embeddings)
     if not isinstance(embeddings, torch.Tensor):
         raise TypeError(f"{name} must be a numpy array, a torch tensor or a non-empty list of embeddings, "
                         f"got {type(embeddings).__name__}")
     if embeddings.dim() not in (1, 2):
         raise ValueError(f"{name} must be one embedding (D,) or a matrix of them (n, D), "
                          f"got shape {tuple(embeddings.shape)}")
-    return embeddings if embeddings.dim() == 2 else embeddings.unsqueeze(0)
+    if not embeddings.is_floating_point():  # an integer row's unit row would round to zeros
+        raise ValueError(f"{name} holds {embeddings.dtype} numbers; embeddings are floating point "
+                         "(convert them, e.g. .astype(np.float32))")
+    # Contiguous: torch's products add in an order that follows the strides, and the same values
+    # should give the same bits whatever their layout (a transposed tensor, a broadcast row).
+    return (embeddings if embeddings.dim() == 2 else embeddings.unsqueeze(0)).contiguous()
+
+
+def array_as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A numpy array as a torch tensor of the same values: read in place wherever torch can read it
+    (views, broadcast rows, read-only memory maps: minisbert only reads them, so torch's warning that
+    it may write is moot), copied where torch cannot (another byte order, a negative stride)."""
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if any(stride < 0 for stride in array.strides):
+        array = np.ascontiguousarray(array)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return torch.from_numpy(array)

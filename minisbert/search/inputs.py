@@ -10,7 +10,6 @@ and the row.
 """
 
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import torch
 
 from ..common.fileio import write_safetensors
 from .bounds import UNIT_NORM, product_unit
-from ..common.similarity import exact_scores, row_norms, unit_rows
+from ..common.similarity import array_as_tensor, exact_scores, row_norms, unit_rows
 
 SCORE_FUNCTIONS = ("cosine", "dot", "euclidean")
 DEFAULT_QUERY_CHUNK_SIZE = 1024  # a (1024, 8192) float32 block is 32 MB
@@ -227,13 +226,7 @@ def as_embedding_matrix(embeddings, name: str) -> torch.Tensor:
     of any byte order and strides is taken (torch reads only native order and non-negative strides:
     such an array is copied to one it reads, the same values); any other, read-only ones too, is read in place."""
     if isinstance(embeddings, np.ndarray):
-        if embeddings.dtype.kind == "f" and not embeddings.dtype.isnative:
-            embeddings = embeddings.astype(embeddings.dtype.newbyteorder("="))
-        if any(stride < 0 for stride in embeddings.strides):
-            embeddings = np.ascontiguousarray(embeddings)
-        with warnings.catch_warnings():  # a read-only array (a memory map) is read, never written: torch's warning is moot
-            warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
-            embeddings = torch.from_numpy(embeddings)
+        embeddings = array_as_tensor(embeddings)
     if not isinstance(embeddings, torch.Tensor):
         raise ValueError(f"{name} must be a torch tensor or numpy array, got {type(embeddings).__name__}")
     if embeddings.device.type == "meta":

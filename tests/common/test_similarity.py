@@ -4,6 +4,7 @@ numpy arrays and tensors, single embeddings and matrices are all accepted; wrong
 naming what is wrong; and sentence-transformers' own snippet runs on minisbert with the import changed."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -72,6 +73,33 @@ def test_lists_of_embeddings_are_stacked_and_pairwise_is_the_diagonal(function):
     assert torch.allclose(similarity_pairwise(a, b, function), matrix.diagonal(), rtol=0, atol=apart)
     with pytest.raises(ValueError, match="as many rows in a as in b, got 3 and 2"):
         similarity_pairwise(a, b[:2], function)
+
+
+@pytest.mark.parametrize("function", SIMILARITY_FUNCTIONS)
+def test_any_numpy_layout_compares_as_its_values_and_integers_are_refused(function):
+    """What a porting user hands util.cos_sim: reversed rows, another byte order, a broadcast row, a
+    read-only array, columns laid out first (a transposed tensor). Each compares as a plain copy of its values does, bit for bit and
+    with no warning (torch reads none of the first two as they are; minisbert never writes an input);
+    float16 beside float32 compares in float32; integers, whose unit rows would round to zeros, are
+    refused, naming them."""
+    generator = np.random.default_rng(1)
+    a, b = generator.standard_normal((6, 5)).astype(np.float32), generator.standard_normal((4, 5)).astype(np.float32)
+    read_only = a.copy()
+    read_only.flags.writeable = False
+    for form in (a[::-1], a[:, ::-1], a.astype(">f4"), np.broadcast_to(a[0], (6, 5)), read_only, np.asfortranarray(a),
+                 torch.from_numpy(a.T.copy()).T):
+        copy = np.ascontiguousarray(form, dtype=np.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for given, plain in (((form, b), (copy, b)), ((b, form), (b, copy))):  # the form on either side
+                assert torch.equal(similarity(*given, function), similarity(*plain, function))
+                pairs = [similarity_pairwise(first[:4], second[:4], function) for first, second in (given, plain)]
+                assert torch.equal(*pairs)
+    half = a.astype(np.float16)
+    assert torch.equal(similarity(half, b, function), similarity(half.astype(np.float32), b, function))
+    for integers in (np.arange(10).reshape(2, 5), torch.arange(10).reshape(2, 5), np.arange(5, dtype=">i4")):
+        with pytest.raises(ValueError, match=r"a holds torch.int(64|32) numbers; embeddings are floating point"):
+            similarity(integers, b, function)
 
 
 # A snippet written for sentence-transformers (its usual quickstart shape: construct, encode, compare),
