@@ -732,6 +732,26 @@ def test_rows_whose_squares_are_flushed_to_zero_have_true_cosines_in_every_way()
         torch.set_flush_denormal(False)
 
 
+@pytest.mark.parametrize("score", SCORES)
+def test_rows_too_long_to_measure_in_float32_are_multiplied_once_and_answered_as_the_plain_loop(score, monkeypatch):
+    # Past RAW_DIMS entries a float32 norm is no longer within the 2^-10 the bounds allow (search/bounds.py),
+    # so such rows as given go to the plain search's checks: before any product, not after a float32 one
+    # that is then thrown away (a span's rows were multiplied twice).
+    from minisbert.search.bounds import RAW_DIMS
+    generator = torch.Generator().manual_seed(15)
+    corpus, queries = torch.randn(150, RAW_DIMS, generator=generator), torch.randn(2, RAW_DIMS, generator=generator)
+    expected = search_module.search(queries, corpus, 5, score=score, way="plain")
+    multiplied = []
+    product = span_product.SpanProduct.__call__
+    monkeypatch.setattr(span_product.SpanProduct, "__call__",
+                        lambda self, rows, block: (multiplied.append(rows.shape[0]), product(self, rows, block)))
+    for way in ("one span", "spans"):
+        multiplied.clear()
+        answer = search_module.search(queries, corpus, 5, score=score, way=way)
+        assert all(torch.equal(a, b) for a, b in zip(answer, expected)), way
+        assert sum(multiplied) == corpus.shape[0], (way, multiplied)
+
+
 def test_huge_rows_have_true_cosines():
     # Squares of entries near 1e30 overflow in float32 (the norm of such a 384-long row would come
     # out as inf, and every cosine as 0); the rows are finite, so their cosines are well defined.

@@ -22,7 +22,8 @@ On a GPU the search is search/fast/device.py's `search_device`.
 
 A score over rows measured here is off by two float32 sums and four roundings at most (`ROUGH`,
 proved in minisbert/search/bounds.py); a row too small or large to measure so sends its span to the plain
-search's checks, which raise where the plain search raises.
+search's checks, which raise where the plain search raises. Rows of RAW_DIMS entries or more, too long
+to measure so, go there before any product (`_measured_here`).
 """
 
 import math
@@ -168,10 +169,16 @@ def _prepared_chunk(inputs: SearchInputs, start: int, rows: int, copy=None) -> C
     return Chunk(doc_rows, None, squared, float(norms.max()), None if copy is None else copy[start : start + rows])
 
 
+def _measured_here(inputs: SearchInputs) -> bool:
+    """Whether the fast way measures the corpus rows itself (`_raw_reach`): rows as given of fewer than
+    RAW_DIMS entries. Others are read by the plain search's checks (a prepared corpus's were, once)."""
+    return inputs.prepared is None and inputs.queries.shape[1] < RAW_DIMS
+
+
 def _raw_reach(inputs: SearchInputs, norms: torch.Tensor) -> float | None:
-    """For rows as given with (n,) float32 `norms`: an upper bound on their norms as multiplied (unit
-    rows for cosine), or None where a row, a score or the rows' length needs the plain search's checks."""
-    if norms.numel() == 0 or inputs.queries.shape[1] >= RAW_DIMS:
+    """For rows as given (`_measured_here`) with (n,) float32 `norms`: an upper bound on their norms as
+    multiplied (unit rows for cosine), or None where a row or a score needs the plain search's checks."""
+    if norms.numel() == 0:
         return None
     smallest, largest = (float(value) for value in torch.aminmax(norms))
     largest = raw_reach(largest, inputs.queries.shape[1])
@@ -187,7 +194,7 @@ def _score_span(inputs: SearchInputs, start: int, rows: int, product: SpanProduc
     """Write the (Q, rows) float32 scores (keys 2 q·c - |c|² for euclidean) of the corpus rows from
     `start` into `block`; return an upper bound on the norms of the rows as multiplied."""
     score = inputs.score
-    if inputs.prepared is None:
+    if _measured_here(inputs):
         doc_rows = inputs.corpus[start : start + rows].to(device=inputs.device, dtype=torch.float32)  # (n, d)
         norms = torch.empty(rows, device=inputs.device)  # (n,)
         for piece_start in range(0, rows, NORM_PIECE_ROWS):
@@ -263,7 +270,7 @@ def search_blocks(inputs: SearchInputs, screen: bool = False):
 def _block_chunk(inputs: SearchInputs, start: int, rows: int, unit_buffer=None, screened: bool = False) -> Chunk:
     """The corpus chunk of `rows` rows from `start` as a block multiplies it: cosine rows as given
     divided by their float32 norms now (into `unit_buffer`, if given), or, for a screen, left undivided."""
-    if inputs.prepared is None:
+    if _measured_here(inputs):
         raw = inputs.corpus[start : start + rows].to(device=inputs.device, dtype=torch.float32)  # (Nc, d)
         norms = torch.linalg.vector_norm(raw, dim=1)  # (Nc,)
         reach = _raw_reach(inputs, norms)
