@@ -23,8 +23,7 @@ from .rows import lines, malformed, number, tab_rows
 
 def read_qrels(path: Path) -> dict:
     """TREC qrels, or BEIR's tab-separated qrels recognised by their `query-id` header."""
-    with open(path, encoding="utf-8") as file:
-        first_line = file.readline()
+    first_line = next((text for _, text in lines(Path(path))), "")  # a byte-order mark dropped
     if first_line.startswith("query-id"):
         return read_beir_qrels(path)
     return read_trec_qrels(path)
@@ -112,17 +111,18 @@ def write_trec_run(
 
 
 def _fields(path: str | Path, count: int, layout: str) -> Iterable[tuple[int, list[str]]]:
-    with open(path, encoding="utf-8") as file:
-        for line_number, line in enumerate(file, start=1):
-            fields = line.split()
-            if not fields:
-                continue
-            if len(fields) != count:
-                raise ValueError(
-                    f"{path}:{line_number}: expected {count} fields '{layout}', got "
-                    f"{len(fields)}: {line.strip()!r}"
-                )
-            yield line_number, fields
+    """(line number, its `count` whitespace-separated fields) of each non-blank line, read as every
+    dataset file is (datasets/rows.py's `lines`: a byte-order mark dropped, .gz decompressed)."""
+    for line_number, line in lines(Path(path)):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != count:
+            raise ValueError(
+                f"{path}:{line_number}: expected {count} fields '{layout}', got "
+                f"{len(fields)}: {line.strip()!r}"
+            )
+        yield line_number, fields
 
 
 def _parse(kind: type, text: str, name: str, path: str | Path, line_number: int):

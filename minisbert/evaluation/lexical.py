@@ -101,7 +101,7 @@ class BM25:
 
     def __init__(self, corpus_texts: list[str], k1: float = 1.2, b: float = 0.75):
         self.k1, self.b = k1, b
-        self.index = _InvertedIndex([tokenize(text) for text in corpus_texts])
+        self.index = _InvertedIndex([tokenize(text) for text in _texts(corpus_texts, "corpus_texts")])
         index = self.index
         n = index.num_documents
         average_length = index.doc_lengths.mean() if n else 0.0
@@ -134,7 +134,7 @@ class Jaccard:
     """Jaccard similarity between each query's token set and each corpus document's token set."""
 
     def __init__(self, corpus_texts: list[str]):
-        self.index = _InvertedIndex([tokenize(text) for text in corpus_texts])
+        self.index = _InvertedIndex([tokenize(text) for text in _texts(corpus_texts, "corpus_texts")])
 
     def scores(self, query_text: str) -> np.ndarray:
         """J(query, d) for every corpus document d: (N,)."""
@@ -161,13 +161,24 @@ def jaccard_similarity(text_a: str, text_b: str) -> float:
 
 def jaccard_matrix(texts_a: list[str], texts_b: list[str]) -> np.ndarray:
     """(len(texts_a), len(texts_b)) matrix of Jaccard similarities."""
-    jaccard = Jaccard(texts_b)
+    jaccard, texts_a = Jaccard(texts_b), _texts(texts_a, "texts_a")
     if not texts_a:
         return np.zeros((0, len(texts_b)))
     return np.stack([jaccard.scores(text) for text in texts_a])
 
 
+def _texts(texts, name: str) -> list:
+    """`texts` as a list of strings; one string is refused (iterated, each character would be a text)."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"{name} must be a list of texts, got a single {type(texts).__name__} {texts[:40]!r}; "
+                        "wrap it in a list")
+    return list(texts)
+
+
 def _search_each(score_fn, query_texts: list[str], k: int, num_documents: int):
+    query_texts = _texts(query_texts, "query_texts")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise ValueError(f"k must be a non-negative integer, got {k!r}")
     k = min(k, num_documents)
     values = np.zeros((len(query_texts), k))  # (Q, k)
     indices = np.zeros((len(query_texts), k), dtype=np.int64)  # (Q, k)

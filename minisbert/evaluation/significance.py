@@ -214,6 +214,10 @@ def compare(a: Mapping, b: Mapping, trials: int = 10_000, resamples: int = 10_00
     ("p_randomization_error") and the p of the paired t-test, all plain floats; given a margin,
     also the margin and the equivalence test's p ("p_equivalence").
     """
+    for name, values in (("a", a), ("b", b)):
+        if not isinstance(values, Mapping):  # a list's values would be read as query ids
+            raise TypeError(f"{name} must map each query id to its value, got a {type(values).__name__}; for "
+                            f"values in one query order pass dict(enumerate({name}))")
     only_a, only_b = [q for q in a if q not in b], [q for q in b if q not in a]
     if only_a or only_b:
         raise ValueError(f"a and b must score the same queries: {len(only_a)} ids only in a "

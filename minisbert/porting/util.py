@@ -28,9 +28,12 @@ def dot_score(a, b) -> torch.Tensor:
     return similarity(a, b, "dot")
 
 
-def normalize_embeddings(embeddings: torch.Tensor) -> torch.Tensor:
-    """Each row divided by its L2 norm (rows of zeros stay zero)."""
-    return normalize(embeddings)
+def normalize_embeddings(embeddings) -> torch.Tensor:
+    """Each row divided by its L2 norm (rows of zeros stay zero), of what similarity() takes: one
+    embedding (D,) stays one; an array or a list becomes a tensor; integers are refused (their unit
+    rows would round to zeros)."""
+    unit = normalize(as_rows(embeddings, "embeddings"))  # (n, D)
+    return unit[0] if getattr(embeddings, "ndim", 2) == 1 else unit
 
 
 SCORE_NAMES = {cos_sim: "cosine", dot_score: "dot"}

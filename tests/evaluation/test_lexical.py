@@ -124,6 +124,28 @@ def test_jaccard_search_and_matrix():
     np.testing.assert_array_equal(matrix, expected)
 
 
+@pytest.mark.parametrize("call, name", [
+    (lambda text: lexical.BM25(CORPUS).search(text, 2), "query_texts"),
+    (lambda text: lexical.Jaccard(CORPUS).search(text, 2), "query_texts"),
+    (lambda text: lexical.BM25(text), "corpus_texts"),
+    (lambda text: lexical.Jaccard(text), "corpus_texts"),
+    (lambda text: lexical.jaccard_matrix(text, CORPUS), "texts_a"),
+    (lambda text: lexical.jaccard_matrix(CORPUS, text), "corpus_texts"),
+])
+def test_one_string_where_texts_are_expected_is_refused(call, name):
+    # Iterated, "cat dog" is seven one-letter texts: seven queries, or a corpus of letters, and no error.
+    for text in ("cat dog", b"cat dog"):
+        with pytest.raises(TypeError, match=f"{name} must be a list of texts, got a single (str|bytes) .*wrap it in a list"):
+            call(text)
+
+
+def test_a_negative_k_is_refused_naming_it():
+    for k in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"k must be a non-negative integer, got {k!r}"):
+            lexical.BM25(CORPUS).search(["apple"], k)
+    assert lexical.BM25(CORPUS).search(["apple"], np.int64(0))[0].shape == (1, 0)
+
+
 @pytest.mark.slow
 def test_bm25_on_scifact_test(data_mirror):
     scifact = datasets.load_beir(data_mirror / "scifact", "test")

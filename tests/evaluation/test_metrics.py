@@ -11,6 +11,7 @@ assert_allclose's defaults (relative 1e-6 and 1e-7) and abs=1e-12 are far outsid
 8e-17), and far inside what another definition changes (1e-2 and more in these small examples).
 """
 
+import gzip
 import json
 import math
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from minisbert.evaluation.correlation import average_ranks, pearson, spearman
-from minisbert.datasets.trec import read_trec_run, write_trec_run
+from minisbert.datasets.trec import read_qrels, read_trec_run, write_trec_run
 from minisbert.evaluation.benchmark import run_from_search
 from minisbert.evaluation.metrics import (accuracy_at_k, evaluate_run, map_at_k, mrr_at_k, ndcg_at_k, per_query_scores,
                                           precision_at_k, rank_by_score, recall_at_k)
@@ -342,6 +343,24 @@ def test_malformed_trec_files_name_file_and_line(tmp_path, reader, text, message
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
         reader(path)
+
+
+@pytest.mark.parametrize("reader, text", [
+    (read_trec_run, "q1 Q0 d1 1 0.9 x\r\nq1 Q0 d2 2 0.5 x\r\n"),
+    (read_qrels, "q1 0 d1 1\nq1 0 d2 0\n"),
+    (read_qrels, "query-id\tcorpus-id\tscore\nq1\td1\t1\n"),
+])
+def test_trec_files_saved_with_a_byte_order_mark_or_gzipped_read_as_the_plain_file(tmp_path, reader, text):
+    # A spreadsheet program or PowerShell saves "\ufeff" first: left in, "\ufeffq1" is another query, which
+    # takes the first line's document away from q1 (a run's top hit lost; NDCG 0.5 where it is 1.0).
+    expected = reader(_written(tmp_path / "plain.txt", text.encode()))
+    for name, data in (("bom.txt", "\ufeff".encode() + text.encode()), ("run.txt.gz", gzip.compress(text.encode()))):
+        assert reader(_written(tmp_path / name, data)) == expected, name
+
+
+def _written(path, data: bytes):
+    path.write_bytes(data)
+    return path
 
 
 def test_write_trec_run_rejects_ids_with_spaces(tmp_path):

@@ -241,6 +241,19 @@ def test_compare_refuses_different_query_sets():
         compare(a, b)
 
 
+@pytest.mark.parametrize("form", [list, np.array])
+def test_compare_refuses_values_without_their_query_ids(form):
+    # Lists of 0/1 values once passed: their values were read as query ids (a[1] for every 1), and
+    # compare([1, 0, 1, 1], [0, 1, 1, 0]) gave the difference -0.5 where the mean of a - b is 0.25.
+    with pytest.raises(TypeError, match=r"a must map each query id to its value, got a (list|ndarray); .*"
+                                        r"dict\(enumerate\(a\)\)"):
+        compare(form([1, 0, 1, 1]), {0: 0, 1: 1, 2: 1, 3: 0})
+    with pytest.raises(TypeError, match="b must map each query id"):
+        compare({0: 1, 1: 0, 2: 1, 3: 1}, form([0, 1, 1, 0]))
+    assert compare(dict(enumerate([1, 0, 1, 1])), dict(enumerate([0, 1, 1, 0])), trials=100,
+                   resamples=100)["difference"] == 0.25
+
+
 def test_inputs_are_checked():
     with pytest.raises(ValueError, match=r"a and b must be 1-D of equal length, got shapes \[\(3,\), \(2,\)\]"):
         randomization_test([1, 2, 3], [1, 2])

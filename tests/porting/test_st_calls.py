@@ -23,6 +23,7 @@ from minisbert import SentenceTransformer
 from minisbert.porting import util
 from minisbert.common.hub import resolve
 from minisbert.encoding.model import SentenceModel
+from minisbert.encoding.pooling import normalize
 from minisbert.porting.quantize import quantize_embeddings
 
 from ..conftest import FIXTURES, reference
@@ -253,6 +254,20 @@ def test_semantic_search_takes_what_sentence_transformers_takes():
     assert util.semantic_search(queries[:0], corpus, top_k=2) == []
     assert util.semantic_search(queries, corpus, top_k=np.int64(2)) == hits
     assert util.semantic_search(queries.clone().requires_grad_(), corpus.clone().requires_grad_(), top_k=2) == hits
+
+
+def test_normalize_embeddings_takes_what_similarity_takes_and_refuses_integers():
+    # Integer rows once came back as zeros (their unit rows rounded to integers), and an array raised
+    # "'numpy.ndarray' object has no attribute 'to'"; sentence-transformers refuses integers too.
+    rows = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    unit = util.normalize_embeddings(rows)
+    assert torch.equal(unit, normalize(rows))
+    for form in (rows.numpy(), list(rows), rows.tolist()):
+        assert torch.equal(util.normalize_embeddings(form), unit)
+    assert torch.equal(util.normalize_embeddings(rows[1]), unit[1])  # one embedding (D,) stays one
+    for integers in (torch.tensor([[3, 4]]), np.array([[3, 4]])):
+        with pytest.raises(ValueError, match="embeddings holds torch.int64 numbers; embeddings are floating point"):
+            util.normalize_embeddings(integers)
 
 
 # ---------------------------------------------------------------------------------------------
