@@ -98,6 +98,9 @@ def write_trec_run(
     def write(tmp: Path):
         with open(tmp, "w", encoding="utf-8") as file:
             for query_id, scores in run.items():
+                if not isinstance(scores, Mapping):  # a TREC run line holds a score
+                    raise ValueError(f"query {query_id!r}: a run to write maps doc ids to scores, got a "
+                                     f"{type(scores).__name__}")
                 for rank, doc_id in enumerate(rank_by_score(scores, ties="trec"), start=1):
                     for name, value in (("query id", query_id), ("doc id", doc_id)):
                         if not str(value) or any(c.isspace() for c in str(value)):

@@ -141,6 +141,10 @@ def rank_embeddings(queries, corpus, retrieval: datasets.RetrievalData, k: int, 
     """rank() for embeddings already computed: queries (Q, D) and corpus (N, D), in the order of
     retrieval.queries and retrieval.corpus (a projection of a model's embeddings, say)."""
     query_ids, doc_ids = list(retrieval.queries), list(retrieval.corpus)
+    for name, rows, ids in (("queries", queries, query_ids), ("corpus", corpus, doc_ids)):
+        if len(rows) != len(ids):  # fewer corpus rows would leave the last documents unfindable
+            raise ValueError(f"{len(rows)} {name} embeddings for the {len(ids)} {name} of the retrieval data; "
+                             "embed them all, in the data's order")
     scores, indices = search(np.ascontiguousarray(queries, dtype=np.float32),
                              np.ascontiguousarray(corpus, dtype=np.float32), k, score=score,
                              query_ids=query_ids if exclude_self else None,
@@ -167,6 +171,8 @@ def run_from_search(
             f"scores {scores.shape} and indices {indices.shape} must both be (Q, k) with "
             f"Q = {len(query_ids)} query ids"
         )
+    if indices.size and indices.max() >= len(corpus_ids):
+        raise ValueError(f"row {indices.max()} found, past the {len(corpus_ids)} corpus ids")
     return {
         query_id: {corpus_ids[i]: float(s) for s, i in zip(row_scores, row_indices) if i >= 0}
         for query_id, row_scores, row_indices in zip(query_ids, scores.tolist(), indices.tolist())

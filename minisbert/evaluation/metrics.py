@@ -162,18 +162,25 @@ def per_query_scores(
         Both: run queries without qrels are ignored, with a warning.
 
     Raises:
-        ValueError: unknown definitions, bad ks, a doc id listed twice for one query, a grade
-            that is not an integer, or nothing left to evaluate.
+        ValueError: unknown definitions, bad ks, a doc id listed twice for one query, a score that
+            is not a finite number, results that are no ranking (a set, a string, hits as dicts), qrels
+            that are not {doc id: grade}, a grade that is not an integer, doc ids of a kind the qrels'
+            cannot equal (numbers against strings), or nothing left to evaluate.
     """
     _check_definitions(definitions)
-    ks = list(ks)
-    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+    ks = list(ks) if isinstance(ks, Iterable) else ks
+    if not isinstance(ks, list) or not ks or any(isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1
+                                                 for k in ks):
         raise ValueError(f"ks must be positive integers, got {ks!r}")
-    ks = sorted(set(ks))
+    ks = sorted({int(k) for k in ks})
     rankings = {
         query_id: _ranking(query_id, results, definitions) for query_id, results in run.items()
     }
     query_ids = _queries_to_average(rankings, qrels, definitions)
+    ranked, judged = (_id_kinds(doc_id for q in query_ids for doc_id in table.get(q, ())) for table in (rankings, qrels))
+    if ranked and judged and not ranked & judged:  # semantic_search's corpus_id is a row number, BEIR's ids are strings
+        raise ValueError(f"the run's doc ids are {' and '.join(sorted(ranked))}s and the qrels' "
+                         f"{' and '.join(sorted(judged))}s: none can match (1 is not '1'); map the run's ids to the qrels'")
 
     depth = max([ks[-1]] + [len(rankings.get(query_id, ())) for query_id in query_ids])
     grades, ideal_grades = _grade_matrices(rankings, qrels, query_ids, depth, ks[-1])
@@ -211,7 +218,11 @@ def rank_by_score(scores: Mapping[Hashable, float], ties: str = "trec") -> list[
         (checked with version 6.2; older releases left ties in heap order).
     ties="stable": the mapping's own order (e.g. the order `retrieval.search` returned them in,
         lower corpus index first).
+    A score that is not a finite number is refused (a NaN would rank wherever the sort met it).
     """
+    for doc_id, score in scores.items():  # a NaN would rank wherever the sort meets it
+        if isinstance(score, bool) or not isinstance(score, numbers.Real) or not np.isfinite(score):
+            raise ValueError(f"document {doc_id!r} has the score {score!r}: scores must be finite numbers")
     if ties == "trec":
         return sorted(scores, key=lambda doc_id: (scores[doc_id], str(doc_id)), reverse=True)
     if ties == "st":
@@ -224,7 +235,7 @@ def rank_by_score(scores: Mapping[Hashable, float], ties: str = "trec") -> list[
 def _ranking(query_id: Hashable, results, ties: str) -> list[Hashable]:
     if isinstance(results, Mapping):
         return rank_by_score(results, ties)
-    if isinstance(results, (str, bytes)) or not isinstance(results, Iterable):
+    if isinstance(results, (str, bytes, set, frozenset)) or not isinstance(results, Iterable):  # a set has no order
         raise ValueError(
             f"run results for query {query_id!r} must be a list of doc ids or a "
             f"{{doc id: score}} mapping, got {type(results).__name__}"
@@ -232,10 +243,18 @@ def _ranking(query_id: Hashable, results, ties: str) -> list[Hashable]:
     ranking = list(results)
     seen = set()
     for doc_id in ranking:
+        if not isinstance(doc_id, Hashable):
+            raise ValueError(f"run results for query {query_id!r} hold a {type(doc_id).__name__}, not a doc id "
+                             "(semantic_search's hits: {hit['corpus_id']: hit['score'] for hit in hits})")
         if doc_id in seen:
             raise ValueError(f"run lists document {doc_id!r} twice for query {query_id!r}")
         seen.add(doc_id)
     return ranking
+
+
+def _id_kinds(doc_ids) -> set[str]:
+    """What kinds of ids these are, as equality sees them: any number can equal another (numpy's 1, 1.0)."""
+    return {"number" if isinstance(doc_id, numbers.Number) else type(doc_id).__name__ for doc_id in doc_ids}
 
 
 def _is_relevant(grade: int, definitions: str) -> bool:
@@ -244,6 +263,9 @@ def _is_relevant(grade: int, definitions: str) -> bool:
 
 def _queries_to_average(rankings: dict, qrels: Qrels, definitions: str) -> list[Hashable]:
     for query_id, judged in qrels.items():
+        if not isinstance(judged, Mapping):
+            raise ValueError(f"qrels for query {query_id!r} must map doc ids to grades, got a "
+                             f"{type(judged).__name__} (a set of relevant ids: {{doc_id: 1 for doc_id in ids}})")
         for doc_id, grade in judged.items():
             if isinstance(grade, bool) or not isinstance(grade, numbers.Integral):
                 raise ValueError(

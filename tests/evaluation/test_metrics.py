@@ -20,7 +20,8 @@ import pytest
 
 from minisbert.evaluation.correlation import average_ranks, pearson, spearman
 from minisbert.datasets.trec import read_qrels, read_trec_run, write_trec_run
-from minisbert.evaluation.benchmark import run_from_search
+from minisbert.datasets.beir import RetrievalData
+from minisbert.evaluation.benchmark import rank_embeddings, run_from_search
 from minisbert.evaluation.metrics import (accuracy_at_k, evaluate_run, map_at_k, mrr_at_k, ndcg_at_k, per_query_scores,
                                           precision_at_k, rank_by_score, recall_at_k)
 
@@ -186,6 +187,20 @@ def test_run_from_search_drops_padding_and_keeps_order():
     assert list(run["q1"]) == ["d2", "d0"]
     with pytest.raises(ValueError, match="must both be"):
         run_from_search(scores, indices, ["q1"], ["d0", "d1", "d2"])
+    with pytest.raises(ValueError, match="row 2 found, past the 2 corpus ids"):
+        run_from_search(scores, indices, ["q1", "q2"], ["d0", "d1"])
+
+
+def test_embeddings_not_one_per_query_and_document_are_refused():
+    # Two rows for three documents ranked only the first two: d3, the relevant one, could never be found.
+    data = RetrievalData(corpus={"d1": "a", "d2": "b", "d3": "c"}, queries={"q1": "c"}, qrels={"q1": {"d3": 1}})
+    rows = np.eye(3, dtype=np.float32)
+    assert rank_embeddings(rows[2:], rows, data, 1) == {"q1": {"d3": 1.0}}
+    for queries, corpus, message in ((rows[2:], rows[:2], "2 corpus embeddings for the 3 corpus"),
+                                     (rows[2:], np.eye(5, 3, dtype=np.float32), "5 corpus embeddings for the 3"),
+                                     (rows, rows, "3 queries embeddings for the 1 queries")):
+        with pytest.raises(ValueError, match=message):
+            rank_embeddings(queries, corpus, data, 1)
 
 
 # ---- the per-query functions on matrices ---------------------------------------------------
@@ -236,11 +251,27 @@ def test_ndcg_is_zero_when_nothing_is_relevant():
         ({"q": ["a"]}, {"q": {"a": 1}}, {"ks": []}, "ks must be positive integers"),
         ({"q": ["a"]}, {"q": {"a": 1}}, {"definitions": "beir"}, "unknown definitions 'beir'"),
         ({"q": ["a"]}, {"q": {"a": 0}}, {}, "no query to evaluate"),
+        # Each of these gave a number with no error: a NaN ranked wherever the sort met it (NDCG 0 or 1
+        # by the dict's order), a set's order is arbitrary, and ids of another kind match nothing (0s).
+        ({"q": {"a": math.nan, "b": 0.5, "c": 0.9}}, {"q": {"c": 1}}, {}, "document 'a' has the score nan: scores"),
+        ({"q": {"a": "0.9"}}, {"q": {"a": 1}}, {}, "document 'a' has the score '0.9'"),
+        ({"q": {"a", "b"}}, {"q": {"a": 1}}, {}, "must be a list of doc ids .* got set"),
+        ({"q": [1, 2]}, {"q": {"1": 1}}, {}, r"the run's doc ids are numbers and the qrels' strs: none can match"),
+        ({"q": [{"corpus_id": 0, "score": 0.9}]}, {"q": {0: 1}}, {}, "hold a dict, not a doc id"),
+        ({"q": ["a"]}, {"q": {"a"}}, {}, "qrels for query 'q' must map doc ids to grades, got a set"),
+        ({"q": ["a"]}, {"q": {"a": 1}}, {"ks": 10}, "ks must be positive integers, got 10"),
     ],
 )
 def test_bad_input_raises_clear_error(run, qrels, kwargs, message):
     with pytest.raises(ValueError, match=message):
         evaluate_run(run, qrels, **kwargs)
+
+
+def test_ids_of_other_number_types_match_and_numpy_cutoffs_are_taken():
+    # 1, 1.0 and numpy's 1 are equal dict keys: ids of those kinds match, and numpy integers are cutoffs.
+    qrels = {"q": {1: 1, 2: 1}}
+    expected = evaluate_run({"q": [1, 3, 2]}, qrels, ks=[1, 3])
+    assert evaluate_run({"q": [np.int64(1), 3.0, np.int32(2)]}, qrels, ks=[np.int64(1), 3]) == expected
 
 
 # ---- cross-checks against pytrec_eval and sentence-transformers ----------------------------
@@ -366,3 +397,15 @@ def _written(path, data: bytes):
 def test_write_trec_run_rejects_ids_with_spaces(tmp_path):
     with pytest.raises(ValueError, match="doc id 'a b' cannot be written"):
         write_trec_run(tmp_path / "run.txt", {"q": {"a b": 1.0}})
+
+
+@pytest.mark.parametrize("run, message", [({"q": {"a": math.nan}}, "document 'a' has the score nan"),
+                                          ({"q": ["a", "b"]}, "query 'q': a run to write maps doc ids to scores, got a list")])
+def test_write_trec_run_refuses_what_it_cannot_write_and_leaves_the_file_as_it_was(tmp_path, run, message):
+    # A NaN was written at rank 1, a file read_trec_run then refused.
+    path = tmp_path / "run.txt"
+    write_trec_run(path, {"q": {"a": 1.0}})
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=message):
+        write_trec_run(path, run)
+    assert path.read_bytes() == before
