@@ -16,14 +16,16 @@ def pearson(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) ->
     """Pearson correlation:
         sum((x - mean x)(y - mean y)) / sqrt(sum((x - mean x)²) · sum((y - mean y)²)).
 
-    Computed in float64; matches scipy.stats.pearsonr.
+    Computed in float64; matches scipy.stats.pearsonr. Each input is first scaled by a power of two
+    that brings its largest magnitude into [0.5, 1) (exact, and the correlation does not change), so
+    that values near float64's limits neither overflow nor underflow in the sums.
     """
     x, y = _paired_samples(x, y)
-    x, y = x - x.mean(), y - y.mean()
-    denominator = math.sqrt((x @ x) * (y @ y))
-    if denominator == 0:
+    if (x == x[0]).all() or (y == y[0]).all():  # before centering: its rounding can leave a constant nonzero
         raise ValueError("correlation is undefined: one of the inputs is constant")
-    return float((x @ y) / denominator)
+    x, y = (np.ldexp(v, -np.frexp(np.abs(v).max())[1]) for v in (x, y))
+    x, y = x - x.mean(), y - y.mean()
+    return float((x @ y) / math.sqrt((x @ x) * (y @ y)))
 
 
 def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:

@@ -318,6 +318,18 @@ def test_pearson_by_hand():
     assert pearson([1, 2, 3, 4], [2, 4, 5, 9]) == pytest.approx(11 / math.sqrt(130))  # 0.964764
 
 
+def test_pearson_is_the_same_number_at_any_scale_of_its_inputs():
+    # Scaling by a power of two is exact and leaves the correlation as it is. Unscaled, squares of
+    # 2^1020-sized values overflowed (0.0 came back) and of 2^-1070-sized ones underflowed to 0 (refused
+    # as constant). scipy.stats.pearsonr (1.17, in the peer environment) gives it from 2^-600 to 2^600,
+    # 0.9588 at 2^-1070 and NaN at 2^1020.
+    x, y = [1, 2, 3, 4], [2, 4, 5, 9]
+    expected = pearson(x, y)
+    for power in (-1070, -600, -1, 1, 600, 1020):
+        assert pearson([math.ldexp(v, power) for v in x], y) == expected, power
+        assert pearson(x, [math.ldexp(v, power) for v in y]) == expected, power
+
+
 def test_spearman_averages_tied_ranks():
     assert average_ranks(np.array([10, 20, 20, 30])).tolist() == [1, 2.5, 2.5, 4]
     assert average_ranks(np.array([3.0, 1.0, 3.0, 3.0])).tolist() == [3, 1, 3, 3]  # ranks 2, 3, 4 -> 3
@@ -336,6 +348,7 @@ def test_spearman_averages_tied_ranks():
         ([1, 2, 3], [1, 2], "equal length"),
         ([1], [2], "at least 2 pairs"),
         ([1, 1, 1], [1, 2, 3], "one of the inputs is constant"),
+        ([0.1] * 3, [1, 2, 3], "one of the inputs is constant"),  # its mean rounds: x - mean was not 0 (gave 0.0)
         ([1, float("nan")], [1, 2], "NaN or inf"),
     ],
 )
