@@ -34,8 +34,13 @@ _SICK_HEADER = ["pair_ID", "sentence_A", "sentence_B", "relatedness_score", "ent
 
 
 def to_unit_score(dataset: str, score: float) -> float:
-    """Gold score -> [0, 1]: STS-B s / 5, SICK (s - 1) / 4."""
+    """Gold score -> [0, 1]: STS-B s / 5, SICK (s - 1) / 4. A score off the dataset's scale is refused
+    (it would become a target cosine outside [0, 1])."""
+    if dataset not in SCORE_RANGES:
+        raise ValueError(f"unknown STS dataset {dataset!r}; choose one of {list(SCORE_RANGES)}")
     low, high = SCORE_RANGES[dataset]
+    if not low <= score <= high:  # a NaN fails too
+        raise ValueError(f"{dataset} gold score {score!r} is outside its scale [{low}, {high}]")
     return (score - low) / (high - low)
 
 

@@ -177,6 +177,11 @@ def test_scores_to_unit_interval():  # approx: one float64 division may land an 
     assert datasets.to_unit_score("stsb", 3.8) == pytest.approx(0.76)  # 3.8 / 5
     assert datasets.to_unit_score("sick", 4.0) == pytest.approx(0.75)  # (4 - 1) / 4
     assert datasets.to_unit_score("sick", 1.0) == 0.0
+    for dataset, score in (("stsb", 7.0), ("stsb", -0.5), ("sick", 0.5), ("sick", float("nan"))):
+        with pytest.raises(ValueError, match=f"{dataset} gold score {score!r} is outside its scale"):
+            datasets.to_unit_score(dataset, score)  # 7 became the target 1.4, a cosine no pair can reach
+    with pytest.raises(ValueError, match="unknown STS dataset 'sts12'"):
+        datasets.to_unit_score("sts12", 3.0)
 
 
 # ----------------------------------------------------------------------------- pairs.tsv, triplets.tsv
