@@ -33,6 +33,7 @@ quantiles and root finder (tests/fixtures/make_crossed_t.py).
 
 import functools
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -502,8 +503,8 @@ def _paired(*sequences, names: tuple[str, ...] = ("a", "b")) -> list[np.ndarray]
 
 
 def _check_count(name: str, value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:  # 1e4 is a float
+        raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
 
 
 def _check_p_values(p_values: Sequence[float]) -> np.ndarray:

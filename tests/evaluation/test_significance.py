@@ -264,6 +264,13 @@ def test_inputs_are_checked():
             bootstrap_ci([1, 2, 3], [0, 0, 0], level=level)
     with pytest.raises(ValueError, match="x_a and x_b and gold must be 1-D"):
         spearman_difference([1, 2, 3], [1, 2, 3], [1, 2])
+    pairs = np.arange(20.0), np.zeros(20)  # 2^20 sign vectors: more than the trials, so they are drawn
+    for count in (1e4, 0, True):  # 1e4 was taken by the enumeration's comparison, then failed in range()
+        with pytest.raises(ValueError, match=f"trials must be an integer of at least 1, got {count!r}"):
+            randomization_test(*pairs, trials=count)
+        with pytest.raises(ValueError, match=f"resamples must be an integer of at least 1, got {count!r}"):
+            bootstrap_ci(*pairs, resamples=count)
+    assert randomization_test(*pairs, trials=np.int64(100)) == randomization_test(*pairs, trials=100)
 
 
 def test_spearman_difference_of_identical_models_is_zero_with_p_1():
