@@ -35,7 +35,7 @@ from ..common.precision import computing_in, default_device
 from ..common.progress import Progress
 from .st_directory import read_layout, write_layout
 from .tokenizer import Tokenizer
-from .weights import load_encoder
+from .weights import load_encoder, saved_files
 
 PROGRESS_MIN_TEXTS = 1000  # show a progress line for inputs at least this long
 
@@ -183,8 +183,10 @@ class SentenceModel(nn.Module):
             progress.close()
 
     def save(self, path) -> None:
-        """Write the sentence-transformers layout to `path`, replacing it only once fully written."""
-        write_dir(Path(path), lambda folder: write_layout(folder, self))
+        """Write the sentence-transformers layout to `path`, replacing it only once fully written. An
+        existing folder is replaced only where it is empty or holds what an earlier save wrote and
+        nothing more: any other file in it would be lost, so such a folder is refused, naming them."""
+        write_model_dir(path, lambda folder: write_layout(folder, self))
 
     @classmethod
     def from_dir(cls, model_dir, device=None, fast_path=None) -> "SentenceModel":
@@ -200,6 +202,34 @@ class SentenceModel(nn.Module):
         model = cls(encoder, tokenizer, layout.pooling, layout.dense, layout.normalize_embeddings,
                     layout.transformer_dir, fast_path=fast_path)
         return model.to(device if device is not None else default_device()).eval()
+
+
+def write_model_dir(path, fill) -> None:
+    """fill(folder) on a staging folder, then moved in place of `path` (fileio.write_dir), where
+    `check_replaceable` lets it: every save of a model folder goes through here."""
+    target = Path(path).resolve()  # "." has a name, and a link's folder is written, not the link
+    check_replaceable(target)
+    write_dir(target, fill)
+
+
+def check_replaceable(target: Path) -> None:
+    """Refuse to save over `target` where that would lose something: a file, or a folder holding
+    anything but the files a minisbert save wrote there (`saved_files`) and their folders."""
+    working = Path.cwd().resolve()
+    if target == working or target in working.parents:
+        raise ValueError(f"{target} holds the working folder, which a save would replace under this process; "
+                         "save to another folder")
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise ValueError(f"{target} is a file, not a folder: save the model to a folder")
+    present = {entry.relative_to(target).as_posix() for entry in target.rglob("*")}
+    written = saved_files(target) or set()
+    kept = written | {parent.as_posix() for name in written for parent in Path(name).parents if parent != Path(".")}
+    if others := sorted(present - kept):
+        listed = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise ValueError(f"{target} holds what no minisbert save wrote there ({listed}); saving would remove it: "
+                         "save to a new or empty folder, or move those out first")
 
 
 def check_vocabulary(tokenizer: Tokenizer, encoder: Encoder, folder: Path) -> None:

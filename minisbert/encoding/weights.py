@@ -306,6 +306,20 @@ def save_encoder(encoder: Encoder, model_dir) -> None:
     save_encoder_weights(encoder, Path(model_dir) / "model.safetensors")
 
 
+def saved_files(model_dir: Path) -> set[str] | None:
+    """The files (paths relative to `model_dir`) a minisbert save wrote there: its weights and those
+    whose SHA-256 they keep; None where no minisbert save wrote the folder."""
+    weights = Path(model_dir) / "model.safetensors"
+    if not weights.is_file():
+        return None
+    try:
+        with open_safetensors(weights) as opened:
+            kept = json.loads((opened.metadata() or {}).get(FILES_KEY) or "null")
+    except ValueError:  # not a safetensors file, or a damaged record: not a save minisbert can vouch for
+        return None
+    return {"model.safetensors", *kept} if isinstance(kept, dict) else None
+
+
 def check_saved_files(model_dir: Path) -> None:
     """Refuse a model directory whose files are not the ones written beside its weights: each file
     whose SHA-256 the weights' metadata keeps (FILES_KEY; written by minisbert) must be there, with that

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..common.fileio import write_dir
-from ..encoding.model import SentenceModel, convert_output
+from ..encoding.model import SentenceModel, convert_output, write_model_dir
 from ..encoding.pooling import normalize
 from .refused import check_output, checked_truncate_dim, refuse_attribute, refuse_encode_arguments
 from .prompts import QUERY_PROMPT_NAME, check_default_prompt_name, document_prompt_name, model_prompts, resolve_prompt
@@ -138,7 +137,7 @@ class SentenceTransformer(SentenceModel):
                     "default_prompt_name": self.default_prompt_name}
         if self.truncate_dim is not None:  # as sentence-transformers writes it: only where set
             settings["truncate_dim"] = self.truncate_dim
-        write_dir(Path(path), lambda folder: write_layout(folder, self, settings))
+        write_model_dir(path, lambda folder: write_layout(folder, self, settings))
 
     @classmethod
     def from_dir(cls, model_dir, device=None, fast_path=None, truncate_dim: int | None = None,

@@ -242,6 +242,39 @@ def test_save_failure_leaves_previous_model(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no staging folder left behind
 
 
+@pytest.mark.parametrize("load", [lambda folder: SentenceModel.from_dir(folder, device="cpu"),
+                                  lambda folder: minisbert.load(folder, device="cpu")])
+def test_a_save_never_removes_what_it_did_not_write(tmp_path, monkeypatch, load):
+    # A save replaces its folder whole (atomic). It once replaced any folder: a user's notes and data
+    # (saving to runs/x for runs/x/final) were removed, a link became a folder with the link left
+    # hidden beside it, and "." had no name. Now only an empty folder or one an earlier save filled
+    # alone is replaced; anything else is refused and left as it was.
+    model = load(FIXTURES / "tiny_st_legacy")
+    user = tmp_path / "user"
+    (user / "data").mkdir(parents=True)
+    (user / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"user holds what no minisbert save wrote there \(data, notes.txt\)"):
+        model.save(user)
+    assert sorted(p.name for p in user.iterdir()) == ["data", "notes.txt"]
+    model.save(tmp_path / "saved")
+    model.save(tmp_path / "saved")  # an earlier save alone: replaced
+    (tmp_path / "link").symlink_to(tmp_path / "saved")
+    model.save(tmp_path / "link")  # through a link: the folder it names
+    assert (tmp_path / "link").is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["link", "saved", "user"]
+    (tmp_path / "saved" / "README.md").write_text("a card written beside the model")
+    with pytest.raises(ValueError, match=r"saved holds what no minisbert save wrote there \(README.md\)"):
+        model.save(tmp_path / "saved")
+    (tmp_path / "empty").mkdir()
+    model.save(tmp_path / "empty")
+    assert load(tmp_path / "empty").encode(["a"]).shape == model.encode(["a"]).shape
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        model.save(user / "notes.txt")
+    monkeypatch.chdir(tmp_path / "empty")
+    for path in (".", tmp_path):
+        with pytest.raises(ValueError, match="holds the working folder"):
+            model.save(path)
+
+
 def test_saved_model_loads_in_sentence_transformers(tmp_path):
     sentence_transformers = pytest.importorskip("sentence_transformers")
     folder, ref, info = reference("tiny_st_legacy")
