@@ -42,6 +42,9 @@ TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "vocab.tx
                    "merges.txt")
 
 
+PIPELINE_STEPS = {"Pooling": 0, "Dense": 1, "Normalize": 2}  # the order modules.json may name them in
+
+
 @dataclass
 class Layout:
     """What a model directory says about the pipeline around the encoder."""
@@ -83,17 +86,24 @@ def read_modules(model_dir: Path, modules: list, layout: Layout) -> None:
     if not kinds or kinds[0] != "Transformer":
         raise ValueError(f"{model_dir}/modules.json must start with a Transformer module, got {kinds}")
     layout.transformer_dir = model_dir / modules[0].get("path", "")
+    # minisbert's pipeline is Transformer, Pooling, one Dense, Normalize, in that order: a second Dense
+    # or a Normalize before the Dense would be read as that pipeline and give other embeddings.
+    for entry, kind in zip(modules[1:], kinds[1:]):
+        if kind not in PIPELINE_STEPS:
+            raise ValueError(f"{model_dir}/modules.json names module type {entry.get('type')!r}; "
+                             "minisbert supports Transformer, Pooling, Dense and Normalize")
+    steps = [PIPELINE_STEPS[kind] for kind in kinds[1:]]
+    if steps != sorted(steps) or kinds.count("Dense") > 1 or kinds.count("Normalize") > 1:
+        raise ValueError(f"{model_dir}/modules.json chains {kinds}; minisbert computes Transformer, Pooling, at most "
+                         "one Dense, then Normalize, in that order")
     for entry, kind in zip(modules[1:], kinds[1:]):
         folder = model_dir / entry.get("path", "")
         if kind == "Pooling":
             layout.pooling = read_pooling(folder / "config.json")
         elif kind == "Dense":
             layout.dense = read_dense(folder)
-        elif kind == "Normalize":
+        else:  # Normalize
             layout.normalize_embeddings = True
-        else:
-            raise ValueError(f"{model_dir}/modules.json names module type {entry.get('type')!r}; "
-                             "minisbert supports Transformer, Pooling, Dense and Normalize")
 
 
 def read_st_config(model_dir: Path) -> tuple:

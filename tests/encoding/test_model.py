@@ -353,6 +353,12 @@ DAMAGES = [
      "modules.json line 1 column 3: not valid JSON"),
     ("modules.json path not a string", edit_json("modules.json", lambda m: [{**m[0], "path": 0}, *m[1:]]),
      "modules.json must hold a list of modules"),
+    # sentence-transformers runs any chain; minisbert's is Transformer, Pooling, one Dense, Normalize: read
+    # as that, a second Dense was dropped and a Normalize before the Dense moved after it (other embeddings).
+    ("a second Dense", edit_json("modules.json", lambda m: [*m[:3], m[2], *m[3:]]),
+     "modules.json chains ['Transformer', 'Pooling', 'Dense', 'Dense', 'Normalize']; minisbert computes"),
+    ("Normalize before Dense", edit_json("modules.json", lambda m: [m[0], m[1], m[3], m[2]]),
+     "modules.json chains ['Transformer', 'Pooling', 'Normalize', 'Dense']"),
     ("max_seq_length not an int", edit_json("sentence_bert_config.json", lambda c: {**c, "max_seq_length": "128"}),
      "max_seq_length (sentence_bert_config.json) or model_max_length (tokenizer_config.json) must be an int"),
 ]
