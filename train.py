@@ -105,6 +105,13 @@ def parse_args(argv=None):
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None and not (math.isfinite(value) and valid(value)):
             p.error(f"{flag} must be {requirement}, got {value}")
+    try:
+        spec = select_loss(args.arch, args.metric, args.loss)
+    except ValueError:  # main names an arch, metric and loss that do not go together
+        return args
+    if "margin" in given_flags(p, argv) and not spec.takes_margin:
+        p.error(f"--margin is the triplet losses' margin; {spec.name} takes none, so it would change nothing: "
+                "leave it out")
     return args
 
 

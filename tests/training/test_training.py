@@ -596,6 +596,26 @@ def test_a_number_out_of_range_is_refused_naming_the_flag(flag, value, message, 
 
 
 @pytest.mark.parametrize("args, message", [
+    (["--margin", "5"], "--margin is the triplet losses' margin; siamese-cosine takes none"),
+    (["--loss", "mnrl", "--margin", "1"], "mnrl takes none, so it would change nothing"),
+])
+def test_a_flag_the_chosen_loss_would_ignore_is_refused(args, message, tiny_model, tsv_data, tmp_path, capsys):
+    # --margin 1 and --margin 50 gave the same losses to the last digit for every loss but the triplet ones.
+    with pytest.raises(SystemExit) as stopped:
+        run_train(tmp_path / "run", tiny_model, "--data", str(tsv_data), *args)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_multiple_negatives_ranking_with_no_other_example_in_a_batch_is_refused(tiny_model, tsv_data, tmp_path):
+    # A batch of one has no negative: the loss was 0 and its gradient 0 at every step, and the run said it was done.
+    with pytest.raises(ValueError, match="mnrl ranks each anchor's positive against the batch's other examples; a "
+                                         "batch of 1 has none"):
+        run_train(tmp_path / "run", tiny_model, "--data", str(tsv_data), "--loss", "mnrl", "--batch-size", "1")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args, message", [
     (["--arch", "triplet", "--loss", "softmax"], "no loss for arch='triplet' metric='cosine' loss='softmax'"),
     (["--metric", "euclidean", "--loss", "mnrl"], "no loss for arch='siamese' metric='euclidean' loss='mnrl'"),
 ])
