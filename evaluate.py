@@ -39,6 +39,7 @@ from minisbert.evaluation.correlation import pearson, spearman
 from minisbert.evaluation.benchmark import (CACHE_DIR, LEXICAL, rank, results_file, retrieval_split, score_run,
                                             sts_pairs, sts_similarities)
 from minisbert.common import machine
+from minisbert.common.flags import given_flags
 from minisbert.common.fileio import check_writable_folder, file_label, write_json
 from minisbert.common.precision import AMP_SPELLINGS, dtype_from_flags
 from minisbert.search import recorded_ways
@@ -104,7 +105,18 @@ def parse_args(argv=None):
     for flag, path in (("--run", args.run), ("--qrels", args.qrels)):
         if path is not None and not path.is_file():
             p.error(f"{flag} {path}: no such file; give the path of an existing file")
+    given = given_flags(p, argv)
+    unused = (MODEL_FLAGS + ("--score", "--run-file") if args.run is not None
+              else RETRIEVAL_FLAGS if args.task == "sts" else ())
+    if ignored := [flag for flag in unused if flag.removeprefix("--").replace("-", "_") in given]:
+        what = "scoring a --run file (no model runs)" if args.run is not None else "--task sts (no ranking)"
+        p.error(f"{' '.join(ignored)} would change nothing when {what}: leave {'it' if len(ignored) == 1 else 'them'} out")
     return args
+
+
+# Flags that only a model's encoding or a ranking reads: given where nothing reads them, they are refused.
+MODEL_FLAGS = ("--model", "--data", "--batch-size", "--dtype", "--amp", "--device", "--no-cache")
+RETRIEVAL_FLAGS = ("--k", "--score", "--definitions", "--exclude-self", "--run-file")
 
 
 def main(argv=None):

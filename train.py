@@ -27,6 +27,7 @@ import torch
 import minisbert
 from minisbert.training import checkpoints, distributed
 from minisbert.evaluation.benchmark import evaluate_dev
+from minisbert.common.flags import given_flags
 from minisbert.common.fileio import check_writable_folder, write_json
 from minisbert.training.fit import CHECKPOINT, Interrupted, TrainingFailed, TrainingSettings, fit
 from minisbert.training.losses import SoftmaxClassifier, select_loss
@@ -126,15 +127,6 @@ def settings_of_the_run(p, argv, args) -> argparse.Namespace:
         p.error(f"--resume continues the run in {args.output} with the settings in its checkpoint, and these "
                 f"flags say otherwise: {', '.join(differ)}; leave them out, or start a new run in another --output")
     return argparse.Namespace(**{**saved, **{name: getattr(args, name) for name in FREE_ON_RESUME}})
-
-
-def given_flags(p, argv) -> dict:
-    """The flags named on the command line, with their values. argparse fills in a default only for
-    a name its namespace does not hold yet, so every name is first set to a marker meaning "not given"."""
-    not_given = object()
-    names = vars(p.parse_args([]))
-    parsed = vars(p.parse_args(argv, argparse.Namespace(**dict.fromkeys(names, not_given))))
-    return {name: value for name, value in parsed.items() if value is not not_given}
 
 
 def main(argv=None):

@@ -677,6 +677,13 @@ def test_models_evaluated_on_different_queries_are_not_compared():
     (["--model", "bm25", "jaccard", "--significance", "--run", "r.trec", "--qrels", "q.txt"], "(got a --run file)"),
     (["--run", "no-such.trec", "--qrels", "q.txt"], "--run no-such.trec: no such file"),
     (["--run", str(FIXTURES / "minilm" / "reference.json"), "--qrels", "q.txt"], "--qrels q.txt: no such file"),
+    # Each was taken and changed nothing: the same numbers printed, and no run file written.
+    (["--task", "sts", "--data", "stsb", "--score", "euclidean", "--run-file", "x.trec"],
+     "--score --run-file would change nothing when --task sts (no ranking): leave them out"),
+    (["--task", "sts", "--k", "3"], "--k would change nothing when --task sts (no ranking): leave it out"),
+    (["--run", str(FIXTURES / "minilm" / "reference.json"), "--qrels", str(FIXTURES / "minilm" / "reference.json"),
+      "--model", "bm25", "--score", "dot"],
+     "--model --score would change nothing when scoring a --run file (no model runs)"),
 ])
 def test_bad_arguments_stop_with_a_usage_message(capsys, argv, message):
     with pytest.raises(SystemExit) as stopped:
