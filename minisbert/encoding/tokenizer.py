@@ -38,13 +38,16 @@ def special_tokens(model_dir: Path, defaults: dict) -> dict:
     return found
 
 
-def wordpiece_from_vocab(vocab_file: Path, lowercase: bool, specials: dict) -> RustTokenizer:
+def wordpiece_from_vocab(vocab_file: Path, lowercase: bool, specials: dict, strip_accents: bool | None = None,
+                         chinese_chars: bool = True) -> RustTokenizer:
+    """BertTokenizer's pipeline from its vocab.txt. strip_accents None: as lowercase (BertTokenizer's
+    rule); chinese_chars: each CJK character a word of its own (its tokenize_chinese_chars)."""
     vocab = {}
     for index, token in enumerate(vocab_file.read_text(encoding="utf-8").splitlines()):
         vocab[token] = index  # a repeated line keeps its last index, as BertTokenizer does
     tokenizer = RustTokenizer(models.WordPiece(vocab, unk_token=specials["unk_token"]))
     tokenizer.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+        clean_text=True, handle_chinese_chars=chinese_chars, strip_accents=strip_accents, lowercase=lowercase
     )
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     cls, sep = specials["cls_token"], specials["sep_token"]
@@ -110,8 +113,8 @@ class Tokenizer:
             pad = special_tokens(model_dir, BPE_SPECIALS if is_bpe else WORDPIECE_SPECIALS)["pad_token"]
         elif (model_dir / "vocab.txt").is_file():
             specials = special_tokens(model_dir, WORDPIECE_SPECIALS)
-            lowercase = config.get("do_lower_case", True)
-            rust = wordpiece_from_vocab(model_dir / "vocab.txt", lowercase, specials)
+            rust = wordpiece_from_vocab(model_dir / "vocab.txt", config.get("do_lower_case", True), specials,
+                                        config.get("strip_accents"), config.get("tokenize_chinese_chars", True))
             pad = specials["pad_token"]
         elif (model_dir / "vocab.json").is_file() and (model_dir / "merges.txt").is_file():
             specials = special_tokens(model_dir, BPE_SPECIALS)

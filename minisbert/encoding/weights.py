@@ -73,6 +73,10 @@ def config_from_hf(hf: dict) -> EncoderConfig:
         raise ValueError(
             f"unknown model_type {family!r} in config.json; minisbert supports {FAMILIES}"
         )
+    for field in ("is_decoder", "add_cross_attention"):  # a decoder attends to earlier tokens only
+        if hf.get(field):
+            raise ValueError(f"config.json sets {field}: a decoder's attention, which minisbert's encoder (every "
+                             "token attending to every other) does not compute")
     try:
         if family == "distilbert":
             return EncoderConfig(

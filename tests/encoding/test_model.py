@@ -343,6 +343,8 @@ DAMAGES = [
      "config.json: config field hidden_size must be int, got '32'"),
     ("a bool for a number", edit_json("config.json", lambda c: {**c, "layer_norm_eps": True}),
      "config.json: config field layer_norm_eps must be float, got True"),
+    ("a decoder's config", edit_json("config.json", lambda c: {**c, "is_decoder": True}),
+     "config.json sets is_decoder: a decoder's attention"),  # was read as an encoder: 0.03 from sentence-transformers
     ("pad token outside the table", edit_json("config.json", lambda c: {**c, "pad_token_id": 1000}),
      "config.json: config field pad_token_id 1000 is not a row of the 46-row token embedding table"),
     ("tokenizer.json not a tokenizer", lambda f: (f / "tokenizer.json").write_text('{"version": 1}'),

@@ -10,6 +10,8 @@ spaces, one cut by truncation); truncation at max_seq_length with the special to
 a tokenizer.json carried; padding with the model's own padding id and a mask that marks real tokens.
 """
 
+import json
+
 import pytest
 import torch
 from tokenizers import models
@@ -55,6 +57,22 @@ def test_wordpiece_from_vocab_txt_alone_lowercases_as_bert_tokenizer_does(tmp_pa
     tokenizer = Tokenizer.from_dir(tmp_path, 16)
     lowered = fixture_tokenizer("tiny_bert", 16).token_ids(["a man"])
     assert tokenizer.token_ids(["A MAN"]) == tokenizer.token_ids(["a man"]) == lowered
+
+
+@pytest.mark.parametrize("config, ids", [
+    ({"do_lower_case": True}, [2, 5, 8, 10, 11, 3]),  # strip_accents unset: stripped where lowercased
+    ({"do_lower_case": True, "strip_accents": False}, [2, 4, 7, 10, 11, 3]),  # lowercased, accents kept
+    ({"do_lower_case": False, "strip_accents": True}, [2, 6, 8, 10, 11, 3]),  # cased, accents stripped
+    ({"do_lower_case": True, "tokenize_chinese_chars": False}, [2, 5, 8, 9, 3]),  # 你好 one word
+])
+def test_wordpiece_from_vocab_txt_reads_every_normalizing_setting_of_its_config(tmp_path, config, ids):
+    # The ids transformers' BertTokenizer (5.x, in the peer environment) gives with these settings. strip_accents
+    # and tokenize_chinese_chars were once left at their defaults: an uncased model that keeps accents (a Turkish
+    # BERT) read "café" as "cafe".
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\ncafé\ncafe\nCafe\nnaïve\nnaive\n你好\n你\n好\n",
+                                        encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert Tokenizer.from_dir(tmp_path, 16).token_ids(["Café naïve 你好"]) == [ids]
 
 
 def test_wordpiece_cleans_control_characters_and_splits_chinese_characters_as_bert_does():
