@@ -32,6 +32,7 @@ from .correlation import pearson, spearman
 from ..search.ways import search
 from ..common.fileio import DIGEST_KEY, file_label, home_folder, tensors_digest, write_safetensors
 from ..common.similarity import pairwise_cosine
+from ..porting.prompts import encode_as, role_prompt
 
 CACHE_DIR = Path(os.environ.get("MINISBERT_CACHE") or home_folder(".cache"))
 LEXICAL = {"bm25": BM25, "jaccard": Jaccard}
@@ -64,17 +65,19 @@ def texts_fingerprint(texts) -> str:
 
 
 def encode_cached(model, texts, batch_size: int = 32, cache_dir: Path = None, dtype: str = "float32") -> np.ndarray:
-    """model.encode(texts), read from / written to the cache when cache_dir is not None."""
+    """The texts encoded as documents (`encode_as`), read from / written to the cache when cache_dir is not None."""
     if cache_dir is None:
-        return model.encode(texts, batch_size=batch_size, dtype=dtype)
+        return encode_as(model, texts, "document", batch_size=batch_size, dtype=dtype)
     texts = list(texts)
-    path = Path(cache_dir) / f"{model_fingerprint(model)}-{dtype}-{texts_fingerprint(texts)}.safetensors"
+    prompt = role_prompt(model, "document")  # in the name only where there is one: older caches keep theirs
+    key = model_fingerprint(model) + (f"-{texts_fingerprint([prompt])}" if prompt else "")
+    path = Path(cache_dir) / f"{key}-{dtype}-{texts_fingerprint(texts)}.safetensors"
     if path.is_file():
         cached, problem = read_cache_entry(path, len(texts), model.dimension)
         if problem is None:
             return cached
         warnings.warn(f"cached embeddings {path} {problem}; encoding the texts again")
-    embeddings = model.encode(texts, batch_size=batch_size, dtype=dtype)
+    embeddings = encode_as(model, texts, "document", batch_size=batch_size, dtype=dtype)
     write_safetensors(path, {"embeddings": torch.from_numpy(np.ascontiguousarray(embeddings))}, {})
     return embeddings
 
@@ -130,7 +133,7 @@ def rank(model, retrieval: datasets.RetrievalData, k: int, score: str = "cosine"
             return None
     else:
         corpus = encode_cached(model, doc_texts, batch_size, cache_dir, dtype)
-        queries = model.encode(query_texts, batch_size=batch_size, dtype=dtype)
+        queries = encode_as(model, query_texts, "query", batch_size=batch_size, dtype=dtype)
         return rank_embeddings(queries, corpus, retrieval, k, score, exclude_self)
     run = run_from_search(scores, indices, query_ids, doc_ids, distances=score == "euclidean" and not isinstance(model, str))
     return {query_id: dict(list(hits.items())[:k]) for query_id, hits in run.items()}

@@ -11,6 +11,9 @@ as sentence-transformers 6.2 does them.
   to `default_prompt_name`.
 - The prompt is prepended to the text and tokenized with it, and its tokens are pooled with the
   text's (pooling's `include_prompt`, true for every model minisbert reads).
+- A retrieval evaluation (evaluate.py, its sharded search, hard-negative mining) encodes queries
+  with encode_query and documents with encode_document (`encode_as`), as sentence-transformers'
+  InformationRetrievalEvaluator does; cached corpus embeddings are kept under their document prompt.
 
 Checked against sentence-transformers' encode, encode_query and encode_document on
 all-MiniLM-L6-v2 in tests/porting/test_st_calls.py.
@@ -63,3 +66,17 @@ def resolve_prompt(prompts: dict, default_prompt_name, prompt, prompt_name) -> s
 def document_prompt_name(prompts: dict) -> str | None:
     """encode_document's prompt: the first of DOCUMENT_PROMPT_NAMES the model has."""
     return next((name for name in DOCUMENT_PROMPT_NAMES if name in prompts), None)
+
+
+def encode_as(model, texts, role: str, **options):
+    """`texts` encoded as queries or as documents (role "query" or "document"): with the model's
+    encode_query or encode_document where it has them (a sentence-transformers model's prompts for
+    each side, as sentence-transformers' InformationRetrievalEvaluator encodes them), else encode."""
+    return getattr(model, f"encode_{role}", model.encode)(texts, **options)
+
+
+def role_prompt(model, role: str) -> str:
+    """The prompt `encode_as` puts before a text of this role, where the model names one for it."""
+    prompts = getattr(model, "prompts", {})
+    name = QUERY_PROMPT_NAME if role == "query" else document_prompt_name(prompts)
+    return prompts.get(name, "") if name else ""

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..porting.prompts import encode_as
 from ..search.inputs import merge_top_k
 from ..search.ways import search
 
@@ -211,7 +212,7 @@ def encode_shard(model, texts: list, batch_size: int = 32, dtype: str = "float32
     """Encode this rank's contiguous shard of `texts` (in precision `dtype`); returns (start,
     (stop - start, D) embeddings), start being the corpus row of the shard's first text."""
     start, stop = shard_range(len(texts))
-    return start, model.encode(texts[start:stop], batch_size=batch_size, dtype=dtype)
+    return start, encode_as(model, texts[start:stop], "document", batch_size=batch_size, dtype=dtype)
 
 
 def merge_shard_top_k(shard_results: list, k: int, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -260,7 +261,7 @@ def sharded_search(model, corpus_texts: list, query_texts: list, k: int, score: 
     minisbert.search.search, merge on rank 0. Every rank encodes the queries (they are few).
     Returns search's (scores, indices) on rank 0, (None, None) on the others."""
     start, shard = encode_shard(model, corpus_texts, batch_size, dtype)
-    queries = model.encode(query_texts, batch_size=batch_size, dtype=dtype)
+    queries = encode_as(model, query_texts, "query", batch_size=batch_size, dtype=dtype)
     stop = start + shard.shape[0]
     if shard.shape[0] == 0:  # more ranks than documents: this rank contributes nothing
         scores, indices = torch.zeros((len(query_texts), 0)), torch.zeros((len(query_texts), 0), dtype=torch.long)

@@ -154,12 +154,12 @@ def new_state(model, classifier, spec: LossSpec, settings: TrainingSettings, num
     float16's loss scaler (a no-op in other precisions)."""
     total_steps = settings.total_steps(num_examples)
     smallest_batch = min(settings.batch_size, num_examples % settings.batch_size or settings.batch_size)
-    if spec.whole_batch and spec.n_texts == 2 and settings.batch_size < 2:  # no other example: no negative
-        raise ValueError(f"{spec.name} ranks each anchor's positive against the batch's other examples; a batch of "
-                         f"{settings.batch_size} has none, so the loss is 0 at every step: use a batch of 2 or more")
     if smallest_batch < distributed.world_size():
         raise ValueError(f"a batch of {smallest_batch} examples cannot be split over {distributed.world_size()} "
                          "processes; choose a batch size (and a number of examples) of at least one per process")
+    if spec.whole_batch and spec.n_texts == 2 and settings.batch_size < 2:  # no other example: no negative
+        raise ValueError(f"{spec.name} ranks each anchor's positive against the batch's other examples; a batch of "
+                         f"{settings.batch_size} has none, so the loss is 0 at every step: use a batch of 2 or more")
     named = list(model.named_parameters())
     if classifier is not None:
         named += [(f"classifier.{n}", p) for n, p in classifier.named_parameters()]

@@ -19,6 +19,7 @@ import torch
 
 from .. import datasets
 from ..evaluation.benchmark import CACHE_DIR, encode_cached
+from ..porting.prompts import encode_as
 from ..search.ways import search
 
 SCORED, TRIPLETS, LABELLED = "scored pairs", "triplets", "labelled pairs"
@@ -53,7 +54,7 @@ def mine_hard_negatives(model, retrieval: datasets.RetrievalData, top_k: int = 1
     doc_ids = list(retrieval.corpus)
     query_ids = list(dict.fromkeys(query_id for query_id, _ in pairs))  # each once, in order
     corpus = encode_cached(model, [retrieval.corpus[d] for d in doc_ids], batch_size, cache_dir)
-    queries = model.encode([retrieval.queries[q] for q in query_ids], batch_size=batch_size)
+    queries = encode_as(model, [retrieval.queries[q] for q in query_ids], "query", batch_size=batch_size)
     k = min(top_k + max(len(retrieval.qrels[q]) for q in query_ids), len(doc_ids))
     _, indices = search(queries, corpus, k, score="cosine")  # (Q, k)
     negatives = {query_id: [doc_ids[i] for i in indices[row] if doc_ids[i] not in retrieval.qrels[query_id]][:top_k]

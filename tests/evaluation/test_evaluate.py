@@ -415,6 +415,22 @@ def test_a_saved_model_loads_and_only_a_different_one_misses_the_cache(tmp_path,
     assert len(list(cache_dir.glob("*.safetensors"))) == 2
 
 
+def test_a_models_query_and_document_prompts_encode_each_side_and_key_the_cache(tmp_path):
+    # sentence-transformers' InformationRetrievalEvaluator encodes queries with encode_query and documents
+    # with encode_document; evaluation once encoded both plainly, so a model's prompts changed no number.
+    retrieval = datasets.load_beir(EXAMPLE, "test")
+    model = minisbert.load(TINY, device="cpu")
+    plain = evaluation.rank(model, retrieval, 5, cache_dir=tmp_path)
+    model.prompts.update({"query": "a dog a dog : ", "document": "the cat sat : "})
+    queries = model.encode_query(list(retrieval.queries.values()))
+    corpus = model.encode_document(list(retrieval.corpus.values()))
+    expected = evaluation.rank_embeddings(queries, corpus, retrieval, 5)
+    assert expected != plain  # the prompts move the ranking: the comparison below can fail
+    for cache in (tmp_path, None):  # the plain corpus is cached: the prompted one must not be read from it
+        assert evaluation.rank(model, retrieval, 5, cache_dir=cache) == expected
+    assert len(list(tmp_path.glob("*.safetensors"))) == 2
+
+
 def test_the_cache_key_covers_everything_that_changes_embeddings():
     key = evaluation.model_fingerprint(minisbert.load(TINY, device="cpu"))
     assert evaluation.model_fingerprint(minisbert.load(TINY, device="cpu")) == key
