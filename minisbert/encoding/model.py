@@ -198,6 +198,8 @@ class SentenceModel(nn.Module):
         # "no limit", written when a tokenizer was saved without one) and the positions.
         limit = min(layout.max_seq_length or encoder.config.max_tokens, encoder.config.max_tokens)
         tokenizer = Tokenizer.from_dir(layout.transformer_dir, limit, uses_token_types=encoder.config.type_vocab_size > 0)
+        if layout.lowercase:  # sentence-transformers lowercases such texts before its tokenizer: ours does it first
+            tokenizer.lowercase_first()
         check_vocabulary(tokenizer, encoder, layout.transformer_dir)
         model = cls(encoder, tokenizer, layout.pooling, layout.dense, layout.normalize_embeddings,
                     layout.transformer_dir, fast_path=fast_path)

@@ -5,7 +5,8 @@ here so that models move freely between the two libraries.
     config_sentence_transformers.json   similarity_fn_name: how embeddings are compared (common/similarity.py);
                                prompts, default_prompt_name (porting/prompts.py); read and written for
                                porting/sentence_transformer.py (the network in encoding/model.py has no use for it)
-    config.json, model.safetensors, tokenizer files, sentence_bert_config.json (max_seq_length)
+    config.json, model.safetensors, tokenizer files, sentence_bert_config.json (max_seq_length;
+                               do_lower_case: texts lowercased first, kept in the saved tokenizer.json)
     1_Pooling/config.json      pooling_mode_{mean_tokens, max_tokens, cls_token}
     2_Dense/config.json, 2_Dense/model.safetensors   optional projection
     (Normalize has no files: its entry in modules.json is enough)
@@ -53,6 +54,7 @@ class Layout:
     dense: Dense | None  # the optional projection
     normalize_embeddings: bool
     max_seq_length: int | None  # as the directory states it (None: it states none), before the encoder's position limit
+    lowercase: bool = False  # sentence_bert_config.json's do_lower_case: texts lowercased before the tokenizer
 
 
 def read_layout(model_dir) -> Layout:
@@ -64,7 +66,14 @@ def read_layout(model_dir) -> Layout:
     layout = Layout(model_dir, "mean", None, False, 0)
     if (model_dir / "modules.json").is_file():
         read_modules(model_dir, read_json(model_dir / "modules.json"), layout)
-    max_len = read_json(layout.transformer_dir / "sentence_bert_config.json", {}).get("max_seq_length")
+    st_config = read_json(layout.transformer_dir / "sentence_bert_config.json", {})
+    # sentence-transformers' Transformer module reads do_lower_case where modules.json names it; a plain
+    # Hugging Face folder it loads without (its texts as they are).
+    layout.lowercase = st_config.get("do_lower_case", False) if (model_dir / "modules.json").is_file() else False
+    if not isinstance(layout.lowercase, bool):
+        raise ValueError(f"{layout.transformer_dir}: do_lower_case (sentence_bert_config.json) must be true or false, "
+                         f"got {layout.lowercase!r}; repair the file")
+    max_len = st_config.get("max_seq_length")
     if max_len is None:
         max_len = read_json(layout.transformer_dir / "tokenizer_config.json", {}).get("model_max_length")
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)):

@@ -127,6 +127,13 @@ class Tokenizer:
             )
         return cls(rust, max_seq_length, pad, uses_token_types)
 
+    def lowercase_first(self) -> None:
+        """Lowercase every text before the tokenizer's own normalization (a directory's do_lower_case),
+        kept in its tokenizer.json when saved."""
+        normalizer = self.rust.normalizer
+        self.rust.normalizer = (normalizers.Lowercase() if normalizer is None
+                                else normalizers.Sequence([normalizers.Lowercase(), normalizer]))
+
     def token_ids(self, texts) -> list:
         """Token ids of each text, truncated but not padded: a list of lists, one per text.
 

@@ -275,6 +275,33 @@ def test_a_save_never_removes_what_it_did_not_write(tmp_path, monkeypatch, load)
             model.save(path)
 
 
+def test_do_lower_case_in_sentence_bert_config_lowercases_each_text_first(tmp_path):
+    # sentence-transformers 6.3 (in the peer environment, on these folders) lowercases the texts before its
+    # tokenizer where a folder's modules.json names its Transformer and sentence_bert_config.json says
+    # do_lower_case, and leaves them as they are in a plain Hugging Face folder with the same file. minisbert
+    # once read only max_seq_length there, and a cased tokenizer saw the capitals.
+    plain = tmp_path / "plain"
+    shutil.copytree(FIXTURES / "tiny_roberta", plain)  # a cased tokenizer
+    (plain / "sentence_bert_config.json").write_text(json.dumps({"do_lower_case": True}))
+    layout = tmp_path / "layout"
+    shutil.copytree(plain, layout)
+    (layout / "1_Pooling").mkdir()
+    (layout / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                                  "pooling_mode_mean_tokens": True}))
+    (layout / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    cased, lowered = minisbert.load(plain, device="cpu"), minisbert.load(layout, device="cpu")
+    texts = ["The Man is eating FOOD .", "ÉTÉ à Paris"]
+    assert not np.array_equal(cased.encode(texts), cased.encode([text.lower() for text in texts]))
+    assert np.array_equal(lowered.encode(texts), cased.encode([text.lower() for text in texts]))
+    lowered.save(tmp_path / "saved")  # the lowercasing is kept in the saved tokenizer.json
+    assert np.array_equal(minisbert.load(tmp_path / "saved", device="cpu").encode(texts), lowered.encode(texts))
+    (layout / "sentence_bert_config.json").write_text(json.dumps({"do_lower_case": "yes"}))
+    with pytest.raises(ValueError, match="do_lower_case .* must be true or false, got 'yes'"):
+        minisbert.load(layout, device="cpu")
+
+
 def test_saved_model_loads_in_sentence_transformers(tmp_path):
     sentence_transformers = pytest.importorskip("sentence_transformers")
     folder, ref, info = reference("tiny_st_legacy")
