@@ -196,6 +196,10 @@ def find_checkpoint(model_dir: Path) -> Path:
     for pickled in ("pytorch_model.bin", "model.pt", "model.bin"):
         if (model_dir / pickled).is_file():
             refuse_pickle(model_dir / pickled)
+    if (model_dir / "model.safetensors.index.json").is_file():  # what transformers writes past its max_shard_size
+        raise ValueError(f"{model_dir} holds the model in shards (model.safetensors.index.json); minisbert reads one "
+                         "model.safetensors: load it once with transformers and save_pretrained(folder, "
+                         "max_shard_size='100GB') where you trust the files")
     raise FileNotFoundError(f"no model.safetensors in {model_dir}")
 
 

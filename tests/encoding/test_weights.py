@@ -146,6 +146,16 @@ def test_pickles_are_refused(saved):
         load_encoder_weights(encoder, folder / "pytorch_model.bin")
 
 
+def test_a_sharded_checkpoint_is_named_with_how_to_read_it(saved):
+    # It said "no model.safetensors in DIR", where the folder holds the model in shards.
+    folder, _, _ = saved
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    with pytest.raises(ValueError, match=r"holds the model in shards \(model.safetensors.index.json\); minisbert reads "
+                                         "one model.safetensors"):
+        load_encoder(folder)
+
+
 def test_name_tables_cover_every_parameter_once():
     for model_type, extra in (("bert", {}), ("roberta", {"pad_token_id": 1}),
                               ("distilbert", None)):
