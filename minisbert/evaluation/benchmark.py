@@ -69,8 +69,10 @@ def encode_cached(model, texts, batch_size: int = 32, cache_dir: Path = None, dt
     if cache_dir is None:
         return encode_as(model, texts, "document", batch_size=batch_size, dtype=dtype)
     texts = list(texts)
-    prompt = role_prompt(model, "document")  # in the name only where there is one: older caches keep theirs
-    key = model_fingerprint(model) + (f"-{texts_fingerprint([prompt])}" if prompt else "")
+    # Where the document prompt is the one encode() puts first anyway (none, for most models), the texts
+    # are encoded as before and older caches keep their names; any other prompt is in the name.
+    prompt, plain = role_prompt(model, "document"), role_prompt(model, None)
+    key = model_fingerprint(model) + ("" if prompt == plain else f"-{texts_fingerprint(['document', prompt])}")
     path = Path(cache_dir) / f"{key}-{dtype}-{texts_fingerprint(texts)}.safetensors"
     if path.is_file():
         cached, problem = read_cache_entry(path, len(texts), model.dimension)

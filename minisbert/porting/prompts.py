@@ -75,8 +75,12 @@ def encode_as(model, texts, role: str, **options):
     return getattr(model, f"encode_{role}", model.encode)(texts, **options)
 
 
-def role_prompt(model, role: str) -> str:
-    """The prompt `encode_as` puts before a text of this role, where the model names one for it."""
+def role_prompt(model, role: str | None) -> str:
+    """The prompt `encode_as` puts before a text of this role ("query", "document"), or, for None,
+    the one plain encode() puts (the model's default prompt): "" where there is none."""
     prompts = getattr(model, "prompts", {})
-    name = QUERY_PROMPT_NAME if role == "query" else document_prompt_name(prompts)
+    if role is None:
+        name = getattr(model, "default_prompt_name", None)
+    else:
+        name = QUERY_PROMPT_NAME if role == "query" else document_prompt_name(prompts)
     return prompts.get(name, "") if name else ""

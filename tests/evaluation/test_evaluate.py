@@ -429,6 +429,17 @@ def test_a_models_query_and_document_prompts_encode_each_side_and_key_the_cache(
     for cache in (tmp_path, None):  # the plain corpus is cached: the prompted one must not be read from it
         assert evaluation.rank(model, retrieval, 5, cache_dir=cache) == expected
     assert len(list(tmp_path.glob("*.safetensors"))) == 2
+    # A default prompt: plain encode() put it before the documents, encode_document puts none. Such a
+    # model's corpus, as cached before documents were encoded as documents, must not be read back.
+    model.prompts.update({"query": "a dog a dog : ", "document": ""})
+    model.default_prompt_name = "query"
+    documents = list(retrieval.corpus.values())
+    old_entry = tmp_path / (f"{evaluation.model_fingerprint(model)}-float32-{evaluation.texts_fingerprint(documents)}"
+                            ".safetensors")
+    evaluation.write_safetensors(old_entry, {"embeddings": torch.from_numpy(model.encode(documents))}, {})
+    expected = evaluation.rank_embeddings(model.encode_query(list(retrieval.queries.values())),
+                                          model.encode_document(documents), retrieval, 5)
+    assert evaluation.rank(model, retrieval, 5, cache_dir=tmp_path) == expected
 
 
 def test_the_cache_key_covers_everything_that_changes_embeddings():
