@@ -49,8 +49,7 @@ def model_fingerprint(model) -> str:
     digest.update(f"{model.pooling}|{model.normalize_embeddings}|{model.tokenizer.max_seq_length}".encode())
     # sentence-transformers' settings that change embeddings (porting/sentence_transformer.py; a plain
     # SentenceModel has none), added only when set: older caches keep their names.
-    truncate_dim, prompts = getattr(model, "truncate_dim", None), getattr(model, "prompts", {})
-    default_prompt = prompts.get(model.default_prompt_name, "") if prompts and model.default_prompt_name else ""
+    truncate_dim, default_prompt = getattr(model, "truncate_dim", None), role_prompt(model, None)
     if truncate_dim is not None or default_prompt:
         digest.update(f"|{truncate_dim}|{default_prompt}".encode())
     return digest.hexdigest()[:16]
